@@ -1,0 +1,149 @@
+// The wick command line.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "lua/runtime.hpp"
+#include "plugin/registry.hpp"
+#include "util/system.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: wick <command> [arguments]
+
+commands:
+  run RECIPE [key=value ...]   run a Lua recipe; the pairs are wick.args (and
+                               override wick.train options of the same name)
+  plugins [--json]             list the plugins on the plugin path
+  describe NAME                show a plugin's options (or 'train' for wick.train's)
+  version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
+  --help                       this text
+
+environment:
+  WICK_PLUGIN_PATH   colon-separated folders searched for plugins before the
+                     installed plugin folder
+  WICK_TRACEBACK     set to print a Lua traceback with recipe errors
+)";
+
+int usage_error(const std::string& msg) {
+  std::fprintf(stderr, "wick: error: %s\n\n%s", msg.c_str(), kUsage);
+  return 2;
+}
+
+std::string value_str(const wick::Value& v) { return v.is_nil() ? "(required)" : v.repr(); }
+
+int cmd_plugins(bool json) {
+  auto& reg = wick::registry();
+  if (json) {
+    auto arr = nlohmann::json::array();
+    for (const auto& e : reg.entries()) {
+      nlohmann::json j = {{"name", e.name}, {"file", e.file.string()}};
+      if (e.descriptor) {
+        j["kind"] = wick::to_string(e.descriptor->kind);
+        j["summary"] = e.descriptor->summary;
+        auto opts = nlohmann::json::array();
+        for (const auto& o : e.descriptor->options) opts.push_back(o.name);
+        j["options"] = opts;
+      } else {
+        j["error"] = e.error;
+      }
+      arr.push_back(j);
+    }
+    std::cout << arr.dump(2) << "\n";
+    return 0;
+  }
+  if (reg.entries().empty()) std::cout << "no plugins found\n";
+  for (const auto& e : reg.entries()) {
+    if (e.descriptor)
+      std::printf("%-6s %-16s %s\n", wick::to_string(e.descriptor->kind), e.name.c_str(), e.descriptor->summary);
+    else
+      std::printf("%-6s %-16s unusable: %s\n", "?", e.name.c_str(), e.error.c_str());
+  }
+  std::printf("\nsearched: ");
+  for (std::size_t i = 0; i < reg.search_path().size(); ++i)
+    std::printf("%s%s", i ? ":" : "", reg.search_path()[i].c_str());
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_describe(const std::string& name) {
+  if (name == "train") {
+    wick::LuaRuntime rt;
+    rt.run_string("require('wick.train').describe()", "=(describe)");
+    return 0;
+  }
+  const auto& e = wick::registry().find(name);
+  const auto& d = *e.descriptor;
+  std::printf("%s (%s plugin): %s\nfile: %s\n\noptions:\n", d.name, wick::to_string(d.kind), d.summary,
+              e.file.c_str());
+  if (d.options.empty()) std::printf("  (none)\n");
+  for (const auto& o : d.options) {
+    std::string constraint;
+    if (o.min && o.max) constraint = " in [" + wick::Value(*o.min).repr() + ", " + wick::Value(*o.max).repr() + "]";
+    else if (o.min) constraint = " >= " + wick::Value(*o.min).repr();
+    else if (o.max) constraint = " <= " + wick::Value(*o.max).repr();
+    if (!o.choices.empty()) {
+      constraint = " one of";
+      for (const auto& c : o.choices) constraint += " " + c;
+    }
+    std::printf("  %-16s %-17s default %s%s\n      %s\n", o.name.c_str(), wick::to_string(o.type),
+                value_str(o.default_value).c_str(), constraint.c_str(), o.doc.c_str());
+  }
+  return 0;
+}
+
+int cmd_version() {
+  const auto v = wick::versions();
+  for (const char* k : {"wick", "plugin_abi", "libtorch", "cuda_runtime", "cuda_driver", "nccl", "cuda_usable"}) {
+    auto it = v.find(k);
+    if (it != v.end()) std::printf("%-13s %s\n", k, it->second.c_str());
+  }
+  return 0;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  if (args.empty()) return usage_error("'wick run' needs a recipe file");
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const auto eq = args[i].find('=');
+    if (eq == std::string::npos || eq == 0)
+      return usage_error("argument '" + args[i] + "' after the recipe is not key=value");
+    kv.emplace_back(args[i].substr(0, eq), args[i].substr(eq + 1));
+  }
+  wick::install_signal_handlers();
+  wick::LuaRuntime rt(kv);
+  return rt.run_file(args[0]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return usage_error("no command given");
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (cmd == "run") return cmd_run(args);
+    if (cmd == "plugins") {
+      if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");
+      return cmd_plugins(!args.empty());
+    }
+    if (cmd == "describe") {
+      if (args.size() != 1) return usage_error("'wick describe' needs one plugin name");
+      return cmd_describe(args[0]);
+    }
+    if (cmd == "version" || cmd == "--version") return cmd_version();
+    return usage_error("unknown command '" + cmd + "'");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "wick: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,722 @@
+// Engine objects as Lua userdata (wick.Model, wick.Data, wick.Optim,
+// wick.Loader, wick.Window, wick.Trainer) and functions of `wick.core`.
+// Every function runs inside guarded(): a C++ exception becomes a Lua error
+// prefixed with the recipe's file and line.
+
+#include <lua.hpp>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "lua/runtime.hpp"
+#include "wick/safetensors.hpp"
+#include "plugin/registry.hpp"
+#include "train/loader.hpp"
+#include "train/trainer.hpp"
+#include "util/system.hpp"
+
+namespace fs = std::filesystem;
+
+namespace wick {
+namespace {
+
+constexpr const char* kModelMt = "wick.Model";
+constexpr const char* kDataMt = "wick.Data";
+constexpr const char* kOptimMt = "wick.Optim";
+constexpr const char* kLoaderMt = "wick.Loader";
+constexpr const char* kWindowMt = "wick.Window";
+constexpr const char* kTrainerMt = "wick.Trainer";
+constexpr const char* kPackageDirKey = "wick.package_dir";
+
+// ---- locations and errors ----
+
+// "recipe.lua:12: " for the innermost Lua frame outside the wick package, so
+// an error inside wick.train points at the recipe line that called it.
+std::string user_location(lua_State* L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, kPackageDirKey);
+  std::string pkg = lua_isstring(L, -1) ? lua_tostring(L, -1) : "";
+  lua_pop(L, 1);
+  lua_Debug ar;
+  for (int level = 1; lua_getstack(L, level, &ar); ++level) {
+    if (!lua_getinfo(L, "Sl", &ar) || ar.currentline <= 0 || ar.source[0] != '@') continue;
+    std::string src = ar.source + 1;
+    std::error_code ec;
+    const auto abs = fs::weakly_canonical(src, ec).string();
+    if (!pkg.empty() && abs.rfind(pkg, 0) == 0) continue;
+    return src + ":" + std::to_string(ar.currentline) + ": ";
+  }
+  return "";
+}
+
+template <lua_CFunction F>
+int guarded(lua_State* L) {
+  std::string msg;
+  try {
+    return F(L);
+  } catch (const std::exception& e) {  // never catch(...): LuaJIT's own errors unwind through here
+    msg = e.what();
+  }
+  msg = user_location(L) + msg;
+  lua_pushlstring(L, msg.data(), msg.size());
+  return lua_error(L);
+}
+
+const char* type_of(lua_State* L, int i) {
+  return lua_isnone(L, i) ? "no value" : luaL_typename(L, i);
+}
+
+Error bad_argument(lua_State* L, int i, const char* fn, const std::string& expected) {
+  return Error("bad argument #" + std::to_string(i) + " to '" + fn + "' (" + expected + " expected, got " +
+               type_of(L, i) + ")");
+}
+
+std::string check_string(lua_State* L, int i, const char* fn) {
+  if (lua_type(L, i) != LUA_TSTRING) throw bad_argument(L, i, fn, "string");
+  return lua_tostring(L, i);
+}
+
+void check_table(lua_State* L, int i, const char* fn) {
+  if (!lua_istable(L, i)) throw bad_argument(L, i, fn, "table");
+}
+
+// ---- values ----
+
+Value to_value(lua_State* L, int i, const std::string& where);
+
+bool is_array(lua_State* L, int i, std::size_t* n) {
+  *n = lua_objlen(L, i);
+  std::size_t count = 0;
+  lua_pushnil(L);
+  while (lua_next(L, i)) {
+    ++count;
+    lua_pop(L, 1);
+  }
+  return count == *n;
+}
+
+Value to_value(lua_State* L, int i, const std::string& where) {
+  i = i < 0 ? lua_gettop(L) + i + 1 : i;
+  switch (lua_type(L, i)) {
+    case LUA_TNIL: return Value();
+    case LUA_TBOOLEAN: return Value(static_cast<bool>(lua_toboolean(L, i)));
+    case LUA_TNUMBER: {
+      const double d = lua_tonumber(L, i);
+      if (std::floor(d) == d && std::fabs(d) < 9.007199254740992e15) return Value(static_cast<std::int64_t>(d));
+      return Value(d);
+    }
+    case LUA_TSTRING: return Value(std::string(lua_tostring(L, i)));
+    case LUA_TTABLE: {
+      std::size_t n = 0;
+      if (!is_array(L, i, &n)) throw Error(where + ": expected a list, got a table with named keys");
+      List l;
+      for (std::size_t k = 1; k <= n; ++k) {
+        lua_rawgeti(L, i, static_cast<int>(k));
+        l.push_back(to_value(L, -1, where));
+        lua_pop(L, 1);
+      }
+      return Value(std::move(l));
+    }
+    default:
+      throw Error(where + ": a " + std::string(luaL_typename(L, i)) + " cannot be an option value");
+  }
+}
+
+std::map<std::string, Value> to_options(lua_State* L, int i, const std::string& plugin) {
+  std::map<std::string, Value> out;
+  if (lua_isnoneornil(L, i)) return out;
+  i = i < 0 ? lua_gettop(L) + i + 1 : i;
+  lua_pushnil(L);
+  while (lua_next(L, i)) {
+    if (lua_type(L, -2) != LUA_TSTRING) throw Error(plugin + ": option names must be strings");
+    std::string key = lua_tostring(L, -2);
+    out[key] = to_value(L, -1, plugin + ": option '" + key + "'");
+    lua_pop(L, 1);
+  }
+  return out;
+}
+
+void push_value(lua_State* L, const Value& v) {
+  switch (v.v.index()) {
+    case 0: lua_pushnil(L); break;
+    case 1: lua_pushboolean(L, v.as_bool()); break;
+    case 2: lua_pushnumber(L, static_cast<lua_Number>(v.as_int())); break;
+    case 3: lua_pushnumber(L, v.as_double()); break;
+    case 4: lua_pushstring(L, v.as_string().c_str()); break;
+    default: {
+      const auto& l = v.as_list();
+      lua_createtable(L, static_cast<int>(l.size()), 0);
+      for (std::size_t k = 0; k < l.size(); ++k) {
+        push_value(L, l[k]);
+        lua_rawseti(L, -2, static_cast<int>(k + 1));
+      }
+    }
+  }
+}
+
+nlohmann::json to_json(lua_State* L, int i, int depth = 0) {
+  i = i < 0 ? lua_gettop(L) + i + 1 : i;
+  if (depth > 32) throw Error("table nested too deeply to write as JSON");
+  switch (lua_type(L, i)) {
+    case LUA_TNIL: return nullptr;
+    case LUA_TBOOLEAN: return static_cast<bool>(lua_toboolean(L, i));
+    case LUA_TNUMBER: {
+      const double d = lua_tonumber(L, i);
+      if (std::floor(d) == d && std::fabs(d) < 9.007199254740992e15) return static_cast<std::int64_t>(d);
+      if (!std::isfinite(d)) return nullptr;
+      return d;
+    }
+    case LUA_TSTRING: return std::string(lua_tostring(L, i));
+    case LUA_TTABLE: {
+      std::size_t n = 0;
+      if (is_array(L, i, &n) && n > 0) {
+        auto arr = nlohmann::json::array();
+        for (std::size_t k = 1; k <= n; ++k) {
+          lua_rawgeti(L, i, static_cast<int>(k));
+          arr.push_back(to_json(L, -1, depth + 1));
+          lua_pop(L, 1);
+        }
+        return arr;
+      }
+      auto obj = nlohmann::json::object();
+      lua_pushnil(L);
+      while (lua_next(L, i)) {
+        lua_pushvalue(L, -2);
+        std::string key = lua_tostring(L, -1);
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TFUNCTION && lua_type(L, -1) != LUA_TUSERDATA)
+          obj[key] = to_json(L, -1, depth + 1);
+        lua_pop(L, 1);
+      }
+      return obj;
+    }
+    default: return std::string(luaL_typename(L, i));
+  }
+}
+
+void push_json(lua_State* L, const nlohmann::json& j) {
+  if (j.is_null()) lua_pushnil(L);
+  else if (j.is_boolean()) lua_pushboolean(L, j.get<bool>());
+  else if (j.is_number()) lua_pushnumber(L, j.get<double>());
+  else if (j.is_string()) lua_pushstring(L, j.get<std::string>().c_str());
+  else if (j.is_array()) {
+    lua_createtable(L, static_cast<int>(j.size()), 0);
+    int k = 1;
+    for (const auto& x : j) {
+      push_json(L, x);
+      lua_rawseti(L, -2, k++);
+    }
+  } else {
+    lua_createtable(L, 0, static_cast<int>(j.size()));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      push_json(L, it.value());
+      lua_setfield(L, -2, it.key().c_str());
+    }
+  }
+}
+
+void set_number(lua_State* L, const char* k, double v) {
+  lua_pushnumber(L, v);
+  lua_setfield(L, -2, k);
+}
+
+// ---- userdata ----
+
+template <class T>
+struct Box {
+  std::shared_ptr<T> ptr;
+};
+
+template <class T>
+void push_box(lua_State* L, std::shared_ptr<T> p, const char* mt) {
+  void* mem = lua_newuserdata(L, sizeof(Box<T>));
+  new (mem) Box<T>{std::move(p)};
+  luaL_getmetatable(L, mt);
+  lua_setmetatable(L, -2);
+}
+
+template <class T>
+Box<T>* test_box(lua_State* L, int i, const char* mt) {
+  void* p = lua_touserdata(L, i);
+  if (!p || !lua_getmetatable(L, i)) return nullptr;
+  luaL_getmetatable(L, mt);
+  const bool ok = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return ok ? static_cast<Box<T>*>(p) : nullptr;
+}
+
+template <class T>
+std::shared_ptr<T>& check_box(lua_State* L, int i, const char* mt, const char* fn) {
+  auto* b = test_box<T>(L, i, mt);
+  if (!b || !b->ptr) throw bad_argument(L, i, fn, mt);
+  return b->ptr;
+}
+
+template <class T>
+int box_gc(lua_State* L) {
+  auto* b = static_cast<Box<T>*>(lua_touserdata(L, 1));
+  if (b) b->~Box<T>();
+  return 0;
+}
+
+std::shared_ptr<Model> check_model(lua_State* L, int i, const char* fn) {
+  return std::static_pointer_cast<Model>(check_box<Object>(L, i, kModelMt, fn));
+}
+std::shared_ptr<Dataset> check_data(lua_State* L, int i, const char* fn) {
+  return std::static_pointer_cast<Dataset>(check_box<Object>(L, i, kDataMt, fn));
+}
+
+// Methods first, then the object's attributes (data.num_classes).
+int object_index(lua_State* L) {
+  auto* b = static_cast<Box<Object>*>(lua_touserdata(L, 1));
+  lua_getmetatable(L, 1);
+  lua_getfield(L, -1, "methods");
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  if (!lua_isnil(L, -1)) return 1;
+  lua_pop(L, 3);
+  if (lua_type(L, 2) != LUA_TSTRING || !b || !b->ptr) return 0;
+  const std::string key = lua_tostring(L, 2);
+  const auto attrs = b->ptr->attributes();
+  auto it = attrs.find(key);
+  if (it == attrs.end()) {
+    lua_pushnil(L);
+    return 1;
+  }
+  push_value(L, it->second);
+  return 1;
+}
+
+// ---- wick.core functions ----
+
+template <PluginKind K>
+int make_plugin(lua_State* L) {
+  const char* fn = K == PluginKind::Model ? "model" : K == PluginKind::Data ? "data" : "optim";
+  const std::string name = check_string(L, 1, fn);
+  if (!lua_isnoneornil(L, 2)) check_table(L, 2, fn);
+  auto opts = to_options(L, 2, std::string(fn) + " '" + name + "'");
+  auto obj = registry().create(name, K, opts);
+  const char* mt = K == PluginKind::Model ? kModelMt : K == PluginKind::Data ? kDataMt : kOptimMt;
+  push_box<Object>(L, obj, mt);
+  return 1;
+}
+
+int model_save(lua_State* L) {
+  auto m = check_model(L, 1, "save");
+  save_model(*m, check_string(L, 2, "save"));
+  return 0;
+}
+
+int model_load(lua_State* L) {
+  auto m = check_model(L, 1, "load");
+  load_model(*m, check_string(L, 2, "load"));
+  return 0;
+}
+
+int model_parameters(lua_State* L) {
+  auto m = check_model(L, 1, "parameters");
+  std::int64_t total = 0, trainable = 0;
+  for (const auto& p : m->parameters()) {
+    total += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  lua_pushnumber(L, static_cast<double>(total));
+  lua_pushnumber(L, static_cast<double>(trainable));
+  return 2;
+}
+
+int model_blocks(lua_State* L) {
+  auto m = check_model(L, 1, "blocks");
+  push_value(L, [&] {
+    List l;
+    for (auto& s : m->blocks()) l.push_back(Value(s));
+    return Value(l);
+  }());
+  return 1;
+}
+
+int model_item_name(lua_State* L) {
+  auto m = check_model(L, 1, "item_name");
+  lua_pushstring(L, m->item_name().c_str());
+  return 1;
+}
+
+int data_size(lua_State* L) {
+  auto d = check_data(L, 1, "size");
+  lua_pushnumber(L, static_cast<double>(d->size()));
+  return 1;
+}
+
+int optim_kind(lua_State* L) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
+  lua_pushstring(L, o->object_kind() == ObjectKind::Schedule ? "schedule" : "optimizer");
+  return 1;
+}
+
+// Reads an optional field of the table at index t.
+template <class T>
+T field(lua_State* L, int t, const char* key, T def) {
+  lua_getfield(L, t, key);
+  T out = def;
+  if (!lua_isnil(L, -1)) {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!lua_isboolean(L, -1)) throw Error(std::string("'") + key + "' must be a boolean, got " + luaL_typename(L, -1));
+      out = lua_toboolean(L, -1);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (lua_type(L, -1) != LUA_TSTRING) throw Error(std::string("'") + key + "' must be a string, got " + luaL_typename(L, -1));
+      out = lua_tostring(L, -1);
+    } else {
+      if (lua_type(L, -1) != LUA_TNUMBER) throw Error(std::string("'") + key + "' must be a number, got " + luaL_typename(L, -1));
+      out = static_cast<T>(lua_tonumber(L, -1));
+    }
+  }
+  lua_pop(L, 1);
+  return out;
+}
+
+int make_loader(lua_State* L) {
+  auto d = check_data(L, 1, "loader");
+  check_table(L, 2, "loader");
+  LoaderConfig c;
+  c.micro_batch = field<std::int64_t>(L, 2, "micro_batch", 1);
+  c.accumulate = field<std::int64_t>(L, 2, "accumulate", 1);
+  c.shuffle = field<bool>(L, 2, "shuffle", true);
+  c.seed = field<std::uint64_t>(L, 2, "seed", 0);
+  c.drop_last = field<bool>(L, 2, "drop_last", false);
+  c.workers = field<int>(L, 2, "workers", 0);
+  c.prefetch = field<int>(L, 2, "prefetch", 2);
+  c.rank = field<int>(L, 2, "rank", 0);
+  c.world_size = field<int>(L, 2, "world_size", 1);
+  push_box<Loader>(L, std::make_shared<Loader>(d, c), kLoaderMt);
+  return 1;
+}
+
+int loader_windows_per_epoch(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "windows_per_epoch");
+  lua_pushnumber(L, static_cast<double>(l->windows_per_epoch()));
+  return 1;
+}
+
+int loader_start_epoch(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "start_epoch");
+  l->start_epoch(static_cast<std::int64_t>(luaL_checknumber(L, 2)), static_cast<std::int64_t>(luaL_optnumber(L, 3, 0)));
+  return 0;
+}
+
+int loader_next(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "next");
+  auto w = l->next_window();
+  if (!w) {
+    lua_pushnil(L);
+    return 1;
+  }
+  push_box<std::vector<Batch>>(L, std::make_shared<std::vector<Batch>>(std::move(*w)), kWindowMt);
+  return 1;
+}
+
+int loader_position(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "position");
+  lua_pushnumber(L, static_cast<double>(l->epoch()));
+  lua_pushnumber(L, static_cast<double>(l->window()));
+  return 2;
+}
+
+int window_len(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "__len");
+  lua_pushnumber(L, static_cast<double>(w->size()));
+  return 1;
+}
+
+int make_trainer(lua_State* L) {
+  check_table(L, 1, "trainer");
+  lua_getfield(L, 1, "model");
+  auto model = check_model(L, lua_gettop(L), "trainer");
+  lua_getfield(L, 1, "optim");
+  auto optim_obj = check_box<Object>(L, lua_gettop(L), kOptimMt, "trainer");
+  if (optim_obj->object_kind() != ObjectKind::Optimizer)
+    throw Error("'optim' must be an optimizer (sgd, adamw, ...), got a schedule");
+  std::shared_ptr<Schedule> schedule;
+  lua_getfield(L, 1, "schedule");
+  if (!lua_isnil(L, -1)) {
+    auto s = check_box<Object>(L, lua_gettop(L), kOptimMt, "trainer");
+    if (s->object_kind() != ObjectKind::Schedule) throw Error("'schedule' must be a schedule, got an optimizer");
+    schedule = std::static_pointer_cast<Schedule>(s);
+  }
+  lua_pop(L, 3);
+  TrainerConfig c;
+  c.clip_grad_norm = field<double>(L, 1, "clip_grad_norm", 0);
+  c.total_steps = field<std::int64_t>(L, 1, "total_steps", 0);
+  c.device = field<std::string>(L, 1, "device", "cpu");
+  push_box<Trainer>(L, std::make_shared<Trainer>(model, std::static_pointer_cast<Optimizer>(optim_obj), schedule, c),
+                    kTrainerMt);
+  return 1;
+}
+
+void push_metrics(lua_State* L, const std::map<std::string, double>& m) {
+  for (const auto& [k, v] : m) set_number(L, k.c_str(), v);
+}
+
+int trainer_step(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "step");
+  auto& w = check_box<std::vector<Batch>>(L, 2, kWindowMt, "step");
+  StepStats s = t->step(*w);
+  lua_createtable(L, 0, 10);
+  set_number(L, "step", static_cast<double>(s.step));
+  set_number(L, "loss", s.loss);
+  set_number(L, "items", static_cast<double>(s.items));
+  set_number(L, "micro_batches", static_cast<double>(s.micro_batches));
+  set_number(L, "lr", s.lr);
+  set_number(L, "grad_norm", s.grad_norm);
+  set_number(L, "seconds", s.seconds);
+  push_metrics(L, s.metrics);
+  return 1;
+}
+
+int trainer_steps(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "steps");
+  lua_pushnumber(L, static_cast<double>(t->steps()));
+  return 1;
+}
+
+int trainer_save(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "save");
+  const std::string dir = check_string(L, 2, "save");
+  nlohmann::json extra = lua_isnoneornil(L, 3) ? nlohmann::json::object() : to_json(L, 3);
+  const int keep = static_cast<int>(luaL_optnumber(L, 4, 3));
+  lua_pushstring(L, t->save(dir, extra, keep).string().c_str());
+  return 1;
+}
+
+int trainer_load(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "load");
+  push_json(L, t->load(check_string(L, 2, "load")));
+  return 1;
+}
+
+int core_evaluate(lua_State* L) {
+  auto m = check_model(L, 1, "evaluate");
+  auto d = check_data(L, 2, "evaluate");
+  const auto micro = static_cast<std::int64_t>(luaL_optnumber(L, 3, 32));
+  const std::string device = lua_isstring(L, 4) ? lua_tostring(L, 4) : "cpu";
+  EvalStats s = evaluate(*m, d, micro, device);
+  lua_createtable(L, 0, 4);
+  set_number(L, "loss", s.loss);
+  set_number(L, "items", static_cast<double>(s.items));
+  push_metrics(L, s.metrics);
+  return 1;
+}
+
+int core_latest_checkpoint(lua_State* L) {
+  auto p = latest_checkpoint(check_string(L, 1, "latest_checkpoint"));
+  if (p.empty()) lua_pushnil(L);
+  else lua_pushstring(L, p.string().c_str());
+  return 1;
+}
+
+int core_seed(lua_State* L) {
+  at::manual_seed(static_cast<std::uint64_t>(luaL_checknumber(L, 1)));
+  return 0;
+}
+
+int core_interrupted(lua_State* L) {
+  lua_pushboolean(L, interrupted());
+  lua_pushnumber(L, interrupt_signal());
+  return 2;
+}
+
+int core_memory(lua_State* L) {
+  auto m = memory_stats(lua_toboolean(L, 1));
+  lua_createtable(L, 0, static_cast<int>(m.size()));
+  for (const auto& [k, v] : m) set_number(L, k.c_str(), static_cast<double>(v));
+  return 1;
+}
+
+int core_cuda_available(lua_State* L) {
+  lua_pushboolean(L, cuda_available());
+  return 1;
+}
+
+int core_now(lua_State* L) {
+  lua_pushnumber(L, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return 1;
+}
+
+int core_isatty(lua_State* L) {
+  lua_pushboolean(L, ::isatty(static_cast<int>(luaL_checknumber(L, 1))));
+  return 1;
+}
+
+int core_json(lua_State* L) {
+  const std::string s = to_json(L, 1).dump();
+  lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+int core_json_decode(lua_State* L) {
+  const std::string s = check_string(L, 1, "json_decode");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(s);
+  } catch (const std::exception& e) {
+    throw Error(std::string("invalid JSON: ") + e.what());
+  }
+  push_json(L, j);
+  return 1;
+}
+
+int core_where(lua_State* L) {
+  lua_pushstring(L, user_location(L).c_str());
+  return 1;
+}
+
+int core_mkdirs(lua_State* L) {
+  const std::string p = check_string(L, 1, "mkdirs");
+  std::error_code ec;
+  fs::create_directories(p, ec);
+  if (ec) throw Error("cannot create folder " + p + ": " + ec.message());
+  return 0;
+}
+
+int core_write_file(lua_State* L) {
+  size_t n = 0;
+  const std::string p = check_string(L, 1, "write_file");
+  const char* s = luaL_checklstring(L, 2, &n);
+  write_file_atomic(p, std::string(s, n));
+  return 0;
+}
+
+int core_args(lua_State* L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.args");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+  }
+  return 1;
+}
+
+int core_plugins(lua_State* L) {
+  const auto& entries = registry().entries();
+  lua_createtable(L, static_cast<int>(entries.size()), 0);
+  int k = 1;
+  for (const auto& e : entries) {
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, e.name.c_str());
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, e.file.string().c_str());
+    lua_setfield(L, -2, "file");
+    if (e.descriptor) {
+      lua_pushstring(L, to_string(e.descriptor->kind));
+      lua_setfield(L, -2, "kind");
+      lua_pushstring(L, e.descriptor->summary);
+      lua_setfield(L, -2, "summary");
+    } else {
+      lua_pushstring(L, e.error.c_str());
+      lua_setfield(L, -2, "error");
+    }
+    lua_rawseti(L, -2, k++);
+  }
+  return 1;
+}
+
+template <class T>
+void new_metatable(lua_State* L, const char* name, const luaL_Reg* methods, lua_CFunction index = nullptr) {
+  luaL_newmetatable(L, name);
+  lua_pushcfunction(L, box_gc<T>);
+  lua_setfield(L, -2, "__gc");
+  lua_pushstring(L, name);
+  lua_setfield(L, -2, "__name");
+  lua_newtable(L);
+  if (methods) luaL_register(L, nullptr, methods);
+  if (index) {
+    lua_setfield(L, -2, "methods");
+    lua_pushcfunction(L, index);
+    lua_setfield(L, -2, "__index");
+  } else {
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pushfstring(L, "%s", name);
+  lua_pushcclosure(L, [](lua_State* L) -> int {
+    lua_pushfstring(L, "%s: %p", lua_tostring(L, lua_upvalueindex(1)), lua_touserdata(L, 1));
+    return 1;
+  }, 1);
+  lua_setfield(L, -2, "__tostring");
+  lua_pop(L, 1);
+}
+
+#define G(f) guarded<f>
+
+int luaopen_wick_core(lua_State* L) {
+  static const luaL_Reg model_methods[] = {{"save", G(model_save)},
+                                           {"load", G(model_load)},
+                                           {"parameters", G(model_parameters)},
+                                           {"blocks", G(model_blocks)},
+                                           {"item_name", G(model_item_name)},
+                                           {nullptr, nullptr}};
+  static const luaL_Reg data_methods[] = {{"size", G(data_size)}, {nullptr, nullptr}};
+  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)}, {nullptr, nullptr}};
+  static const luaL_Reg loader_methods[] = {{"windows_per_epoch", G(loader_windows_per_epoch)},
+                                            {"start_epoch", G(loader_start_epoch)},
+                                            {"next", G(loader_next)},
+                                            {"position", G(loader_position)},
+                                            {nullptr, nullptr}};
+  static const luaL_Reg trainer_methods[] = {{"step", G(trainer_step)},
+                                             {"steps", G(trainer_steps)},
+                                             {"save", G(trainer_save)},
+                                             {"load", G(trainer_load)},
+                                             {nullptr, nullptr}};
+  new_metatable<Object>(L, kModelMt, model_methods, object_index);
+  new_metatable<Object>(L, kDataMt, data_methods, object_index);
+  new_metatable<Object>(L, kOptimMt, optim_methods, object_index);
+  new_metatable<Loader>(L, kLoaderMt, loader_methods);
+  new_metatable<Trainer>(L, kTrainerMt, trainer_methods);
+  new_metatable<std::vector<Batch>>(L, kWindowMt, nullptr);
+  luaL_getmetatable(L, kWindowMt);
+  lua_pushcfunction(L, G(window_len));
+  lua_setfield(L, -2, "__len");
+  lua_pop(L, 1);
+
+  static const luaL_Reg core[] = {{"model", G(make_plugin<PluginKind::Model>)},
+                                  {"data", G(make_plugin<PluginKind::Data>)},
+                                  {"optim", G(make_plugin<PluginKind::Optim>)},
+                                  {"loader", G(make_loader)},
+                                  {"trainer", G(make_trainer)},
+                                  {"evaluate", G(core_evaluate)},
+                                  {"latest_checkpoint", G(core_latest_checkpoint)},
+                                  {"seed", G(core_seed)},
+                                  {"interrupted", G(core_interrupted)},
+                                  {"memory", G(core_memory)},
+                                  {"cuda_available", G(core_cuda_available)},
+                                  {"now", G(core_now)},
+                                  {"isatty", G(core_isatty)},
+                                  {"json", G(core_json)},
+                                  {"json_decode", G(core_json_decode)},
+                                  {"where", G(core_where)},
+                                  {"mkdirs", G(core_mkdirs)},
+                                  {"write_file", G(core_write_file)},
+                                  {"plugins", G(core_plugins)},
+                                  {"args", G(core_args)},
+                                  {nullptr, nullptr}};
+  lua_newtable(L);
+  luaL_register(L, nullptr, core);
+  return 1;
+}
+
+}  // namespace
+
+void open_wick_core(lua_State* L) {
+  lua_pushstring(L, fs::weakly_canonical(LuaRuntime::package_dir()).string().c_str());
+  lua_setfield(L, LUA_REGISTRYINDEX, kPackageDirKey);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_wick_core);
+  lua_setfield(L, -2, "wick.core");
+  lua_pop(L, 2);
+}
+
+}  // namespace wick

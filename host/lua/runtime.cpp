@@ -1,0 +1,112 @@
+#include "lua/runtime.hpp"
+
+#include <lua.hpp>
+
+#include <boost/dll/runtime_symbol_info.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "wick/options.hpp"
+
+namespace fs = std::filesystem;
+
+namespace wick {
+namespace {
+
+// Values on the command line read as Lua values: numbers, booleans, strings.
+void push_arg(lua_State* L, const std::string& v) {
+  if (v == "true" || v == "false") {
+    lua_pushboolean(L, v == "true");
+    return;
+  }
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (!v.empty() && end && *end == '\0') lua_pushnumber(L, d);
+  else lua_pushlstring(L, v.data(), v.size());
+}
+
+int traceback(lua_State* L) {
+  if (!lua_isstring(L, 1)) {
+    // error objects that are not strings (tables): say what they are
+    lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    return 1;
+  }
+  if (std::getenv("WICK_TRACEBACK")) {
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, 2);
+    lua_call(L, 2, 1);
+  }
+  return 1;
+}
+
+}  // namespace
+
+fs::path LuaRuntime::package_dir() {
+  if (const char* env = std::getenv("WICK_LUA_DIR")) return env;
+  const fs::path exe = boost::dll::program_location().string();
+  return exe.parent_path().parent_path() / "share" / "wick" / "lua";
+}
+
+LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : L_(luaL_newstate()) {
+  if (!L_) throw Error("cannot create a Lua state (out of memory)");
+  luaL_openlibs(L_);
+  // require "wick" from any directory: the package folder goes first on package.path.
+  const std::string dir = package_dir().string();
+  lua_getglobal(L_, "package");
+  lua_getfield(L_, -1, "path");
+  std::string path = dir + "/?.lua;" + dir + "/?/init.lua;" + lua_tostring(L_, -1);
+  lua_pop(L_, 1);
+  lua_pushstring(L_, path.c_str());
+  lua_setfield(L_, -2, "path");
+  lua_pop(L_, 1);
+  open_wick_core(L_);
+  lua_newtable(L_);
+  for (const auto& [k, v] : args) {
+    push_arg(L_, v);
+    lua_setfield(L_, -2, k.c_str());
+  }
+  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args");
+}
+
+LuaRuntime::~LuaRuntime() { lua_close(L_); }
+
+void LuaRuntime::run_string(const std::string& code, const std::string& chunk_name) {
+  lua_pushcfunction(L_, traceback);
+  const int handler = lua_gettop(L_);
+  if (luaL_loadbuffer(L_, code.data(), code.size(), chunk_name.c_str()) || lua_pcall(L_, 0, 0, handler)) {
+    std::string msg = lua_tostring(L_, -1) ? lua_tostring(L_, -1) : "unknown Lua error";
+    lua_settop(L_, handler - 1);
+    throw Error(msg);
+  }
+  lua_settop(L_, handler - 1);
+}
+
+int LuaRuntime::run_file(const fs::path& recipe) {
+  std::error_code ec;
+  if (!fs::is_regular_file(recipe, ec)) {
+    std::fprintf(stderr, "wick: error: recipe %s does not exist (expected a Lua file)\n", recipe.c_str());
+    return 1;
+  }
+  lua_pushcfunction(L_, traceback);
+  const int handler = lua_gettop(L_);
+  // arg[0] is the recipe, as in the standalone interpreter.
+  lua_newtable(L_);
+  lua_pushstring(L_, recipe.c_str());
+  lua_rawseti(L_, -2, 0);
+  lua_setglobal(L_, "arg");
+  int rc = luaL_loadfile(L_, recipe.c_str());
+  if (rc == 0) rc = lua_pcall(L_, 0, 0, handler);
+  if (rc != 0) {
+    const char* msg = lua_tostring(L_, -1);
+    std::fprintf(stderr, "wick: error: %s\n", msg ? msg : "unknown Lua error");
+    lua_settop(L_, handler - 1);
+    return 1;
+  }
+  lua_settop(L_, handler - 1);
+  return 0;
+}
+
+}  // namespace wick

@@ -1,0 +1,40 @@
+#pragma once
+// The LuaJIT host: a Lua state with the `wick` package on its path and the
+// engine bound as `wick.core`. This folder is the only one that knows Lua.
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+struct lua_State;
+
+namespace wick {
+
+class LuaRuntime {
+ public:
+  /// `args`: the key=value pairs after the recipe (wick.args).
+  explicit LuaRuntime(std::vector<std::pair<std::string, std::string>> args = {});
+  ~LuaRuntime();
+  LuaRuntime(const LuaRuntime&) = delete;
+  LuaRuntime& operator=(const LuaRuntime&) = delete;
+
+  /// Runs a recipe file. Returns 0, or prints the error (file, line, message)
+  /// to stderr and returns 1.
+  int run_file(const std::filesystem::path& recipe);
+  /// Runs a chunk of Lua; throws wick::Error with Lua's message on failure.
+  void run_string(const std::string& code, const std::string& chunk_name = "=(wick)");
+
+  lua_State* state() { return L_; }
+
+  /// The folder holding the `wick` Lua package (<exe>/../share/wick/lua).
+  static std::filesystem::path package_dir();
+
+ private:
+  lua_State* L_;
+};
+
+/// Registers the engine bindings as package.preload["wick.core"].
+void open_wick_core(lua_State* L);
+
+}  // namespace wick

@@ -1,0 +1,132 @@
+#include "train/loader.hpp"
+
+#include <algorithm>
+#include <random>
+
+namespace wick {
+
+std::vector<std::int64_t> epoch_order(std::int64_t size, const LoaderConfig& cfg, std::int64_t epoch) {
+  std::vector<std::int64_t> order(size);
+  for (std::int64_t i = 0; i < size; ++i) order[i] = i;
+  if (cfg.shuffle) {
+    // Fisher-Yates with a 64-bit Mersenne twister: the same order on every
+    // platform and library version, whatever the rank count.
+    std::mt19937_64 gen(cfg.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(epoch) + 1);
+    for (std::int64_t i = size - 1; i > 0; --i) {
+      std::uint64_t j = gen() % static_cast<std::uint64_t>(i + 1);
+      std::swap(order[i], order[j]);
+    }
+  }
+  if (cfg.world_size > 1) {
+    std::vector<std::int64_t> shard;
+    for (std::int64_t i = cfg.rank; i < size; i += cfg.world_size) shard.push_back(order[i]);
+    return shard;
+  }
+  return order;
+}
+
+Loader::Loader(std::shared_ptr<const Dataset> data, LoaderConfig cfg) : data_(std::move(data)), cfg_(cfg) {
+  if (cfg_.micro_batch < 1) throw Error("micro_batch must be >= 1, got " + std::to_string(cfg_.micro_batch));
+  if (cfg_.accumulate < 1) throw Error("accumulate must be >= 1, got " + std::to_string(cfg_.accumulate));
+  if (cfg_.workers < 0) throw Error("workers must be >= 0, got " + std::to_string(cfg_.workers));
+  if (cfg_.prefetch < 1) throw Error("prefetch must be >= 1, got " + std::to_string(cfg_.prefetch));
+  if (data_->size() <= 0) throw Error("the data set is empty");
+  start_epoch(0);
+}
+
+Loader::~Loader() { stop_workers(); }
+
+std::int64_t Loader::windows_per_epoch() const {
+  const std::int64_t n = static_cast<std::int64_t>(epoch_order(data_->size(), cfg_, 0).size());
+  const std::int64_t per_window = cfg_.micro_batch * cfg_.accumulate;
+  return cfg_.drop_last ? n / per_window : (n + per_window - 1) / per_window;
+}
+
+void Loader::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  ready_.clear();
+  error_ = nullptr;
+  stop_ = false;
+}
+
+void Loader::start_epoch(std::int64_t epoch, std::int64_t first_window) {
+  stop_workers();
+  epoch_ = epoch;
+  order_ = epoch_order(data_->size(), cfg_, epoch);
+  micro_.clear();
+  for (std::size_t i = 0; i < order_.size(); i += cfg_.micro_batch) {
+    const auto end = std::min(order_.size(), i + static_cast<std::size_t>(cfg_.micro_batch));
+    micro_.emplace_back(order_.begin() + i, order_.begin() + end);
+  }
+  windows_ = windows_per_epoch();
+  window_ = std::min(first_window, windows_);
+  next_claim_ = next_take_ = window_ * cfg_.accumulate;
+  end_micro_ = std::min<std::int64_t>(static_cast<std::int64_t>(micro_.size()), windows_ * cfg_.accumulate);
+  for (int w = 0; w < cfg_.workers; ++w) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        std::int64_t m;
+        {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return stop_ || (next_claim_ < end_micro_ && next_claim_ < next_take_ + cfg_.prefetch); });
+          if (stop_) return;
+          m = next_claim_++;
+        }
+        Batch b;
+        std::exception_ptr err;
+        try {
+          b = build(m);
+        } catch (...) {
+          err = std::current_exception();
+        }
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (err && !error_) error_ = err;
+          ready_[m] = std::move(b);
+        }
+        cv_.notify_all();
+      }
+    });
+  }
+}
+
+Batch Loader::build(std::int64_t micro) const {
+  std::vector<Sample> samples;
+  samples.reserve(micro_[micro].size());
+  for (auto i : micro_[micro]) samples.push_back(data_->get(i));
+  return data_->collate(samples);
+}
+
+Batch Loader::take(std::int64_t micro) {
+  if (threads_.empty()) {
+    ++next_take_;
+    return build(micro);
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return error_ || ready_.count(micro); });
+  if (error_) std::rethrow_exception(error_);
+  Batch b = std::move(ready_[micro]);
+  ready_.erase(micro);
+  ++next_take_;
+  lk.unlock();
+  cv_.notify_all();
+  return b;
+}
+
+std::optional<std::vector<Batch>> Loader::next_window() {
+  if (window_ >= windows_) return std::nullopt;
+  std::vector<Batch> out;
+  const std::int64_t first = window_ * cfg_.accumulate;
+  const std::int64_t last = std::min(first + cfg_.accumulate, end_micro_);
+  for (std::int64_t m = first; m < last; ++m) out.push_back(take(m));
+  ++window_;
+  return out;
+}
+
+}  // namespace wick

@@ -1,0 +1,90 @@
+#pragma once
+// The training engine: one optimizer step per window of micro-batches, with
+// the loss normalised by the window's item count known before the first
+// backward, so gradients equal those of one full batch whatever the split.
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "wick/data.hpp"
+#include "wick/model.hpp"
+#include "wick/optim.hpp"
+
+namespace wick {
+
+struct TrainerConfig {
+  double clip_grad_norm = 0;      // 0: no clipping (the norm is still measured)
+  std::int64_t total_steps = 0;   // for the schedule
+  std::string device = "cpu";
+};
+
+struct StepStats {
+  std::int64_t step = 0;          // optimizer steps taken, this one included
+  double loss = 0;                // sum of item losses / items, over the window
+  std::int64_t items = 0;
+  std::int64_t micro_batches = 0;
+  double lr = 0;
+  double grad_norm = 0;           // before clipping
+  std::map<std::string, double> metrics;  // metric sums / items
+  double seconds = 0;
+};
+
+struct EvalStats {
+  double loss = 0;
+  std::int64_t items = 0;
+  std::map<std::string, double> metrics;
+};
+
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
+          std::shared_ptr<Schedule> schedule, TrainerConfig cfg);
+
+  /// One optimizer step over `window` (its micro-batches in order).
+  StepStats step(const std::vector<Batch>& window);
+
+  std::int64_t steps() const { return step_; }
+  double lr_at(std::int64_t step) const;
+  const TrainerConfig& config() const { return cfg_; }
+  Model& model() { return *model_; }
+
+  /// Writes a checkpoint folder atomically: model and optimizer state, RNG,
+  /// step and `extra` (the loop's own position). Returns the folder.
+  std::filesystem::path save(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
+                             int keep = 3);
+  /// Restores from a checkpoint folder; returns its `extra`.
+  nlohmann::json load(const std::filesystem::path& checkpoint);
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Optimizer> optim_;
+  std::shared_ptr<Schedule> schedule_;
+  TrainerConfig cfg_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;  // trainable
+  std::int64_t step_ = 0;
+};
+
+/// Loss and metrics of `model` over all of `data`, without gradients.
+EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, std::int64_t micro_batch,
+                   const std::string& device);
+
+/// Moves a batch to `device` (non-blocking from pinned memory).
+Batch to_device(const Batch& b, const at::Device& device);
+
+/// Model weights (parameters and buffers) to and from safetensors, with the
+/// module's names.
+void save_model(torch::nn::Module& model, const std::filesystem::path& file,
+                const std::map<std::string, std::string>& metadata = {});
+void load_model(torch::nn::Module& model, const std::filesystem::path& file);
+
+/// The newest complete checkpoint under `checkpoints_dir`, or an empty path.
+std::filesystem::path latest_checkpoint(const std::filesystem::path& checkpoints_dir);
+
+}  // namespace wick

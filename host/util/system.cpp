@@ -1,0 +1,125 @@
+#include "util/system.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include <torch/version.h>
+#include <unistd.h>
+
+#ifdef WICK_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
+
+#include "wick/plugin.hpp"
+
+namespace wick {
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) {
+  if (g_signal) {
+    // Second signal: the user means it.
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_signal = sig;
+}
+
+std::int64_t status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::size_t n = std::strlen(key);
+  while (std::getline(in, line))
+    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n + 1)) * 1024;
+  return 0;
+}
+}  // namespace
+
+void install_signal_handlers() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool interrupted() { return g_signal != 0; }
+int interrupt_signal() { return g_signal; }
+
+std::map<std::string, std::int64_t> memory_stats(bool cuda) {
+  std::map<std::string, std::int64_t> m;
+  m["resident"] = status_kb("VmRSS:");
+  m["peak_resident"] = status_kb("VmHWM:");
+#ifdef WICK_WITH_CUDA
+  if (cuda && cuda_available()) {
+    using namespace c10::cuda::CUDACachingAllocator;
+    const auto dev = c10::cuda::current_device();
+    const auto st = getDeviceStats(dev);
+    const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    m["cuda_allocated"] = st.allocated_bytes[agg].current;
+    m["cuda_reserved"] = st.reserved_bytes[agg].current;
+    m["cuda_peak"] = st.allocated_bytes[agg].peak;
+  }
+#else
+  (void)cuda;
+#endif
+  return m;
+}
+
+void reset_cuda_peak() {
+#ifdef WICK_WITH_CUDA
+  if (cuda_available()) c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
+#endif
+}
+
+int cuda_device_count() {
+#ifdef WICK_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+std::map<std::string, std::string> versions() {
+  std::map<std::string, std::string> v;
+  v["wick"] = WICK_VERSION_STRING;
+  v["plugin_abi"] = std::to_string(kAbiVersion);
+  v["libtorch"] = TORCH_VERSION;
+#ifdef WICK_WITH_CUDA
+  int rt = 0;
+  cudaRuntimeGetVersion(&rt);
+  v["cuda_runtime"] = std::to_string(rt / 1000) + "." + std::to_string((rt % 1000) / 10);
+  int drv = 0;
+  if (cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0)
+    v["cuda_driver"] = std::to_string(drv / 1000) + "." + std::to_string((drv % 1000) / 10);
+  else
+    v["cuda_driver"] = "none";
+  int nccl = 0;
+  ncclGetVersion(&nccl);
+  v["nccl"] = std::to_string(nccl / 10000) + "." + std::to_string((nccl % 10000) / 100) + "." +
+              std::to_string(nccl % 100);
+  const int n = cuda_device_count();
+  v["cuda_usable"] = n > 0 ? "yes (" + std::to_string(n) + " device" + (n > 1 ? "s" : "") + ")" : "no";
+#else
+  v["cuda_runtime"] = "not built";
+  v["nccl"] = "not built";
+  v["cuda_usable"] = "no (built without CUDA)";
+#endif
+  return v;
+}
+
+}  // namespace wick

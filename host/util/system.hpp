@@ -1,0 +1,26 @@
+#pragma once
+// Process-level facts and controls: memory, signals, versions.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace wick {
+
+/// Memory in bytes: "resident" and "peak_resident" always; with CUDA in use,
+/// "cuda_allocated", "cuda_reserved", "cuda_peak" for the current device.
+std::map<std::string, std::int64_t> memory_stats(bool cuda);
+void reset_cuda_peak();
+
+/// SIGINT and SIGTERM set a flag instead of killing the process, so the
+/// training loop can finish its step, save and exit. A second signal kills.
+void install_signal_handlers();
+bool interrupted();
+int interrupt_signal();
+
+bool cuda_available();
+int cuda_device_count();
+/// wick, LibTorch, CUDA runtime and NCCL versions, and whether CUDA is usable.
+std::map<std::string, std::string> versions();
+
+}  // namespace wick

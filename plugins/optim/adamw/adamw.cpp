@@ -1,0 +1,106 @@
+// optim `adamw`: Adam with decoupled weight decay, by PyTorch's update rule
+// (torch.optim.AdamW, single-tensor path), amsgrad included.
+
+#include <wick/optim.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace {
+
+class AdamW : public wick::Optimizer {
+ public:
+  explicit AdamW(const wick::Options& o)
+      : lr_(o.get_double("lr")),
+        eps_(o.get_double("eps")),
+        weight_decay_(o.get_double("weight_decay")),
+        amsgrad_(o.get_bool("amsgrad")) {
+    const auto betas = o.get_double_list("betas");
+    if (betas.size() != 2)
+      throw wick::Error("optim 'adamw': option 'betas': expected 2 numbers, got " + std::to_string(betas.size()));
+    beta1_ = betas[0];
+    beta2_ = betas[1];
+    if (beta1_ < 0 || beta1_ >= 1 || beta2_ < 0 || beta2_ >= 1)
+      throw wick::Error("optim 'adamw': option 'betas': expected values in [0, 1), got {" + std::to_string(beta1_) +
+                        ", " + std::to_string(beta2_) + "}");
+  }
+
+  void attach(wick::NamedTensors params) override { params_ = std::move(params); }
+  double base_lr() const override { return lr_; }
+
+  void step(double lr) override {
+    for (auto& [name, p] : params_) {
+      if (!p.grad().defined()) continue;
+      const at::Tensor& g = p.grad();
+      auto& s = state_[name];
+      if (!s.exp_avg.defined()) {
+        s.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+        if (amsgrad_) s.max_exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+      }
+      s.step += 1;
+      if (weight_decay_ != 0) p.mul_(1 - lr * weight_decay_);
+      s.exp_avg.lerp_(g, 1 - beta1_);
+      s.exp_avg_sq.mul_(beta2_).addcmul_(g, g, 1 - beta2_);
+      const double bias_correction1 = 1 - std::pow(beta1_, s.step);
+      const double bias_correction2 = 1 - std::pow(beta2_, s.step);
+      const double step_size = lr / bias_correction1;
+      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+      at::Tensor denom;
+      if (amsgrad_) {
+        at::maximum_out(s.max_exp_avg_sq, s.max_exp_avg_sq, s.exp_avg_sq);
+        denom = (s.max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps_);
+      } else {
+        denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps_);
+      }
+      p.addcdiv_(s.exp_avg, denom, -step_size);
+    }
+  }
+
+  std::map<std::string, at::Tensor> state() const override {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& [name, s] : state_) {
+      if (!s.exp_avg.defined()) continue;
+      out[name + ".step"] = at::scalar_tensor(s.step, at::kFloat);
+      out[name + ".exp_avg"] = s.exp_avg;
+      out[name + ".exp_avg_sq"] = s.exp_avg_sq;
+      if (s.max_exp_avg_sq.defined()) out[name + ".max_exp_avg_sq"] = s.max_exp_avg_sq;
+    }
+    return out;
+  }
+
+  void load_state(const std::map<std::string, at::Tensor>& in) override {
+    state_.clear();
+    for (const auto& [name, p] : params_) {
+      auto it = in.find(name + ".exp_avg");
+      if (it == in.end()) continue;
+      auto& s = state_[name];
+      s.step = static_cast<std::int64_t>(in.at(name + ".step").item<double>());
+      s.exp_avg = it->second.to(p.device()).clone();
+      s.exp_avg_sq = in.at(name + ".exp_avg_sq").to(p.device()).clone();
+      if (auto m = in.find(name + ".max_exp_avg_sq"); m != in.end()) s.max_exp_avg_sq = m->second.to(p.device()).clone();
+      else if (amsgrad_) s.max_exp_avg_sq = at::zeros_like(p);
+    }
+  }
+
+ private:
+  struct ParamState {
+    std::int64_t step = 0;
+    at::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+  };
+  double lr_, eps_, weight_decay_, beta1_ = 0.9, beta2_ = 0.999;
+  bool amsgrad_;
+  wick::NamedTensors params_;
+  std::map<std::string, ParamState> state_;
+};
+
+}  // namespace
+
+WICK_PLUGIN(wick::optim_plugin<AdamW>(
+    "adamw", "Adam with decoupled weight decay (PyTorch's torch.optim.AdamW update)",
+    {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
+     wick::opt("betas", wick::OptionType::FloatList, wick::List{0.9, 0.999}, "coefficients of the running averages"),
+     wick::opt_float("eps", 1e-8, "term added to the denominator").at_least(0),
+     wick::opt_float("weight_decay", 0.01, "decoupled weight decay").at_least(0),
+     wick::opt_bool("amsgrad", false, "use the maximum of past squared-gradient averages")}))

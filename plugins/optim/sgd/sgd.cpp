@@ -1,0 +1,71 @@
+// optim `sgd`: stochastic gradient descent with momentum, dampening, Nesterov
+// and weight decay, by PyTorch's update rule (torch.optim.SGD, single-tensor
+// path), so the same gradients give the same weights.
+
+#include <wick/optim.hpp>
+
+#include <ATen/ATen.h>
+
+namespace {
+
+class Sgd : public wick::Optimizer {
+ public:
+  explicit Sgd(const wick::Options& o)
+      : lr_(o.get_double("lr")),
+        momentum_(o.get_double("momentum")),
+        dampening_(o.get_double("dampening")),
+        weight_decay_(o.get_double("weight_decay")),
+        nesterov_(o.get_bool("nesterov")) {
+    if (nesterov_ && (momentum_ <= 0 || dampening_ != 0))
+      throw wick::Error("optim 'sgd': nesterov needs momentum > 0 and dampening = 0");
+  }
+
+  void attach(wick::NamedTensors params) override { params_ = std::move(params); }
+  double base_lr() const override { return lr_; }
+
+  void step(double lr) override {
+    for (auto& [name, p] : params_) {
+      if (!p.grad().defined()) continue;
+      at::Tensor g = p.grad();
+      if (weight_decay_ != 0) g = g.add(p, weight_decay_);
+      if (momentum_ != 0) {
+        auto it = buf_.find(name);
+        if (it == buf_.end()) {
+          it = buf_.emplace(name, g.clone().detach()).first;
+        } else {
+          it->second.mul_(momentum_).add_(g, 1 - dampening_);
+        }
+        g = nesterov_ ? g.add(it->second, momentum_) : it->second;
+      }
+      p.add_(g, -lr);
+    }
+  }
+
+  std::map<std::string, at::Tensor> state() const override {
+    std::map<std::string, at::Tensor> s;
+    for (const auto& [k, v] : buf_) s[k + ".momentum_buffer"] = v;
+    return s;
+  }
+
+  void load_state(const std::map<std::string, at::Tensor>& s) override {
+    buf_.clear();
+    for (const auto& [name, p] : params_)
+      if (auto it = s.find(name + ".momentum_buffer"); it != s.end()) buf_[name] = it->second.to(p.device()).clone();
+  }
+
+ private:
+  double lr_, momentum_, dampening_, weight_decay_;
+  bool nesterov_;
+  wick::NamedTensors params_;
+  std::map<std::string, at::Tensor> buf_;
+};
+
+}  // namespace
+
+WICK_PLUGIN(wick::optim_plugin<Sgd>(
+    "sgd", "stochastic gradient descent (PyTorch's torch.optim.SGD update)",
+    {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
+     wick::opt_float("momentum", 0.0, "momentum factor").range(0, 1),
+     wick::opt_float("dampening", 0.0, "dampening for momentum").range(0, 1),
+     wick::opt_float("weight_decay", 0.0, "L2 penalty added to the gradient").at_least(0),
+     wick::opt_bool("nesterov", false, "Nesterov momentum")}))

@@ -1,0 +1,64 @@
+-- The `wick` package: plugins, the step-level primitives and wick.train.
+--   local wick = require "wick"
+-- Everything here is plain Lua over `wick.core`, the engine's bindings.
+local core = require "wick.core"
+
+local wick = {}
+
+wick.core = core
+--- The key=value pairs given after the recipe on the command line.
+wick.args = core.args()
+
+--- Plugins: wick.model(name, opts), wick.data(name, opts), wick.optim(name, opts).
+-- `name` is a plugin name or a path to a plugin .so.
+wick.model = core.model
+wick.data = core.data
+wick.optim = core.optim
+
+--- wick.schedule("cosine", {warmup_steps = 10}) is wick.optim("schedule", {type = "cosine", ...}).
+function wick.schedule(type_, opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.type = type_
+  return core.optim("schedule", o)
+end
+
+--- Step-level primitives, for custom loops (see examples/custom_loop).
+-- wick.loader(data, {micro_batch, accumulate, shuffle, seed, drop_last, workers, prefetch})
+--   :windows_per_epoch(), :start_epoch(epoch, first_window), :next() -> window or nil, :position()
+wick.loader = core.loader
+-- wick.trainer{model, optim, schedule, clip_grad_norm, total_steps, device}
+--   :step(window) -> {step, loss, items, lr, grad_norm, seconds, <metrics>}
+--   :save(checkpoints_dir, extra_table, keep) -> folder, :load(folder) -> extra_table, :steps()
+wick.trainer = core.trainer
+wick.latest_checkpoint = core.latest_checkpoint
+wick.seed = core.seed
+wick.memory = core.memory
+wick.plugins = core.plugins
+wick.json = core.json
+
+--- true (and the signal number) once SIGINT or SIGTERM arrived.
+function wick.interrupted() return core.interrupted() end
+
+--- The device "auto" stands for: cuda when usable, else cpu.
+function wick.device(name)
+  if name == nil or name == "auto" then return core.cuda_available() and "cuda" or "cpu" end
+  return name
+end
+
+--- Loss and metrics over a whole data set, without gradients.
+-- opts: micro_batch (default 32), device (default "auto").
+function wick.evaluate(model, data, opts)
+  opts = opts or {}
+  return core.evaluate(model, data, opts.micro_batch or 32, wick.device(opts.device))
+end
+
+--- wick.train{...}: see `wick describe train`.
+function wick.train(cfg)
+  return require("wick.train").train(cfg)
+end
+
+-- Runs start from the same weights: seed 0 unless seed=N is on the command line.
+core.seed(tonumber(wick.args.seed) or 0)
+
+return wick

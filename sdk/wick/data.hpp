@@ -1,0 +1,52 @@
+#pragma once
+/// \file data.hpp
+/// Data plugins: a dataset of samples as named CPU tensors. The host owns
+/// worker threads, prefetch, shuffling, sharding and the copy to the device.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/stack.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "wick/object.hpp"
+#include "wick/plugin.hpp"
+
+namespace wick {
+
+using Sample = std::map<std::string, at::Tensor>;
+using Batch = std::map<std::string, at::Tensor>;
+
+class Dataset : public Object {
+ public:
+  ObjectKind object_kind() const final { return ObjectKind::Dataset; }
+
+  /// Required: number of samples.
+  virtual std::int64_t size() const = 0;
+
+  /// Required: sample i as CPU tensors. Called from several worker threads at
+  /// once: must be thread-safe.
+  virtual Sample get(std::int64_t i) const = 0;
+
+  /// Optional: samples to a batch. Default stacks each named tensor.
+  virtual Batch collate(const std::vector<Sample>& samples) const {
+    Batch out;
+    if (samples.empty()) return out;
+    for (const auto& [name, first] : samples.front()) {
+      std::vector<at::Tensor> parts;
+      parts.reserve(samples.size());
+      for (const auto& s : samples) parts.push_back(s.at(name));
+      out[name] = at::stack(parts);
+    }
+    return out;
+  }
+};
+
+template <class T>
+PluginDescriptor data_plugin(const char* name, const char* summary, OptionSchema options) {
+  return make_descriptor(PluginKind::Data, name, summary, std::move(options),
+                         &detail::make_object<T, Dataset>);
+}
+
+}  // namespace wick

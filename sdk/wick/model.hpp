@@ -1,0 +1,59 @@
+#pragma once
+/// \file model.hpp
+/// Model plugins: a LibTorch module whose forward returns the summed loss over
+/// the batch's items, the item count, and named metric sums.
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "wick/object.hpp"
+#include "wick/plugin.hpp"
+
+namespace wick {
+
+/// A micro-batch: named tensors, first dimension the samples.
+using Batch = std::map<std::string, at::Tensor>;
+
+struct ForwardResult {
+  at::Tensor loss_sum;  ///< Required: sum of per-item losses (0-dim, differentiable)
+  std::int64_t items;   ///< Required: items the loss sums over (samples or tokens)
+  /// Optional: metric sums over the same items (e.g. number correct for
+  /// "accuracy"); the host reports each divided by the item count.
+  std::map<std::string, at::Tensor> metrics;
+};
+
+class Model : public Object, public torch::nn::Module {
+ public:
+  ObjectKind object_kind() const final { return ObjectKind::Model; }
+
+  /// Required: loss sum, item count and metric sums for one micro-batch.
+  virtual ForwardResult forward(const Batch& batch) = 0;
+
+  /// Optional: the items a batch holds, known without running forward (the
+  /// host normalises every micro-batch of a window by the window's total).
+  /// Default: the "mask" tensor's sum if the batch has one, else the sample count.
+  virtual std::int64_t count_items(const Batch& batch) const {
+    if (auto it = batch.find("mask"); it != batch.end()) return it->second.sum().item<std::int64_t>();
+    return batch.begin()->second.size(0);
+  }
+
+  /// Optional: what the model counts as an item ("samples", "tokens").
+  virtual std::string item_name() const { return "samples"; }
+
+  /// Optional: names of submodules (LoRA targets) and of repeated blocks
+  /// (checkpointing units).
+  virtual std::vector<std::string> targets() const { return {}; }
+  virtual std::vector<std::string> blocks() const { return {}; }
+};
+
+template <class T>
+PluginDescriptor model_plugin(const char* name, const char* summary, OptionSchema options) {
+  return make_descriptor(PluginKind::Model, name, summary, std::move(options),
+                         &detail::make_object<T, Model>);
+}
+
+}  // namespace wick

@@ -1,0 +1,52 @@
+#pragma once
+/// \file optim.hpp
+/// Optim plugins: optimizers and learning-rate schedules.
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "wick/object.hpp"
+#include "wick/plugin.hpp"
+
+namespace wick {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// Updates parameters from their .grad(). The host calls attach() once, then
+/// step(lr) once per optimizer step with the scheduled learning rate.
+class Optimizer : public Object {
+ public:
+  ObjectKind object_kind() const final { return ObjectKind::Optimizer; }
+
+  /// Required: the trainable parameters, by name. Called once.
+  virtual void attach(NamedTensors params) = 0;
+  /// Required: one update with learning rate lr. A parameter without a
+  /// gradient is left as it is.
+  virtual void step(double lr) = 0;
+  /// Required: the recipe's base learning rate (the schedule multiplies it).
+  virtual double base_lr() const = 0;
+  /// Required: the optimizer's state as named tensors, for checkpoints
+  /// ("<param>.exp_avg", ...), and its inverse.
+  virtual std::map<std::string, at::Tensor> state() const = 0;
+  virtual void load_state(const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+/// A learning-rate multiplier per optimizer step.
+class Schedule : public Object {
+ public:
+  ObjectKind object_kind() const final { return ObjectKind::Schedule; }
+  /// Required: the factor for 0-based optimizer step `step` of `total_steps`.
+  virtual double factor(std::int64_t step, std::int64_t total_steps) const = 0;
+};
+
+template <class T>
+PluginDescriptor optim_plugin(const char* name, const char* summary, OptionSchema options) {
+  return make_descriptor(PluginKind::Optim, name, summary, std::move(options),
+                         &detail::make_object<T, Object>);
+}
+
+}  // namespace wick

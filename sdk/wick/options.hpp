@@ -1,0 +1,178 @@
+#pragma once
+/// \file options.hpp
+/// Option values and option schemas: what a plugin declares it accepts, and
+/// the validated, defaulted table it receives in its factory.
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace wick {
+
+/// Every error wick reports to a user: what went wrong, where, what was expected.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Value;
+using List = std::vector<Value>;
+
+/// A value from a recipe: nil, boolean, integer, number, string or list.
+struct Value {
+  std::variant<std::monostate, bool, std::int64_t, double, std::string, List> v;
+
+  Value() = default;
+  Value(bool b) : v(b) {}
+  Value(int i) : v(std::int64_t{i}) {}
+  Value(std::int64_t i) : v(i) {}
+  Value(double d) : v(d) {}
+  Value(const char* s) : v(std::string(s)) {}
+  Value(std::string s) : v(std::move(s)) {}
+  Value(List l) : v(std::move(l)) {}
+
+  bool is_nil() const { return std::holds_alternative<std::monostate>(v); }
+  bool is_bool() const { return std::holds_alternative<bool>(v); }
+  bool is_int() const { return std::holds_alternative<std::int64_t>(v); }
+  bool is_number() const { return is_int() || std::holds_alternative<double>(v); }
+  bool is_string() const { return std::holds_alternative<std::string>(v); }
+  bool is_list() const { return std::holds_alternative<List>(v); }
+
+  bool as_bool() const { return std::get<bool>(v); }
+  std::int64_t as_int() const { return std::get<std::int64_t>(v); }
+  double as_double() const {
+    return is_int() ? static_cast<double>(std::get<std::int64_t>(v)) : std::get<double>(v);
+  }
+  const std::string& as_string() const { return std::get<std::string>(v); }
+  const List& as_list() const { return std::get<List>(v); }
+
+  /// A short rendering for messages: 3, 0.5, "relu", {1, 2}.
+  std::string repr() const;
+  /// The Lua-ish name of the value's type: nil, boolean, integer, number, string, list.
+  std::string type_name() const;
+};
+
+/// The types an option may declare.
+enum class OptionType { Bool, Int, Float, String, IntList, FloatList, StringList };
+
+const char* to_string(OptionType t);
+
+/// One declared option: name, type, default, range or choices, doc.
+struct OptionSpec {
+  std::string name;
+  OptionType type = OptionType::Float;
+  Value default_value;                 ///< nil means required
+  std::optional<double> min, max;      ///< inclusive range for numbers (each list item too)
+  std::vector<std::string> choices;    ///< allowed strings (each list item too)
+  std::string doc;
+  bool required() const { return default_value.is_nil(); }
+};
+
+using OptionSchema = std::vector<OptionSpec>;
+
+/// Builders that keep schemas short to write:
+///   wick::opt_int("inputs", 4, "input features").range(1, 1 << 20)
+struct OptionBuilder {
+  OptionSpec spec;
+  OptionBuilder& range(double lo, double hi) { spec.min = lo; spec.max = hi; return *this; }
+  OptionBuilder& at_least(double lo) { spec.min = lo; return *this; }
+  OptionBuilder& one_of(std::vector<std::string> c) { spec.choices = std::move(c); return *this; }
+  OptionBuilder& required() { spec.default_value = Value(); return *this; }
+  operator OptionSpec() const { return spec; }
+};
+inline OptionBuilder opt(std::string name, OptionType t, Value def, std::string doc) {
+  return OptionBuilder{OptionSpec{std::move(name), t, std::move(def), {}, {}, {}, std::move(doc)}};
+}
+inline OptionBuilder opt_bool(std::string n, bool d, std::string doc) { return opt(std::move(n), OptionType::Bool, d, std::move(doc)); }
+inline OptionBuilder opt_int(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Int, std::move(d), std::move(doc)); }
+inline OptionBuilder opt_float(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Float, std::move(d), std::move(doc)); }
+inline OptionBuilder opt_string(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::String, std::move(d), std::move(doc)); }
+
+/// The validated options a factory receives: every declared key is present
+/// (given or defaulted, except optional ones left nil), nothing undeclared is.
+class Options {
+ public:
+  Options() = default;
+  explicit Options(std::map<std::string, Value> values) : values_(std::move(values)) {}
+
+  bool has(const std::string& key) const {
+    auto it = values_.find(key);
+    return it != values_.end() && !it->second.is_nil();
+  }
+  const Value& at(const std::string& key) const {
+    auto it = values_.find(key);
+    if (it == values_.end()) throw Error("option '" + key + "' was not declared");
+    return it->second;
+  }
+  bool get_bool(const std::string& k) const { return at(k).as_bool(); }
+  std::int64_t get_int(const std::string& k) const { return at(k).as_int(); }
+  double get_double(const std::string& k) const { return at(k).as_double(); }
+  const std::string& get_string(const std::string& k) const { return at(k).as_string(); }
+  std::vector<std::int64_t> get_int_list(const std::string& k) const {
+    std::vector<std::int64_t> out;
+    for (const auto& x : at(k).as_list()) out.push_back(x.as_int());
+    return out;
+  }
+  std::vector<double> get_double_list(const std::string& k) const {
+    std::vector<double> out;
+    for (const auto& x : at(k).as_list()) out.push_back(x.as_double());
+    return out;
+  }
+  const std::map<std::string, Value>& values() const { return values_; }
+
+ private:
+  std::map<std::string, Value> values_;
+};
+
+// ---- inline implementations ----
+
+inline std::string Value::type_name() const {
+  switch (v.index()) {
+    case 0: return "nil";
+    case 1: return "boolean";
+    case 2: return "integer";
+    case 3: return "number";
+    case 4: return "string";
+    default: return "list";
+  }
+}
+
+inline std::string Value::repr() const {
+  switch (v.index()) {
+    case 0: return "nil";
+    case 1: return as_bool() ? "true" : "false";
+    case 2: return std::to_string(as_int());
+    case 3: {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(v));
+      return buf;
+    }
+    case 4: return "\"" + as_string() + "\"";
+    default: {
+      std::string s = "{";
+      const auto& l = as_list();
+      for (std::size_t i = 0; i < l.size(); ++i) s += (i ? ", " : "") + l[i].repr();
+      return s + "}";
+    }
+  }
+}
+
+inline const char* to_string(OptionType t) {
+  switch (t) {
+    case OptionType::Bool: return "boolean";
+    case OptionType::Int: return "integer";
+    case OptionType::Float: return "number";
+    case OptionType::String: return "string";
+    case OptionType::IntList: return "list of integers";
+    case OptionType::FloatList: return "list of numbers";
+    case OptionType::StringList: return "list of strings";
+  }
+  return "?";
+}
+
+}  // namespace wick

@@ -1,0 +1,112 @@
+#pragma once
+/// \file plugin.hpp
+/// The wick plugin SDK. A complete plugin is one .cpp file:
+///
+/// \code
+///   #include <wick/plugin.hpp>
+///   #include <wick/model.hpp>
+///   #include <torch/nn/modules/linear.h>
+///
+///   // A linear classifier: forward returns the summed loss and the item count.
+///   class Linear : public wick::Model {
+///    public:
+///     explicit Linear(const wick::Options& o)
+///         : fc_(register_module("fc", torch::nn::Linear(o.get_int("inputs"), o.get_int("classes")))) {}
+///     wick::ForwardResult forward(const wick::Batch& b) override {
+///       auto logits = fc_->forward(b.at("x"));
+///       auto y = b.at("y");
+///       return {at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum), y.size(0),
+///               {{"accuracy", logits.argmax(1).eq(y).sum()}}};
+///     }
+///    private:
+///     torch::nn::Linear fc_;
+///   };
+///
+///   WICK_PLUGIN(wick::model_plugin<Linear>(
+///       "linear", "a linear classifier",
+///       {wick::opt_int("inputs", 4, "input features").at_least(1),       // Required entries:
+///        wick::opt_int("classes", 2, "output classes").at_least(1)}))    // name, summary, options
+/// \endcode
+///
+/// Build it with the installed CMake package:
+/// \code
+///   find_package(wick REQUIRED)
+///   wick_add_plugin(linear SOURCES linear.cpp)
+/// \endcode
+/// and put the .so on WICK_PLUGIN_PATH; `wick plugins` lists it and
+/// `wick describe linear` shows its options.
+///
+/// Kinds and their base classes: model -> wick::Model (wick/model.hpp),
+/// data -> wick::Dataset (wick/data.hpp), optim -> wick::Optimizer,
+/// wick::Schedule (wick/optim.hpp).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <torch/version.h>
+
+#include <boost/dll/alias.hpp>
+
+#include "wick/object.hpp"
+#include "wick/options.hpp"
+
+/// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
+#define WICK_ABI_VERSION 1
+#define WICK_VERSION_STRING "0.1.0"
+
+namespace wick {
+
+constexpr std::uint32_t kAbiVersion = WICK_ABI_VERSION;
+
+enum class PluginKind { Model, Data, Optim };
+
+inline const char* to_string(PluginKind k) {
+  switch (k) {
+    case PluginKind::Model: return "model";
+    case PluginKind::Data: return "data";
+    case PluginKind::Optim: return "optim";
+  }
+  return "?";
+}
+
+using Factory = std::shared_ptr<Object> (*)(const Options&);
+
+/// What a plugin library exports under the alias `wick_plugin`.
+/// The first three fields are frozen for all ABI versions: the host reads
+/// them, checks the versions, and only then looks at anything else.
+struct PluginDescriptor {
+  std::uint32_t abi_version;   ///< Required: kAbiVersion (WICK_PLUGIN sets it)
+  const char* torch_version;   ///< Required: the LibTorch version built against
+  const char* name;            ///< Required: unique plugin name
+  // ---- read only after the versions match ----
+  PluginKind kind;             ///< Required
+  const char* summary;         ///< Required: one line
+  OptionSchema options;        ///< Optional: declared options
+  Factory create;              ///< Required: builds the object from validated options
+};
+
+namespace detail {
+template <class T, class Base>
+std::shared_ptr<Object> make_object(const Options& o) {
+  static_assert(std::is_base_of_v<Base, T>, "plugin class has the wrong base for its kind");
+  return std::make_shared<T>(o);
+}
+}  // namespace detail
+
+/// Descriptor builders model_plugin<T>, data_plugin<T>, optim_plugin<T> live in
+/// the kind's header; T must be constructible from wick::Options.
+inline PluginDescriptor make_descriptor(PluginKind kind, const char* name, const char* summary,
+                                        OptionSchema options, Factory create) {
+  return PluginDescriptor{kAbiVersion, TORCH_VERSION, name, kind, summary, std::move(options), create};
+}
+
+}  // namespace wick
+
+/// Exports the plugin's descriptor. Write it once, at namespace scope.
+#define WICK_PLUGIN(...)                                                  \
+  namespace wick_plugin_detail {                                          \
+  const ::wick::PluginDescriptor wick_plugin_descriptor = (__VA_ARGS__); \
+  }                                                                       \
+  BOOST_DLL_ALIAS(wick_plugin_detail::wick_plugin_descriptor, wick_plugin)
+
