@@ -12,6 +12,10 @@
 namespace fs = std::filesystem;
 
 namespace wick {
+
+Options validate_options(const std::string& plugin, const OptionSchema& schema,
+                         const std::map<std::string, Value>& given);
+
 namespace {
 
 std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
@@ -38,6 +42,28 @@ bool check_scalar(OptionType t, const Value& v) {
 
 bool is_list_type(OptionType t) {
   return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+}
+
+// A plugin's own schema must make sense before any recipe is checked against it.
+std::string schema_problem(const PluginDescriptor& d) {
+  if (!d.summary || !d.create) return "lacks a summary or a factory";
+  if (d.kind != PluginKind::Model && d.kind != PluginKind::Data && d.kind != PluginKind::Optim)
+    return "declares an unknown kind " + std::to_string(static_cast<int>(d.kind));
+  std::set<std::string> names;
+  for (const auto& o : d.options) {
+    if (o.name.empty()) return "declares an option without a name";
+    if (!names.insert(o.name).second) return "declares option '" + o.name + "' twice";
+    if (o.min && o.max && *o.min > *o.max) return "declares option '" + o.name + "' with min > max";
+    if (o.required()) continue;
+    try {
+      validate_options("default", {o}, {{o.name, o.default_value}});
+    } catch (const Error& e) {
+      std::string why = e.what();
+      return "declares a default for option '" + o.name + "' that its own schema rejects (" +
+             why.substr(why.find("expected")) + ")";
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -151,6 +177,10 @@ PluginEntry Registry::load(const fs::path& file) const {
               ", this host has LibTorch " + TORCH_VERSION + ": rebuild it against this wick";
     return e;
   }
+  if (auto problem = schema_problem(d); !problem.empty()) {
+    e.error = "has a bad option schema: it " + problem;
+    return e;
+  }
   e.descriptor = &d;
   return e;
 }
@@ -210,8 +240,9 @@ std::shared_ptr<Object> Registry::create(const std::string& name_or_path, Plugin
   const PluginDescriptor& d = *e.descriptor;
   const std::string label = std::string(to_string(d.kind)) + " '" + d.name + "'";
   if (d.kind != kind)
-    throw Error("plugin '" + std::string(d.name) + "' is a " + to_string(d.kind) + " plugin, not a " +
-                to_string(kind) + " plugin");
+    throw Error("plugin '" + std::string(d.name) + "' is " + (d.kind == PluginKind::Optim ? "an " : "a ") +
+                to_string(d.kind) + " plugin, not " + (kind == PluginKind::Optim ? "an " : "a ") + to_string(kind) +
+                " plugin");
   Options options = validate_options(label, d.options, given);
   std::shared_ptr<Object> obj;
   try {
