@@ -1,5 +1,6 @@
 // The wick command line.
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -142,6 +143,9 @@ int main(int argc, char** argv) {
     }
     if (cmd == "version" || cmd == "--version") return cmd_version();
     return usage_error("unknown command '" + cmd + "'");
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "wick: error: %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "wick: error: %s\n", e.what());
     return 1;

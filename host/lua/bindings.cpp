@@ -60,6 +60,8 @@ int guarded(lua_State* L) {
   std::string msg;
   try {
     return F(L);
+  } catch (const c10::Error& e) {  // LibTorch's errors: the message, not its C++ frames
+    msg = e.what_without_backtrace();
   } catch (const std::exception& e) {  // never catch(...): LuaJIT's own errors unwind through here
     msg = e.what();
   }

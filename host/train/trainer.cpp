@@ -34,6 +34,16 @@ std::string step_dir_name(std::int64_t step) {
 
 }  // namespace
 
+std::string describe(const Batch& b) {
+  std::string s = "{";
+  for (const auto& [k, v] : b) {
+    std::ostringstream o;
+    o << (s.size() > 1 ? ", " : "") << k << " " << c10::toString(v.scalar_type()) << " " << v.sizes();
+    s += o.str();
+  }
+  return s + "}";
+}
+
 Batch to_device(const Batch& b, const at::Device& device) {
   if (device.is_cpu()) return b;
   Batch out;
@@ -125,7 +135,14 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
   std::map<std::string, at::Tensor> metric_sums;
   const double inv_items = 1.0 / static_cast<double>(s.items);
   for (std::size_t i = 0; i < window.size(); ++i) {
-    ForwardResult r = model_->forward(to_device(window[i], device));
+    ForwardResult r;
+    try {
+      r = model_->forward(to_device(window[i], device));
+    } catch (const c10::Error& e) {
+      throw Error("step " + std::to_string(step_ + 1) + ", micro-batch " + std::to_string(i + 1) + " of " +
+                  std::to_string(window.size()) + ": the model's forward failed on " + describe(window[i]) + ": " +
+                  e.what_without_backtrace());
+    }
     if (r.items != counts[i])
       throw Error("the model counted " + std::to_string(counts[i]) + " items in a micro-batch before forward and " +
                   std::to_string(r.items) + " in forward");

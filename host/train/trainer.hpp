@@ -75,6 +75,9 @@ class Trainer {
 EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, std::int64_t micro_batch,
                    const std::string& device);
 
+/// "{x Float [4, 16], y Long [4]}": a batch in error messages.
+std::string describe(const Batch& b);
+
 /// Moves a batch to `device` (non-blocking from pinned memory).
 Batch to_device(const Batch& b, const at::Device& device);
 

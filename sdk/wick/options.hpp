@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -148,8 +149,12 @@ inline std::string Value::repr() const {
     case 1: return as_bool() ? "true" : "false";
     case 2: return std::to_string(as_int());
     case 3: {
+      // the shortest form that reads back as the same double
       char buf[64];
-      std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(v));
+      for (int prec = 6; prec <= 17; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, std::get<double>(v));
+        if (std::strtod(buf, nullptr) == std::get<double>(v)) break;
+      }
       return buf;
     }
     case 4: return "\"" + as_string() + "\"";

@@ -1,0 +1,111 @@
+-- Bad input in recipes: each error names what, where (file:line) and what was
+-- expected, and exits non-zero.
+local H = dofile("helpers.lua")
+
+local dir = H.tmpdir()
+
+local function fails_with(text, expected, args, env)
+  local code, _, err = H.recipe(dir, "recipe.lua", text, args, env)
+  assert.are.equal(1, code, err)
+  for _, e in ipairs(type(expected) == "table" and expected or { expected }) do
+    assert.truthy(err:find(e, 1, true), "expected <" .. e .. "> in:\n" .. err)
+  end
+  assert.falsy(err:find("terminate called", 1, true))
+  assert.falsy(err:find("frame #", 1, true))
+  return err
+end
+
+describe("recipe errors", function()
+  it("a syntax error gives file, line and message", function()
+    fails_with("local wick = require 'wick'\nlocal x = = 1\n", { "recipe.lua:2:", "unexpected symbol" })
+  end)
+
+  it("a runtime error gives file, line and message", function()
+    fails_with("local wick = require 'wick'\nerror('boom')\n", "recipe.lua:2: boom")
+  end)
+
+  it("an unknown plugin lists the known ones", function()
+    fails_with("local wick = require 'wick'\n\nwick.model('mpl', {})\n",
+      { "recipe.lua:3: unknown plugin 'mpl'", "known plugins: adamw, mlp, schedule, sgd, synthetic, tensors" })
+  end)
+
+  it("an unknown option names plugin and key and lists the options", function()
+    fails_with("local wick = require 'wick'\nwick.model('mlp', { hiden = 3 })\n",
+      { "recipe.lua:2: model 'mlp': unknown option 'hiden'", "known options: inputs, hidden, outputs" })
+  end)
+
+  it("a wrong type says what was expected and what was given", function()
+    fails_with("local wick = require 'wick'\nwick.model('mlp', { inputs = 'four' })\n",
+      "recipe.lua:2: model 'mlp': option 'inputs': expected integer, got string \"four\"")
+  end)
+
+  it("a value out of range says the range", function()
+    fails_with("local wick = require 'wick'\nwick.optim('adamw', { lr = -1 })\n",
+      "recipe.lua:2: optim 'adamw': option 'lr': expected a value >= 0, got integer -1")
+    fails_with("local wick = require 'wick'\nwick.model('mlp', { activation = 'swish' })\n",
+      "option 'activation': expected one of relu, gelu, tanh, sigmoid, silu, got string \"swish\"")
+  end)
+
+  it("a bad argument reads like Lua's own", function()
+    fails_with("local wick = require 'wick'\nwick.data(42)\n",
+      "recipe.lua:2: bad argument #1 to 'data' (string expected, got number)")
+  end)
+
+  it("a plugin built for another ABI is refused with both versions", function()
+    fails_with("local wick = require 'wick'\nwick.model('bad_abi', {})\n",
+      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 1" },
+      nil, "WICK_PLUGIN_PATH=" .. H.test_plugins)
+  end)
+
+  it("a plugin whose factory throws is named with its message", function()
+    fails_with("local wick = require 'wick'\nwick.model('throws', { size = 5 })\n",
+      { "recipe.lua:2: model 'throws'", "failed to build: deliberate failure (size 5)" },
+      nil, "WICK_PLUGIN_PATH=" .. H.test_plugins)
+  end)
+
+  it("a plugin may be named by its path", function()
+    local code, _, err = H.recipe(dir, "path.lua", string.format(
+      "local wick = require 'wick'\nlocal m = wick.model(%q, { inputs = 3 })\nassert(m:parameters() > 0)\n",
+      H.test_plugins .. "/../plugins/mlp.so"))
+    assert.are.equal(0, code, err)
+  end)
+
+  it("a missing weights file is named", function()
+    fails_with("local wick = require 'wick'\nlocal m = wick.model('mlp', {})\nm:load('nope.safetensors')\n",
+      "recipe.lua:3: cannot open safetensors file nope.safetensors")
+  end)
+
+  it("a corrupt weights file is named with the problem", function()
+    H.write(dir .. "/bad.safetensors", "\16\0\0\0\0\0\0\0{\"a\": garbage!!}")
+    fails_with("local wick = require 'wick'\nlocal m = wick.model('mlp', {})\nm:load('" .. dir .. "/bad.safetensors')\n",
+      { "recipe.lua:3: corrupt safetensors file " .. dir .. "/bad.safetensors", "not valid JSON" })
+  end)
+
+  it("a missing data file is named", function()
+    fails_with("local wick = require 'wick'\nwick.data('tensors', { file = 'missing.safetensors' })\n",
+      { "recipe.lua:2: data 'tensors'", "cannot open safetensors file missing.safetensors" })
+  end)
+
+  it("a required option left out is named", function()
+    fails_with("local wick = require 'wick'\nwick.data('tensors', {})\n",
+      "recipe.lua:2: data 'tensors': option 'file' is required")
+  end)
+
+  it("wick.train errors point at the recipe line that called it", function()
+    local prelude = "local wick = require 'wick'\nlocal d = wick.data('synthetic', { size = 8 })\n" ..
+      "local m = wick.model('mlp', { inputs = 16, outputs = 4 })\nlocal o = wick.optim('sgd', {})\n"
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, epoch = 2 }\n",
+      { "recipe.lua:5: wick.train: unknown option 'epoch'", "epochs" })
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, micro_batch = 0 }\n",
+      "recipe.lua:5: wick.train: option 'micro_batch': expected an integer >= 1, got 0")
+    fails_with(prelude .. "wick.train { model = m, data = d }\n",
+      "recipe.lua:5: wick.train: option 'optim' is required")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, resume = true }\n",
+      "recipe.lua:5: wick.train: option 'resume' needs 'out'")
+    -- an engine error inside the Lua train loop: a model that does not fit the data
+    local err = fails_with(prelude .. "wick.train { model = wick.model('mlp', { inputs = 3 }), data = d, optim = o, quiet = true }\n",
+      { "recipe.lua:5: step 1, micro-batch 1 of 1: the model's forward failed on {x Float [1, 16], y Long [1]}",
+        "mat1 and mat2 shapes cannot be multiplied" })
+    assert.falsy(err:find("frame #", 1, true), err)
+  end)
+end)
