@@ -593,6 +593,13 @@ int core_write_file(lua_State* L) {
   return 0;
 }
 
+// Reads a safetensors file and writes it again: tensors and metadata as read.
+int core_copy_tensors(lua_State* L) {
+  auto f = read_safetensors(check_string(L, 1, "copy_tensors"));
+  write_safetensors(check_string(L, 2, "copy_tensors"), f.tensors, f.metadata);
+  return 0;
+}
+
 int core_args(lua_State* L) {
   lua_getfield(L, LUA_REGISTRYINDEX, "wick.args");
   if (lua_isnil(L, -1)) {
@@ -703,6 +710,7 @@ int luaopen_wick_core(lua_State* L) {
                                   {"write_file", G(core_write_file)},
                                   {"plugins", G(core_plugins)},
                                   {"args", G(core_args)},
+                                  {"copy_tensors", G(core_copy_tensors)},
                                   {nullptr, nullptr}};
   lua_newtable(L);
   luaL_register(L, nullptr, core);

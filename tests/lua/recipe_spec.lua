@@ -79,3 +79,45 @@ print("status " .. run.status .. " steps " .. run.steps)
     assert.are.equal(wb, wa)  -- bit for bit
   end)
 end)
+
+describe("step-level primitives", function()
+  it("the custom loop example trains and its held-out loss falls", function()
+    local code, out, err = H.run("run " .. H.source .. "/examples/custom_loop/loop.lua epochs=3")
+    assert.are.equal(0, code, err)
+    local losses = {}
+    for l in out:gmatch("held%-out loss ([%d%.]+)") do losses[#losses + 1] = tonumber(l) end
+    assert.are.equal(3, #losses, out)
+    assert.truthy(losses[3] < losses[1], out)
+  end)
+
+  it("a loop written with the primitives ends where wick.train ends", function()
+    local code, out, err = H.recipe(dir, "same.lua", [[
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 100, inputs = 8, classes = 3, max_items = 3, seed = 4 })
+local function fresh() wick.seed(5); return wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 }) end
+local opts = { lr = 0.01, weight_decay = 0.1 }
+
+local a = fresh()
+wick.train { model = a, data = data, optim = wick.optim("adamw", opts), schedule = "cosine", warmup_steps = 2,
+  micro_batch = 3, accumulate = 4, epochs = 2, seed = 9, clip_grad_norm = 0.5, quiet = true }
+
+local b = fresh()
+local loader = wick.loader(data, { micro_batch = 3, accumulate = 4, seed = 9 })
+local trainer = wick.trainer { model = b, optim = wick.optim("adamw", opts),
+  schedule = wick.schedule("cosine", { warmup_steps = 2 }), clip_grad_norm = 0.5,
+  total_steps = 2 * loader:windows_per_epoch() }
+for epoch = 0, 1 do
+  loader:start_epoch(epoch)
+  for w in loader.next, loader do trainer:step(w) end
+end
+a:save(wick.args.dir .. "/a.safetensors")
+b:save(wick.args.dir .. "/b.safetensors")
+print(trainer:steps())
+]], "dir=" .. dir)
+    assert.are.equal(0, code, err)
+    assert.are.equal("18\n", out)  -- ceil(100 / 12) windows x 2 epochs
+    local wa, wb = H.read(dir .. "/a.safetensors"), H.read(dir .. "/b.safetensors")
+    assert.truthy(#wa > 500)
+    assert.are.equal(wa, wb)
+  end)
+end)
