@@ -96,12 +96,7 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_window) {
   }
 }
 
-Batch Loader::build(std::int64_t micro) const {
-  std::vector<Sample> samples;
-  samples.reserve(micro_[micro].size());
-  for (auto i : micro_[micro]) samples.push_back(data_->get(i));
-  return data_->collate(samples);
-}
+Batch Loader::build(std::int64_t micro) const { return data_->get_batch(micro_[micro]); }
 
 Batch Loader::take(std::int64_t micro) {
   if (threads_.empty()) {

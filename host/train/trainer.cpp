@@ -26,6 +26,13 @@ std::vector<std::pair<std::string, at::Tensor>> module_state(torch::nn::Module& 
   return out;
 }
 
+// The random generators a run draws from: the CPU's, and the device's when it is a GPU.
+std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& device) {
+  std::vector<std::pair<std::string, at::Generator>> g{{"cpu", at::detail::getDefaultCPUGenerator()}};
+  if (device.is_cuda()) g.emplace_back("cuda", at::globalContext().defaultGenerator(device));
+  return g;
+}
+
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -197,13 +204,12 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : optim_->state()) opt_state.emplace_back(k, v);
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
-  at::Tensor rng;
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
+  std::vector<std::pair<std::string, at::Tensor>> rng;
+  for (auto& [name, gen] : generators(at::Device(cfg_.device))) {
     std::lock_guard<std::mutex> lock(gen.mutex());
-    rng = gen.get_state();
+    rng.emplace_back(name, gen.get_state());
   }
-  write_safetensors(tmp / "rng.safetensors", {{"cpu", rng}});
+  write_safetensors(tmp / "rng.safetensors", rng);
   nlohmann::json state = {{"step", step_}, {"wick_version", WICK_VERSION_STRING}, {"extra", extra}};
   write_file_atomic(tmp / "state.json", state.dump(2) + "\n");
   if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
@@ -237,10 +243,11 @@ nlohmann::json Trainer::load(const fs::path& checkpoint) {
   for (auto& [k, v] : opt.tensors) opt_state[k] = v.to(device);
   optim_->load_state(opt_state);
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");
-  if (const at::Tensor* cpu = rng.get("cpu")) {
-    auto gen = at::detail::getDefaultCPUGenerator();
+  for (auto& [name, gen] : generators(device)) {
+    const at::Tensor* state = rng.get(name);
+    if (!state) throw Error("checkpoint " + checkpoint.string() + " has no '" + name + "' random state");
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(*cpu);
+    gen.set_state(*state);
   }
   step_ = state.at("step").get<std::int64_t>();
   return state.value("extra", nlohmann::json::object());

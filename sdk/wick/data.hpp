@@ -29,6 +29,15 @@ class Dataset : public Object {
   /// once: must be thread-safe.
   virtual Sample get(std::int64_t i) const = 0;
 
+  /// Optional: the batch of samples `indices` at once. Default: get() each
+  /// and collate(). In-memory data sets override it with one gather per tensor.
+  virtual Batch get_batch(const std::vector<std::int64_t>& indices) const {
+    std::vector<Sample> samples;
+    samples.reserve(indices.size());
+    for (auto i : indices) samples.push_back(get(i));
+    return collate(samples);
+  }
+
   /// Optional: samples to a batch. Default stacks each named tensor.
   virtual Batch collate(const std::vector<Sample>& samples) const {
     Batch out;

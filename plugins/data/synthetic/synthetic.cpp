@@ -51,6 +51,13 @@ class Synthetic : public wick::Dataset {
     return s;
   }
 
+  wick::Batch get_batch(const std::vector<std::int64_t>& indices) const override {
+    const at::Tensor idx = at::tensor(indices, at::kLong);
+    wick::Batch b{{"x", x_.index_select(0, idx)}, {"y", y_.index_select(0, idx)}};
+    if (mask_.defined()) b["mask"] = mask_.index_select(0, idx);
+    return b;
+  }
+
   std::map<std::string, wick::Value> attributes() const override {
     std::map<std::string, wick::Value> a{{"size", size_}, {"inputs", inputs_}};
     if (classification_) a["num_classes"] = classes_;

@@ -34,6 +34,13 @@ class Tensors : public wick::Dataset {
     return s;
   }
 
+  wick::Batch get_batch(const std::vector<std::int64_t>& indices) const override {
+    const at::Tensor idx = at::tensor(indices, at::kLong);
+    wick::Batch b;
+    for (const auto& [name, t] : tensors_) b[name] = t.index_select(0, idx);
+    return b;
+  }
+
   std::map<std::string, wick::Value> attributes() const override {
     std::map<std::string, wick::Value> a{{"size", size_}, {"file", file_}};
     if (auto x = tensors_.find("x"); x != tensors_.end() && x->second.dim() >= 2) a["inputs"] = x->second.size(-1);
