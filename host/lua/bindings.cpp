@@ -395,6 +395,7 @@ int make_loader(lua_State* L) {
   c.prefetch = field<int>(L, 2, "prefetch", 2);
   c.rank = field<int>(L, 2, "rank", 0);
   c.world_size = field<int>(L, 2, "world_size", 1);
+  c.pin_memory = field<bool>(L, 2, "pin_memory", false);
   push_box<Loader>(L, std::make_shared<Loader>(d, c), kLoaderMt);
   return 1;
 }

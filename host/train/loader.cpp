@@ -96,7 +96,12 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_window) {
   }
 }
 
-Batch Loader::build(std::int64_t micro) const { return data_->get_batch(micro_[micro]); }
+Batch Loader::build(std::int64_t micro) const {
+  Batch b = data_->get_batch(micro_[micro]);
+  if (cfg_.pin_memory)
+    for (auto& [name, t] : b) t = t.pin_memory();
+  return b;
+}
 
 Batch Loader::take(std::int64_t micro) {
   if (threads_.empty()) {

@@ -26,6 +26,7 @@ struct LoaderConfig {
   int workers = 0;         // 0: build batches on the calling thread
   int prefetch = 2;        // micro-batches built ahead, at most
   int rank = 0, world_size = 1;
+  bool pin_memory = false;  // page-lock batches for fast, asynchronous copies to a GPU
 };
 
 /// The sample order of one epoch on one rank: deterministic in (seed, epoch).

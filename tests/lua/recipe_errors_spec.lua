@@ -4,6 +4,8 @@ local H = dofile("helpers.lua")
 
 local dir = H.tmpdir()
 
+teardown(function() os.execute("rm -rf " .. dir) end)
+
 local function fails_with(text, expected, args, env)
   local code, _, err = H.recipe(dir, "recipe.lua", text, args, env)
   assert.are.equal(1, code, err)

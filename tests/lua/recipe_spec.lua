@@ -4,6 +4,8 @@ local H = dofile("helpers.lua")
 
 local dir = H.tmpdir()
 
+teardown(function() os.execute("rm -rf " .. dir) end)
+
 describe("recipes", function()
   it("wick.args holds the command line's key=value pairs as Lua values", function()
     local code, out, err = H.recipe(dir, "args.lua",
@@ -24,6 +26,9 @@ describe("recipes", function()
     local out_dir = dir .. "/default"
     local code, out, err = H.run("run " .. H.source .. "/configs/default.lua out=" .. out_dir .. " epochs=3")
     assert.are.equal(0, code, err)
+    -- the recipe says epochs = 8: the command line's value wins, and says so
+    assert.truthy(err:find("wick.train: from the command line: epochs=3", 1, true), err)
+    assert.truthy(err:find("step 192/192", 1, true), err)
     local acc = tonumber(out:match("held%-out accuracy ([%d%.]+)"))
     assert.truthy(acc and acc > 0.6, out)  -- 4 classes: chance is 0.25
     -- the first and last logged losses, from the metrics file

@@ -15,7 +15,7 @@ model:load(a.init)
 local opts = wick.core.json_decode(a.optim_opts)
 local run = wick.train {
   model = model, data = data, optim = wick.optim(a.optim, opts),
-  schedule = wick.schedule("cosine", { warmup_steps = 3, min_lr_ratio = 0.1 }),
+  schedule = wick.schedule(a.schedule, { warmup_steps = 3, min_lr_ratio = 0.1 }),
   micro_batch = a.micro_batch, accumulate = a.accumulate, epochs = a.epochs,
   shuffle = false, clip_grad_norm = a.clip, quiet = true,
 }
@@ -23,17 +23,25 @@ model:save(a.result)
 """
 
 
-def cosine(warmup, total, min_ratio):
+def schedule(kind, warmup, total, min_ratio):
+    """The get_{constant,linear,cosine}_schedule_with_warmup formulas, with a floor."""
+
     def f(step):
         if step < warmup:
             return step / max(1, warmup)
+        if kind == "constant":
+            return 1.0
         progress = (step - warmup) / max(1, total - warmup)
-        return min_ratio + (1 - min_ratio) * max(0.0, 0.5 * (1 + math.cos(math.pi * progress)))
+        if kind == "linear":
+            decay = max(0.0, 1.0 - progress)
+        else:
+            decay = max(0.0, 0.5 * (1 + math.cos(math.pi * progress)))
+        return min_ratio + (1 - min_ratio) * decay
 
     return f
 
 
-def reference(init, x, y, optim_name, opts, batch, epochs, clip):
+def reference(init, x, y, optim_name, opts, batch, epochs, clip, sched_kind):
     model = torch.nn.Sequential(
         torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
     )
@@ -47,7 +55,7 @@ def reference(init, x, y, optim_name, opts, batch, epochs, clip):
             o["betas"] = tuple(o["betas"])
         opt = torch.optim.AdamW(params, foreach=False, **o)
     steps = epochs * math.ceil(len(x) / batch)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine(3, steps, 0.1))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule(sched_kind, 3, steps, 0.1))
     for _ in range(epochs):
         for i in range(0, len(x), batch):  # the last batch is short: it steps with its true size
             opt.zero_grad()
@@ -61,16 +69,18 @@ def reference(init, x, y, optim_name, opts, batch, epochs, clip):
 
 
 CASES = [
-    ("sgd", {"lr": 0.2}, 0),
-    ("sgd", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, 0),
-    ("sgd", {"lr": 0.1, "momentum": 0.8, "dampening": 0.3}, 0.5),
-    ("adamw", {"lr": 0.01}, 0),
-    ("adamw", {"lr": 0.02, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.1, "amsgrad": True}, 0.3),
+    ("sgd", {"lr": 0.2}, 0, "cosine"),
+    ("sgd", {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, 0, "cosine"),
+    ("sgd", {"lr": 0.1, "momentum": 0.8, "dampening": 0.3}, 0.5, "linear"),
+    ("adamw", {"lr": 0.01}, 0, "cosine"),
+    ("adamw", {"lr": 0.02, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.1, "amsgrad": True}, 0.3, "cosine"),
+    ("adamw", {"lr": 0.01, "weight_decay": 0.0}, 0, "constant"),
+    ("adamw", {"lr": 0.01}, 1.0, "linear"),
 ]
 
 
-@pytest.mark.parametrize("optim_name,opts,clip", CASES)
-def test_final_weights_match_pytorch(tmp_path, run_wick, optim_name, opts, clip):
+@pytest.mark.parametrize("optim_name,opts,clip,sched_kind", CASES)
+def test_final_weights_match_pytorch(tmp_path, run_wick, optim_name, opts, clip, sched_kind):
     import json
 
     torch.manual_seed(1)
@@ -89,9 +99,10 @@ def test_final_weights_match_pytorch(tmp_path, run_wick, optim_name, opts, clip)
         f"data={tmp_path / 'data.safetensors'}", f"init={tmp_path / 'init.safetensors'}",
         f"result={tmp_path / 'wick.safetensors'}", f"optim={optim_name}", f"optim_opts={json.dumps(opts)}",
         f"micro_batch={micro}", f"accumulate={accumulate}", f"epochs={epochs}", f"clip={clip}",
+        f"schedule={sched_kind}",
     )
     got = load_file(tmp_path / "wick.safetensors")
-    want = reference(init, x, y, optim_name, opts, micro * accumulate, epochs, clip)
+    want = reference(init, x, y, optim_name, opts, micro * accumulate, epochs, clip, sched_kind)
     assert set(got) == set(want)
     for k in want:
         # training moved the weights, so the comparison is not between two copies of the start

@@ -49,3 +49,34 @@ def test_model_weights_move_between_pytorch_and_wick_unchanged(tmp_path, run_wic
     net2.load_state_dict(back)  # strict: same names, same shapes
     x = torch.randn(5, 4)
     assert torch.equal(net(x), net2(x))
+
+
+def test_mlp_regression_loss_matches_pytorch_mse(tmp_path, run_wick):
+    """The mlp's mse loss per item is the mean over outputs: one full-batch SGD
+    step from the same weights moves them as torch's MSELoss gradient does."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.GELU(), torch.nn.Linear(7, 2))
+    init = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    save_file(init, tmp_path / "init.safetensors")
+    x, y = torch.randn(12, 5), torch.randn(12, 2)
+    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
+    (tmp_path / "r.lua").write_text(
+        'local wick = require "wick"\n'
+        'local m = wick.model("mlp", { inputs = 5, hidden = { 7 }, outputs = 2, activation = "gelu", loss = "mse" })\n'
+        "m:load(wick.args.init)\n"
+        'local run = wick.train { model = m, data = wick.data("tensors", { file = wick.args.data }),\n'
+        '  optim = wick.optim("sgd", { lr = 0.5 }), micro_batch = 4, accumulate = 3, shuffle = false, quiet = true }\n'
+        'print(string.format("%.9f", run.final_loss))\n'
+        "m:save(wick.args.result)\n"
+    )
+    p = run_wick("run", tmp_path / "r.lua", f"init={tmp_path / 'init.safetensors'}",
+                 f"data={tmp_path / 'data.safetensors'}", f"result={tmp_path / 'out.safetensors'}")
+    loss = torch.nn.functional.mse_loss(net(x), y)
+    assert abs(float(p.stdout) - loss.item()) < 1e-5
+    loss.backward()
+    with torch.no_grad():
+        for prm in net.parameters():
+            prm -= 0.5 * prm.grad
+    got = load_file(tmp_path / "out.safetensors")
+    for k, v in net.state_dict().items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=k)

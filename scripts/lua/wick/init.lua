@@ -24,7 +24,7 @@ function wick.schedule(type_, opts)
 end
 
 --- Step-level primitives, for custom loops (see examples/custom_loop).
--- wick.loader(data, {micro_batch, accumulate, shuffle, seed, drop_last, workers, prefetch})
+-- wick.loader(data, {micro_batch, accumulate, shuffle, seed, drop_last, workers, prefetch, pin_memory})
 --   :windows_per_epoch(), :start_epoch(epoch, first_window), :next() -> window or nil, :position()
 wick.loader = core.loader
 -- wick.trainer{model, optim, schedule, clip_grad_norm, total_steps, device}

@@ -61,9 +61,17 @@ local function resolve(cfg)
     c[k] = v
   end
   local args = core.args()
+  local overridden = {}
   for k, v in pairs(args) do
     local o = by_name[k]
-    if o and (o[2] == "number" or o[2] == "boolean" or o[2] == "string") then c[k] = v end
+    if o and (o[2] == "number" or o[2] == "boolean" or o[2] == "string") and c[k] ~= v then
+      c[k] = v
+      overridden[#overridden + 1] = k .. "=" .. tostring(v)
+    end
+  end
+  if #overridden > 0 and not c.quiet then
+    table.sort(overridden)
+    io.stderr:write("wick.train: from the command line: " .. table.concat(overridden, " ") .. "\n")
   end
   for _, o in ipairs(M.options) do
     local name, ty, def = o[1], o[2], o[3]
@@ -130,7 +138,7 @@ function M.train(cfg)
   core.seed(c.seed)
   local loader = core.loader(c.data, {
     micro_batch = c.micro_batch, accumulate = c.accumulate, shuffle = c.shuffle, seed = c.seed,
-    drop_last = c.drop_last, workers = c.workers, prefetch = c.prefetch,
+    drop_last = c.drop_last, workers = c.workers, prefetch = c.prefetch, pin_memory = cuda,
   })
   local per_epoch = loader:windows_per_epoch()
   if per_epoch == 0 then
