@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/launch.hpp"
 #include "lua/runtime.hpp"
 #include "plugin/registry.hpp"
 #include "util/system.hpp"
@@ -19,6 +20,9 @@ constexpr const char* kUsage = R"(usage: wick <command> [arguments]
 commands:
   run RECIPE [key=value ...]   run a Lua recipe; the pairs are wick.args (and
                                override wick.train options of the same name)
+  launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]
+         RECIPE [key=value ...]
+                               run a recipe on N local ranks (one process each)
   plugins [--json]             list the plugins on the plugin path
   describe NAME                show a plugin's options (or 'train' for wick.train's)
   version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
@@ -28,6 +32,10 @@ environment:
   WICK_PLUGIN_PATH   colon-separated folders searched for plugins before the
                      installed plugin folder
   WICK_TRACEBACK     set to print a Lua traceback with recipe errors
+  WICK_DIST_TIMEOUT  seconds a collective waits for the other ranks (300)
+  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+                     or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST:
+                     `wick run` joins a group of ranks
 )";
 
 int usage_error(const std::string& msg) {
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (cmd == "run") return cmd_run(args);
+    if (cmd == "launch") return wick::launch(args);
     if (cmd == "plugins") {
       if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");
       return cmd_plugins(!args.empty());

@@ -17,6 +17,7 @@
 
 #include "lua/runtime.hpp"
 #include "wick/safetensors.hpp"
+#include "dist/group.hpp"
 #include "plugin/registry.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
@@ -393,8 +394,9 @@ int make_loader(lua_State* L) {
   c.drop_last = field<bool>(L, 2, "drop_last", false);
   c.workers = field<int>(L, 2, "workers", 0);
   c.prefetch = field<int>(L, 2, "prefetch", 2);
-  c.rank = field<int>(L, 2, "rank", 0);
-  c.world_size = field<int>(L, 2, "world_size", 1);
+  const DistEnv env = dist_env();  // this process's shard unless told otherwise
+  c.rank = field<int>(L, 2, "rank", env.rank);
+  c.world_size = field<int>(L, 2, "world_size", env.world_size);
   c.pin_memory = field<bool>(L, 2, "pin_memory", false);
   push_box<Loader>(L, std::make_shared<Loader>(d, c), kLoaderMt);
   return 1;
@@ -456,6 +458,9 @@ int make_trainer(lua_State* L) {
   c.clip_grad_norm = field<double>(L, 1, "clip_grad_norm", 0);
   c.total_steps = field<std::int64_t>(L, 1, "total_steps", 0);
   c.device = field<std::string>(L, 1, "device", "cpu");
+  c.bucket_mb = field<double>(L, 1, "bucket_mb", 25);
+  if (c.bucket_mb <= 0) throw Error("'bucket_mb' must be > 0, got " + std::to_string(c.bucket_mb));
+  c.group = Group::world(c.device);
   push_box<Trainer>(L, std::make_shared<Trainer>(model, std::static_pointer_cast<Optimizer>(optim_obj), schedule, c),
                     kTrainerMt);
   return 1;
@@ -477,6 +482,8 @@ int trainer_step(lua_State* L) {
   set_number(L, "lr", s.lr);
   set_number(L, "grad_norm", s.grad_norm);
   set_number(L, "seconds", s.seconds);
+  lua_pushboolean(L, s.stop);
+  lua_setfield(L, -2, "stop");
   push_metrics(L, s.metrics);
   return 1;
 }
@@ -601,6 +608,27 @@ int core_copy_tensors(lua_State* L) {
   return 0;
 }
 
+int core_dist(lua_State* L) {
+  const DistEnv env = dist_env();
+  lua_createtable(L, 0, 6);
+  set_number(L, "rank", env.rank);
+  set_number(L, "world_size", env.world_size);
+  set_number(L, "local_rank", env.local_rank);
+  set_number(L, "local_world_size", env.local_world_size);
+  lua_pushstring(L, env.source.c_str());
+  lua_setfield(L, -2, "source");
+  return 1;
+}
+
+// Every rank must give the same value (a fingerprint of recipe and options).
+int core_check_same(lua_State* L) {
+  const std::string what = check_string(L, 1, "check_same");
+  const std::string value = check_string(L, 2, "check_same");
+  const std::string device = lua_isstring(L, 3) ? lua_tostring(L, 3) : "cpu";
+  if (auto g = Group::world(device)) g->check_same(what, value);
+  return 0;
+}
+
 int core_args(lua_State* L) {
   lua_getfield(L, LUA_REGISTRYINDEX, "wick.args");
   if (lua_isnil(L, -1)) {
@@ -711,6 +739,8 @@ int luaopen_wick_core(lua_State* L) {
                                   {"write_file", G(core_write_file)},
                                   {"plugins", G(core_plugins)},
                                   {"args", G(core_args)},
+                                  {"dist", G(core_dist)},
+                                  {"check_same", G(core_check_same)},
                                   {"copy_tensors", G(core_copy_tensors)},
                                   {nullptr, nullptr}};
   lua_newtable(L);

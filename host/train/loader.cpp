@@ -30,6 +30,8 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderConfig cfg) : data_(st
   if (cfg_.accumulate < 1) throw Error("accumulate must be >= 1, got " + std::to_string(cfg_.accumulate));
   if (cfg_.workers < 0) throw Error("workers must be >= 0, got " + std::to_string(cfg_.workers));
   if (cfg_.prefetch < 1) throw Error("prefetch must be >= 1, got " + std::to_string(cfg_.prefetch));
+  if (cfg_.world_size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.world_size)
+    throw Error("rank " + std::to_string(cfg_.rank) + " is outside the world of " + std::to_string(cfg_.world_size));
   if (data_->size() <= 0) throw Error("the data set is empty");
   start_epoch(0);
 }
@@ -37,9 +39,12 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderConfig cfg) : data_(st
 Loader::~Loader() { stop_workers(); }
 
 std::int64_t Loader::windows_per_epoch() const {
-  const std::int64_t n = static_cast<std::int64_t>(epoch_order(data_->size(), cfg_, 0).size());
-  const std::int64_t per_window = cfg_.micro_batch * cfg_.accumulate;
-  return cfg_.drop_last ? n / per_window : (n + per_window - 1) / per_window;
+  // Counted over all ranks: every rank takes the same number of steps, and
+  // window k holds the same samples whatever the rank count (a rank whose
+  // shard has run out gets an empty window and contributes zero).
+  const std::int64_t n = data_->size();
+  const std::int64_t global_window = cfg_.micro_batch * cfg_.accumulate * cfg_.world_size;
+  return cfg_.drop_last ? n / global_window : (n + global_window - 1) / global_window;
 }
 
 void Loader::stop_workers() {

@@ -12,7 +12,10 @@
 #include <set>
 
 #include "wick/safetensors.hpp"
+#include "dist/group.hpp"
+#include "dist/reducer.hpp"
 #include "train/loader.hpp"
+#include "util/system.hpp"
 
 namespace fs = std::filesystem;
 
@@ -115,7 +118,18 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     if (p.value().requires_grad()) params_.emplace_back(p.key(), p.value());
   if (params_.empty()) throw Error("the model has no trainable parameters");
   optim_->attach(params_);
+  if (cfg_.group) {
+    // Every rank starts from rank 0's weights.
+    std::vector<at::Tensor> state;
+    for (auto& [name, t] : module_state(*model_)) state.push_back(t.detach());
+    cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
+    std::vector<at::Tensor> trainable;
+    for (auto& [name, p] : params_) trainable.push_back(p);
+    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb);
+  }
 }
+
+Trainer::~Trainer() = default;
 
 double Trainer::lr_at(std::int64_t step) const {
   const double f = schedule_ ? schedule_->factor(step, cfg_.total_steps) : 1.0;
@@ -124,16 +138,19 @@ double Trainer::lr_at(std::int64_t step) const {
 
 StepStats Trainer::step(const std::vector<Batch>& window) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (window.empty()) throw Error("a window needs at least one micro-batch");
+  Group* group = cfg_.group.get();
+  if (window.empty() && !group) throw Error("a window needs at least one micro-batch");
   StepStats s;
-  // The window's item count, before any backward: every micro-batch's loss is
-  // divided by it, so the summed gradients equal the full batch's.
+  // The window's item count over all ranks, before any backward: every
+  // micro-batch's loss is divided by it, so the summed gradients equal the
+  // full batch's whatever the split and the rank count.
   std::vector<std::int64_t> counts;
   for (const auto& b : window) {
     if (b.empty()) throw Error("a micro-batch holds no tensors");
     counts.push_back(model_->count_items(b));
     s.items += counts.back();
   }
+  if (group) s.items = group->sum(s.items, "the item count of step " + std::to_string(step_ + 1));
   if (s.items <= 0) throw Error("the window holds no items to learn from");
   const at::Device device(cfg_.device);
   model_->train(true);
@@ -155,6 +172,7 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
                   std::to_string(r.items) + " in forward");
     if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
       throw Error("the model's forward must return a one-element loss sum");
+    if (group && i + 1 == window.size()) reducer_->arm();  // the last backward reduces as it goes
     (r.loss_sum.reshape({}) * inv_items).backward();
     loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
     for (auto& [k, v] : r.metrics) {
@@ -165,6 +183,26 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
     }
   }
   s.micro_batches = static_cast<std::int64_t>(window.size());
+  for (const auto& [k, v] : metric_sums)
+    if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
+  if (group) {
+    if (window.empty()) reducer_->arm();
+    reducer_->finish(step_ + 1);
+    // The loss and metric sums over all ranks, in one small all-reduce.
+    // The stop flag rides along, so every rank stops after the same step.
+    std::vector<at::Tensor> parts{loss_sum.reshape({1}), at::full({1}, interrupted() ? 1.0 : 0.0, loss_sum.options())};
+    for (const auto& k : metric_names_) {
+      auto it = metric_sums.find(k);
+      parts.push_back(it == metric_sums.end() ? at::zeros({1}, loss_sum.options()) : it->second.reshape({1}));
+    }
+    std::vector<at::Tensor> packed{at::cat(parts)};
+    group->all_reduce(packed, "the loss of step " + std::to_string(step_ + 1));
+    loss_sum = packed[0][0];
+    s.stop = packed[0][1].item<double>() > 0;
+    for (std::size_t k = 0; k < metric_names_.size(); ++k) metric_sums[metric_names_[k]] = packed[0][k + 2];
+  } else {
+    s.stop = interrupted();
+  }
   // Global gradient norm, and clipping as torch.nn.utils.clip_grad_norm_ does.
   std::vector<at::Tensor> norms;
   for (auto& [name, p] : params_)
@@ -193,6 +231,25 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
 }
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {
+  if (cfg_.group) {
+    // Written once, by rank 0; no rank goes on until it is complete.
+    fs::path dir = checkpoints_dir / step_dir_name(step_);
+    std::string error;
+    if (cfg_.group->rank() == 0) {
+      try {
+        dir = write_checkpoint(checkpoints_dir, extra, keep);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    cfg_.group->barrier("waiting for rank 0 to write checkpoint " + dir.string());
+    if (!error.empty()) throw Error(error);
+    return dir;
+  }
+  return write_checkpoint(checkpoints_dir, extra, keep);
+}
+
+fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());

@@ -19,10 +19,15 @@
 
 namespace wick {
 
+class Group;
+class GradReducer;
+
 struct TrainerConfig {
   double clip_grad_norm = 0;      // 0: no clipping (the norm is still measured)
   std::int64_t total_steps = 0;   // for the schedule
   std::string device = "cpu";
+  std::shared_ptr<Group> group;   // several ranks: items, gradients and stats are summed over them
+  double bucket_mb = 25;          // gradient all-reduce bucket size
 };
 
 struct StepStats {
@@ -34,6 +39,7 @@ struct StepStats {
   double grad_norm = 0;           // before clipping
   std::map<std::string, double> metrics;  // metric sums / items
   double seconds = 0;
+  bool stop = false;              // SIGINT/SIGTERM reached this or any other rank
 };
 
 struct EvalStats {
@@ -46,8 +52,10 @@ class Trainer {
  public:
   Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
           std::shared_ptr<Schedule> schedule, TrainerConfig cfg);
+  ~Trainer();
 
-  /// One optimizer step over `window` (its micro-batches in order).
+  /// One optimizer step over `window` (its micro-batches in order). With
+  /// several ranks a window may be empty on some: that rank contributes zero.
   StepStats step(const std::vector<Batch>& window);
 
   std::int64_t steps() const { return step_; }
@@ -63,12 +71,15 @@ class Trainer {
   nlohmann::json load(const std::filesystem::path& checkpoint);
 
  private:
+  std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep);
   std::shared_ptr<Model> model_;
   std::shared_ptr<Optimizer> optim_;
   std::shared_ptr<Schedule> schedule_;
   TrainerConfig cfg_;
   std::vector<std::pair<std::string, at::Tensor>> params_;  // trainable
   std::int64_t step_ = 0;
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<std::string> metric_names_;  // seen so far, summed over ranks in this order
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients.

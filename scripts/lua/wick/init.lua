@@ -9,6 +9,11 @@ wick.core = core
 --- The key=value pairs given after the recipe on the command line.
 wick.args = core.args()
 
+--- This process among the ranks (torchrun-style variables or SLURM's):
+-- wick.rank, wick.world_size, wick.local_rank.
+local dist = core.dist()
+wick.rank, wick.world_size, wick.local_rank = dist.rank, dist.world_size, dist.local_rank
+
 --- Plugins: wick.model(name, opts), wick.data(name, opts), wick.optim(name, opts).
 -- `name` is a plugin name or a path to a plugin .so.
 wick.model = core.model

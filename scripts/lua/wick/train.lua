@@ -21,7 +21,8 @@ M.options = {
   { "prefetch", "number", 2, "micro-batches loaded ahead, at most" },
   { "precision", "string", "fp32", "arithmetic precision (this build: fp32)" },
   { "clip_grad_norm", "number", 0, "clip the global gradient norm to this (0: off; the norm is logged anyway)" },
-  { "device", "string", "auto", "cpu, cuda, cuda:N or auto" },
+  { "device", "string", "auto", "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)" },
+  { "bucket_mb", "number", 25, "gradient all-reduce bucket size across ranks, MiB" },
   { "out", "string", nil, "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)" },
   { "save_every", "number", 0, "checkpoint every N steps (0: only at the end); needs out" },
   { "keep_checkpoints", "number", 3, "newest checkpoints kept" },
@@ -30,7 +31,7 @@ M.options = {
   { "eval_every", "number", 0, "evaluate every N steps (0: only at the end)" },
   { "eval_micro_batch", "number", nil, "micro-batch for evaluation (default micro_batch * accumulate)" },
   { "log_every", "number", 10, "progress line every N steps when stderr is not a terminal" },
-  { "quiet", "boolean", false, "no progress line or summary" },
+  { "quiet", "boolean", false, "no progress line or summary (ranks other than 0 are always quiet)" },
 }
 
 local by_name = {}
@@ -110,7 +111,12 @@ local function resolve(cfg)
     if not ok then fail("option 'schedule': " .. tostring(s)) end
     c.schedule = s
   end
-  c.device = (c.device == "auto") and (core.cuda_available() and "cuda" or "cpu") or c.device
+  local dist = core.dist()
+  if c.device == "auto" then
+    c.device = core.cuda_available() and (dist.world_size > 1 and ("cuda:" .. dist.local_rank) or "cuda") or "cpu"
+  end
+  c.dist = dist
+  c.rank0 = dist.rank == 0
   c.eval_micro_batch = c.eval_micro_batch or c.micro_batch * c.accumulate
   return c
 end
@@ -132,9 +138,69 @@ local function memory_now(cuda)
   return m, (m.cuda_allocated and m.cuda_peak) or m.peak_resident
 end
 
+-- FNV-1a of a string, as 8 hex digits.
+local function fnv1a(str)
+  local bit = require "bit"
+  local h = 0x811c9dc5
+  for i = 1, #str do
+    h = bit.bxor(h, str:byte(i))
+    h = bit.tobit(h * 0x01000193)
+  end
+  return bit.tohex(h)
+end
+
+-- What every rank must agree on: the recipe's text and the resolved options.
+local function fingerprint(c)
+  local text = ""
+  local f = arg and arg[0] and io.open(arg[0], "rb")
+  if f then text = f:read("*a"); f:close() end
+  local keys = {}
+  for _, o in ipairs(M.options) do
+    local v = c[o[1]]
+    if type(v) ~= "userdata" and type(v) ~= "table" and o[1] ~= "device" and v ~= nil then
+      keys[#keys + 1] = o[1] .. "=" .. tostring(v)
+    end
+  end
+  local np = c.model:parameters()
+  return string.format("recipe %s, data %d samples, model %d parameters, %s", fnv1a(text), c.data:size(), np,
+    table.concat(keys, " "))
+end
+
+local function read_json(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return core.json_decode(s)
+end
+
 function M.train(cfg)
   local c = resolve(cfg)
   local cuda = c.device:sub(1, 4) == "cuda"
+  local world = c.dist.world_size
+  if not c.rank0 then c.quiet = true end
+  -- A checkpoint made with another rank count: keep the effective batch by
+  -- changing accumulate (before the loader is built on it).
+  local resume_from = c.resume and core.latest_checkpoint(c.out .. "/checkpoints")
+  if resume_from then
+    local st = read_json(resume_from .. "/state.json")
+    local e = st and st.extra or {}
+    if e.world_size and e.world_size ~= world then
+      local effective = e.micro_batch * e.accumulate * e.world_size
+      local acc = effective / (c.micro_batch * world)
+      if acc ~= math.floor(acc) or acc < 1 then
+        fail(string.format("cannot resume a run of effective batch %d (micro %d x accumulate %d x %d ranks) " ..
+          "with micro_batch %d on %d ranks: %d is not a multiple of %d", effective, e.micro_batch, e.accumulate,
+          e.world_size, c.micro_batch, world, effective, c.micro_batch * world))
+      end
+      if c.rank0 then
+        io.stderr:write(string.format("wick.train: the checkpoint was made by %d ranks, this run has %d: " ..
+          "accumulate %d -> %d keeps the effective batch of %d\n", e.world_size, world, c.accumulate, acc, effective))
+      end
+      c.accumulate = acc
+    end
+  end
+  if world > 1 then core.check_same("recipe and wick.train options", fingerprint(c), c.device) end
   core.seed(c.seed)
   local loader = core.loader(c.data, {
     micro_batch = c.micro_batch, accumulate = c.accumulate, shuffle = c.shuffle, seed = c.seed,
@@ -149,14 +215,14 @@ function M.train(cfg)
   if c.max_steps > 0 and c.max_steps < total then total = c.max_steps end
   local trainer = core.trainer {
     model = c.model, optim = c.optim, schedule = c.schedule,
-    clip_grad_norm = c.clip_grad_norm, total_steps = total, device = c.device,
+    clip_grad_norm = c.clip_grad_norm, total_steps = total, device = c.device, bucket_mb = c.bucket_mb,
   }
 
   local ckpt_dir = c.out and (c.out .. "/checkpoints")
   local epoch, first_window = 0, 0
-  if c.out then core.mkdirs(c.out) end
+  if c.out and c.rank0 then core.mkdirs(c.out) end
   if c.resume then
-    local latest = core.latest_checkpoint(ckpt_dir)
+    local latest = resume_from
     if latest then
       local extra = trainer:load(latest)
       epoch, first_window = extra.epoch or 0, extra.window or 0
@@ -169,7 +235,7 @@ function M.train(cfg)
   end
 
   local metrics_file
-  if c.out then
+  if c.out and c.rank0 then
     metrics_file = assert(io.open(c.out .. "/metrics.jsonl", trainer:steps() > 0 and "a" or "w"))
   end
   local run = { steps = trainer:steps(), skipped_steps = 0, history = {}, out = c.out, status = "running" }
@@ -183,7 +249,8 @@ function M.train(cfg)
     if not ckpt_dir then return end
     local e, w = loader:position()
     if w >= per_epoch then e, w = e + 1, 0 end
-    run.checkpoint = trainer:save(ckpt_dir, { epoch = e, window = w, reason = why }, c.keep_checkpoints)
+    run.checkpoint = trainer:save(ckpt_dir, { epoch = e, window = w, reason = why, world_size = world,
+      micro_batch = c.micro_batch, accumulate = c.accumulate }, c.keep_checkpoints)
   end
 
   local function do_eval()
@@ -222,6 +289,8 @@ function M.train(cfg)
       local window = loader:next()
       if not window then break end
       local rec = trainer:step(window)
+      local stop = rec.stop
+      rec.stop = nil
       rec.epoch = epoch
       items_seen = items_seen + rec.items
       local m, p = memory_now(cuda)
@@ -232,8 +301,12 @@ function M.train(cfg)
       if metrics_file then metrics_file:write(core.json(rec), "\n"); metrics_file:flush() end
       last = rec
       progress(rec, false)
-      interrupted, signal = core.interrupted()
-      if interrupted then break end
+      -- agreed over all ranks inside trainer:step, so every rank stops after the same step
+      if stop then
+        interrupted = true
+        signal = select(2, core.interrupted())
+        break
+      end
       if c.save_every > 0 and rec.step % c.save_every == 0 and rec.step < total then save("every") end
       if c.eval_data and c.eval_every > 0 and rec.step % c.eval_every == 0 and rec.step < total then do_eval() end
     end
@@ -245,8 +318,11 @@ function M.train(cfg)
   if interrupted then
     save("interrupted")
     run.status = "interrupted"
-    io.stderr:write(string.format("wick: %s at step %d%s\n", signal == 15 and "SIGTERM" or "SIGINT",
-      trainer:steps(), run.checkpoint and ("; checkpoint saved to " .. run.checkpoint) or ""))
+    if c.rank0 then
+      local name = signal == 15 and "SIGTERM" or signal == 2 and "SIGINT" or "a signal on another rank"
+      io.stderr:write(string.format("wick: %s at step %d%s\n", name,
+        trainer:steps(), run.checkpoint and ("; checkpoint saved to " .. run.checkpoint) or ""))
+    end
   else
     if c.eval_data then do_eval() end
     save("end")
@@ -259,11 +335,12 @@ function M.train(cfg)
   run.peak_memory = peak
   run.seconds = core.now() - t_start
   run.interrupted = interrupted
-  if c.out then
+  if c.out and c.rank0 then
     core.write_file(c.out .. "/run.json", core.json {
       status = run.status, steps = run.steps, final_loss = run.final_loss, peak_memory = run.peak_memory,
       seconds = run.seconds, eval = run.eval, checkpoint = run.checkpoint, recipe = arg and arg[0],
       micro_batch = c.micro_batch, accumulate = c.accumulate, epochs = c.epochs, seed = c.seed, device = c.device,
+      world_size = world,
     } .. "\n")
   end
   if not c.quiet then

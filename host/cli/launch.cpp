@@ -1,0 +1,242 @@
+// wick launch: one `wick run` process per local rank, with torchrun-style
+// variables. Rank 0 keeps the terminal; the others' lines are prefixed. When a
+// rank fails the others are stopped, and the launcher exits non-zero naming
+// the rank and how it ended. SIGINT and SIGTERM are forwarded.
+
+#include "cli/launch.hpp"
+
+#include <boost/dll/runtime_symbol_info.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "wick/options.hpp"
+
+namespace wick {
+namespace {
+
+volatile std::sig_atomic_t g_forward = 0;
+void on_signal(int sig) { g_forward = sig; }
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot find a free TCP port on 127.0.0.1 for the rendezvous: " + std::string(std::strerror(errno)));
+  }
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return std::string("was killed by signal ") + (name ? std::string("SIG") + name : std::to_string(sig));
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1, err = -1;  // pipes for ranks > 0
+  std::string out_buf, err_buf;
+  bool done = false;
+  int status = 0;
+};
+
+void drain(Child& c, int& fd, std::string& buf, FILE* to, bool flush_all) {
+  char tmp[4096];
+  for (;;) {
+    ssize_t n = fd >= 0 ? ::read(fd, tmp, sizeof tmp) : 0;
+    if (n > 0) {
+      buf.append(tmp, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n == 0 && fd >= 0) {
+      ::close(fd);
+      fd = -1;
+      flush_all = true;
+    }
+    break;
+  }
+  std::size_t pos;
+  while ((pos = buf.find('\n')) != std::string::npos) {
+    std::fprintf(to, "[rank %d] %s\n", c.rank, buf.substr(0, pos).c_str());
+    buf.erase(0, pos + 1);
+  }
+  if (flush_all && !buf.empty()) {
+    std::fprintf(to, "[rank %d] %s\n", c.rank, buf.c_str());
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+const char* kLaunchUsage =
+    "usage: wick launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] "
+    "RECIPE [key=value ...]\n";
+
+}  // namespace
+
+int launch(const std::vector<std::string>& args) {
+  int nproc = 0, nnodes = 1, node_rank = 0, port = 0;
+  std::string addr = "127.0.0.1";
+  std::size_t i = 0;
+  auto value = [&](const std::string& flag) -> std::string {
+    if (i + 1 >= args.size()) throw Error("wick launch: " + flag + " needs a value\n" + kLaunchUsage);
+    return args[++i];
+  };
+  auto number = [&](const std::string& flag, int min) {
+    const std::string v = value(flag);
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end || n < min || n > 65535)
+      throw Error("wick launch: " + flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+    return static_cast<int>(n);
+  };
+  for (; i < args.size() && args[i].rfind("--", 0) == 0; ++i) {
+    const std::string& a = args[i];
+    if (a == "--nproc-per-node") nproc = number(a, 1);
+    else if (a == "--nnodes") nnodes = number(a, 1);
+    else if (a == "--node-rank") node_rank = number(a, 0);
+    else if (a == "--master-addr") addr = value(a);
+    else if (a == "--master-port") port = number(a, 1);
+    else throw Error("wick launch: unknown option '" + a + "'\n" + kLaunchUsage);
+  }
+  if (nproc < 1) throw Error(std::string("wick launch: --nproc-per-node is required\n") + kLaunchUsage);
+  if (node_rank >= nnodes) throw Error("wick launch: --node-rank " + std::to_string(node_rank) + " is not below --nnodes " + std::to_string(nnodes));
+  if (i >= args.size()) throw Error(std::string("wick launch: a recipe is required\n") + kLaunchUsage);
+  if (nnodes > 1 && port == 0) throw Error("wick launch: with several nodes, give every node the same --master-port");
+  if (port == 0) port = free_port();
+  const std::vector<std::string> run_args(args.begin() + static_cast<long>(i), args.end());
+  const std::string exe = boost::dll::program_location().string();
+  const int world = nproc * nnodes;
+
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::vector<Child> children(static_cast<std::size_t>(nproc));
+  for (int r = 0; r < nproc; ++r) {
+    Child& c = children[static_cast<std::size_t>(r)];
+    c.rank = node_rank * nproc + r;
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    if (c.rank != 0 && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0))
+      throw Error("wick launch: cannot create pipes: " + std::string(std::strerror(errno)));
+    c.pid = ::fork();
+    if (c.pid < 0) throw Error("wick launch: cannot start rank " + std::to_string(c.rank) + ": " + std::strerror(errno));
+    if (c.pid == 0) {
+      // the child: its own process group, so a terminal's Ctrl-C reaches it through us only
+      ::setpgid(0, 0);
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      if (c.rank != 0) {
+        ::dup2(out_pipe[1], 1);
+        ::dup2(err_pipe[1], 2);
+        ::close(out_pipe[0]), ::close(err_pipe[0]), ::close(out_pipe[1]), ::close(err_pipe[1]);
+      }
+      ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      std::vector<std::string> argv_s{"wick", "run"};
+      argv_s.insert(argv_s.end(), run_args.begin(), run_args.end());
+      std::vector<char*> argv;
+      for (auto& s : argv_s) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv(exe.c_str(), argv.data());
+      std::fprintf(stderr, "wick launch: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+      ::_exit(127);
+    }
+    if (c.rank != 0) {
+      ::close(out_pipe[1]), ::close(err_pipe[1]);
+      c.out = out_pipe[0];
+      c.err = err_pipe[0];
+      ::fcntl(c.out, F_SETFL, O_NONBLOCK);
+      ::fcntl(c.err, F_SETFL, O_NONBLOCK);
+    }
+  }
+
+  int failed_rank = -1, failed_status = 0, forwarded = 0;
+  auto stop_at = std::chrono::steady_clock::time_point::max();
+  std::size_t running = children.size();
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    for (auto& c : children) {
+      if (c.out >= 0) fds.push_back({c.out, POLLIN, 0});
+      if (c.err >= 0) fds.push_back({c.err, POLLIN, 0});
+    }
+    ::poll(fds.data(), fds.size(), 100);
+    for (auto& c : children) {
+      drain(c, c.out, c.out_buf, stdout, false);
+      drain(c, c.err, c.err_buf, stderr, false);
+    }
+    if (g_forward && g_forward != forwarded) {
+      forwarded = g_forward;
+      for (auto& c : children)
+        if (!c.done) ::kill(c.pid, forwarded);
+    }
+    for (auto& c : children) {
+      if (c.done) continue;
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.done = true;
+      c.status = status;
+      --running;
+      drain(c, c.out, c.out_buf, stdout, true);
+      drain(c, c.err, c.err_buf, stderr, true);
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && failed_rank < 0) {
+        failed_rank = c.rank;
+        failed_status = status;
+        // The others cannot finish without this rank: ask them to stop, then insist.
+        for (auto& o : children)
+          if (!o.done) ::kill(o.pid, SIGTERM);
+        stop_at = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      }
+    }
+    if (std::chrono::steady_clock::now() > stop_at) {
+      for (auto& o : children)
+        if (!o.done) {
+          std::fprintf(stderr, "wick launch: rank %d did not stop within 10 s of SIGTERM (stalled?) and is killed\n",
+                       o.rank);
+          ::kill(o.pid, SIGKILL);
+        }
+      stop_at = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  if (failed_rank >= 0) {
+    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
+                 describe_status(failed_status).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace wick

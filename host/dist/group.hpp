@@ -1,0 +1,89 @@
+#pragma once
+// Ranks and their process group: one process per GPU (or CPU worker), meeting
+// through torchrun-style variables or SLURM's, talking through LibTorch's c10d
+// (gloo for CPU tensors, NCCL for CUDA tensors).
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Backend;
+class Store;
+class Work;
+}  // namespace c10d
+
+namespace wick {
+
+/// Where this process stands among the ranks.
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single process";  // "torchrun-style variables", "SLURM"
+};
+
+/// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT, or else SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+/// SLURM_NTASKS_PER_NODE, SLURM_(STEP_)NODELIST. Throws on inconsistent values.
+DistEnv parse_dist_env(const std::map<std::string, std::string>& env);
+DistEnv dist_env();  // of this process
+
+/// The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
+std::string first_slurm_host(const std::string& nodelist);
+
+/// How long a collective may wait for the other ranks (WICK_DIST_TIMEOUT
+/// seconds, default 300) before it fails instead of hanging.
+std::chrono::milliseconds dist_timeout();
+
+class Group {
+ public:
+  /// Joins the ranks of `env` with backend "gloo" or "nccl".
+  Group(const DistEnv& env, const std::string& backend);
+  ~Group();
+
+  /// The process-wide group, made on first use; nullptr for a single process.
+  /// `device` picks the backend: CUDA tensors use NCCL, CPU tensors gloo.
+  static std::shared_ptr<Group> world(const std::string& device);
+
+  int rank() const { return env_.rank; }
+  int size() const { return env_.world_size; }
+  const std::string& backend() const { return backend_; }
+  const at::Device& device() const { return device_; }
+
+  /// Sums in place on every rank (blocking).
+  void all_reduce(std::vector<at::Tensor>& tensors, const std::string& what);
+  /// Starts a sum in place; wait() on the result.
+  c10::intrusive_ptr<c10d::Work> all_reduce_async(at::Tensor& t);
+  /// Waits for `work`, naming `what` in a failure.
+  void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  std::int64_t sum(std::int64_t v, const std::string& what);
+  /// Copies rank 0's tensors to every rank, in place.
+  void broadcast(std::vector<at::Tensor>& tensors, const std::string& what);
+  void barrier(const std::string& what);
+  /// Every rank must pass the same `value` for `what` (a recipe fingerprint):
+  /// a difference is an error naming the ranks and both values.
+  void check_same(const std::string& what, const std::string& value);
+
+ private:
+  [[noreturn]] void fail(const std::string& what, const std::string& why) const;
+  DistEnv env_;
+  std::string backend_;
+  at::Device device_{at::kCPU};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  int check_round_ = 0;
+};
+
+/// Backend factories (gloo.cpp, nccl.cpp).
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
+                                            std::chrono::milliseconds timeout);
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
+                                            std::chrono::milliseconds timeout);
+
+}  // namespace wick

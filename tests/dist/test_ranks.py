@@ -1,0 +1,177 @@
+"""Many ranks on one machine over gloo: the same result as one rank with the
+same effective batch, torchrun and SLURM variables, checkpoints written once
+and resumed with another rank count, and failures that end the run, never hang."""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import WICK
+
+RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = a.size, inputs = 8, classes = 3, max_items = 3, seed = 4 })
+wick.seed(5)
+local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
+  schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc,
+  epochs = a.epochs or 2, max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = 0.5, quiet = true,
+  bucket_mb = a.bucket_mb or 25, out = a.out, resume = a.resume or false, save_every = a.save_every or 0 }
+if wick.rank == 0 then model:save(a.result) end
+print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    p = tmp_path / "recipe.lua"
+    p.write_text(RECIPE)
+    return p
+
+
+def weights(path):
+    return load_file(str(path))
+
+
+def assert_same_weights(a, b, rtol=1e-5):
+    wa, wb = weights(a), weights(b)
+    assert set(wa) == set(wb)
+    for k in wb:
+        rel = ((wa[k] - wb[k]).abs().max() / wb[k].abs().max()).item()
+        assert rel < rtol, f"{k}: relative difference {rel}"
+
+
+@pytest.mark.parametrize("size,micro,acc,nproc", [(100, 2, 4, 2), (97, 2, 4, 2), (100, 2, 2, 3)])
+def test_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, size, micro, acc, nproc):
+    many, one = tmp_path / "many.safetensors", tmp_path / "one.safetensors"
+    p = run_wick("launch", "--nproc-per-node", nproc, recipe, f"size={size}", f"micro={micro}", f"acc={acc}",
+                 f"result={many}")
+    assert "[rank 1] rank 1 steps" in p.stdout  # other ranks' lines are prefixed
+    run_wick("run", recipe, f"size={size}", f"micro={micro * acc * nproc}", "acc=1", f"result={one}")
+    assert_same_weights(many, one)
+
+
+def test_many_small_buckets_give_the_same_result(tmp_path, recipe, run_wick):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    run_wick("launch", "--nproc-per-node", 2, recipe, "size=64", "micro=2", "acc=2", f"result={a}")
+    run_wick("launch", "--nproc-per-node", 2, recipe, "size=64", "micro=2", "acc=2", "bucket_mb=0.0001", f"result={b}")
+    assert_same_weights(a, b, rtol=1e-6)
+
+
+def start_ranks(recipe, args, envs):
+    procs = []
+    for env in envs:
+        e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+        e.update(env)
+        procs.append(subprocess.Popen([WICK, "run", str(recipe), *args], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    return outs
+
+
+def free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return str(port)
+
+
+def test_wick_run_joins_under_torchrun_and_slurm_variables(tmp_path, recipe, run_wick):
+    args = ["size=64", "micro=2", "acc=2"]
+    ref = tmp_path / "ref.safetensors"
+    run_wick("launch", "--nproc-per-node", 2, recipe, *args, f"result={ref}")
+    port = free_port()
+    torchrun = [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(2)]
+    start_ranks(recipe, args + [f"result={tmp_path / 't.safetensors'}"], torchrun)
+    assert_same_weights(tmp_path / "t.safetensors", ref, rtol=1e-6)
+    port = free_port()
+    slurm = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_NTASKS_PER_NODE": "2",
+              "SLURM_NODELIST": "localhost", "MASTER_PORT": port} for r in range(2)]
+    start_ranks(recipe, args + [f"result={tmp_path / 's.safetensors'}"], slurm)
+    assert_same_weights(tmp_path / "s.safetensors", ref, rtol=1e-6)
+
+
+def test_checkpoint_is_written_once_and_resumes_with_another_rank_count(tmp_path, recipe, run_wick):
+    out = tmp_path / "run"
+    common = ["size=96", "micro=2", "schedule=constant", "epochs=3"]
+    # 2 ranks x accumulate 4 = 16 per step; stop after 4 of the 18 steps
+    run_wick("launch", "--nproc-per-node", 2, recipe, *common, "acc=4", "max_steps=4", f"out={out}",
+             f"result={tmp_path / 'first.safetensors'}")
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step-00000004"]  # one folder, no temporary left behind
+    # resume on one rank: accumulate 8 keeps the effective batch of 16
+    p = run_wick("run", recipe, *common, "acc=4", "resume=true", f"out={out}",
+                 f"result={tmp_path / 'resumed.safetensors'}")
+    assert "accumulate 4 -> 8 keeps the effective batch of 16" in p.stderr
+    assert "steps 18" in p.stdout
+    run_wick("run", recipe, *common, "acc=8", f"result={tmp_path / 'unbroken.safetensors'}")
+    assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors")
+
+
+def test_ranks_with_different_options_are_refused(tmp_path, run_wick):
+    r = tmp_path / "r.lua"
+    r.write_text(RECIPE.replace("micro_batch = a.micro", "micro_batch = a.micro + wick.rank"))
+    p = run_wick("launch", "--nproc-per-node", 2, r, "size=32", "micro=2", "acc=1",
+                 f"result={tmp_path / 'x.safetensors'}", check=False)
+    assert p.returncode == 1
+    assert "rank 1's recipe and wick.train options differs from rank 0's" in p.stderr
+    assert "micro_batch=3" in p.stderr and "micro_batch=2" in p.stderr
+
+
+DIE = """
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 100000, inputs = 8, classes = 3 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
+local loader = wick.loader(data, { micro_batch = 4, accumulate = 2 })
+local trainer = wick.trainer { model = model, optim = wick.optim("sgd", {}) }
+for i = 1, 100000 do
+  trainer:step(loader:next())
+  if wick.rank == 1 and i == 5 and wick.args.how == "exit" then os.exit(3) end
+  if wick.rank == 1 and i == 5 and wick.args.how == "stall" then while true do end end
+end
+"""
+
+
+@pytest.mark.parametrize("how,expect", [("exit", "rank 1 exited with code 3"), ("stall", "Operation timed out")])
+def test_a_rank_that_dies_or_stalls_ends_the_run_with_a_clear_error(tmp_path, how, expect):
+    r = tmp_path / "die.lua"
+    r.write_text(DIE)
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(r), f"how={how}"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "3"})
+    assert p.returncode == 1
+    assert expect in p.stderr, p.stderr
+    assert "another rank probably stopped, crashed or stalled" in p.stderr or how == "exit"
+    assert "wick launch: rank" in p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path, recipe):
+    out = tmp_path / "run"
+    p = subprocess.Popen([WICK, "launch", "--nproc-per-node", "2", str(recipe), "size=400000", "micro=4", "acc=2",
+                          "epochs=1", f"out={out}", f"result={tmp_path / 'w.safetensors'}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    for _ in range(600):
+        if metrics.exists() and metrics.stat().st_size > 0:
+            break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr
+    steps = {line.split()[1]: int(line.split()[3]) for line in stdout.replace("[rank 1] ", "").splitlines()
+             if line.startswith("rank")}
+    assert steps["0"] == steps["1"] > 0
+    assert "SIGTERM at step" in stderr
+    assert (out / "checkpoints" / f"step-{steps['0']:08d}" / "state.json").exists()
