@@ -133,6 +133,7 @@ int cmd_run(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) return usage_error("no command given");
+  wick::quiet_torch_logs();
   const std::string cmd = args[0];
   args.erase(args.begin());
   try {

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <unistd.h>
 
 #include "wick/options.hpp"
@@ -106,10 +107,17 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
   o.port = static_cast<std::uint16_t>(env.master_port);
   o.isServer = env.rank == 0;
   o.numWorkers = env.world_size;
-  o.waitWorkers = true;
+  o.waitWorkers = false;  // arrivals are checked below, naming who is missing
   o.timeout = timeout;
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")";
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  } catch (const c10::Error& e) {
+    fail("reaching the rendezvous at " + where,
+         std::string(e.what_without_backtrace()) + "; rank 0 hosts it: did rank 0 start, and is the address right?");
+  }
+  rendezvous(timeout, where);
+  try {
     if (backend == "gloo") {
       pg_ = make_gloo(store_, env, timeout);
     } else if (backend == "nccl") {
@@ -119,8 +127,29 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
       throw Error("unknown backend '" + backend + "' (expected gloo or nccl)");
     }
   } catch (const c10::Error& e) {
-    fail("joining the group at " + env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")",
-         e.what_without_backtrace());
+    fail("joining the " + backend + " group at " + where, e.what_without_backtrace());
+  }
+}
+
+void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& where) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < env_.world_size; ++r) keys.push_back("wick/arrived/" + std::to_string(r));
+  try {
+    store_->set(keys[static_cast<std::size_t>(env_.rank)], std::string("1"));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!store_->check(keys)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string missing;
+        for (int r = 0; r < env_.world_size; ++r)
+          if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) +
+                    ": the rendezvous at " + where + " timed out after " + std::to_string(timeout.count() / 1000) +
+                    " s: rank(s) " + missing + " never arrived");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const c10::Error& e) {
+    fail("the rendezvous at " + where, e.what_without_backtrace());
   }
 }
 
@@ -153,7 +182,13 @@ void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& 
   }
 }
 
+void Group::count(const std::vector<at::Tensor>& tensors) {
+  ++collectives_;
+  for (const auto& t : tensors) bytes_ += t.numel() * t.element_size();
+}
+
 void Group::all_reduce(std::vector<at::Tensor>& tensors, const std::string& what) {
+  count(tensors);
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = pg_->allreduce(tensors);
@@ -165,6 +200,7 @@ void Group::all_reduce(std::vector<at::Tensor>& tensors, const std::string& what
 
 c10::intrusive_ptr<c10d::Work> Group::all_reduce_async(at::Tensor& t) {
   std::vector<at::Tensor> v{t};
+  count(v);
   try {
     return pg_->allreduce(v);
   } catch (const c10::Error& e) {
@@ -181,6 +217,7 @@ std::int64_t Group::sum(std::int64_t v, const std::string& what) {
 void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what) {
   for (auto& t : tensors) {
     std::vector<at::Tensor> one{t};
+    count(one);
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = pg_->broadcast(one);
@@ -192,6 +229,7 @@ void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what)
 }
 
 void Group::barrier(const std::string& what) {
+  ++collectives_;
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = pg_->barrier();

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -70,7 +71,13 @@ class Group {
   /// a difference is an error naming the ranks and both values.
   void check_same(const std::string& what, const std::string& value);
 
+  /// Collectives started and bytes given to them by this rank so far.
+  std::int64_t collectives() const { return collectives_; }
+  std::int64_t bytes() const { return bytes_; }
+
  private:
+  void rendezvous(std::chrono::milliseconds timeout, const std::string& where);
+  void count(const std::vector<at::Tensor>& tensors);
   [[noreturn]] void fail(const std::string& what, const std::string& why) const;
   DistEnv env_;
   std::string backend_;
@@ -78,6 +85,7 @@ class Group {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> pg_;
   int check_round_ = 0;
+  std::atomic<std::int64_t> collectives_{0}, bytes_{0};
 };
 
 /// Backend factories (gloo.cpp, nccl.cpp).

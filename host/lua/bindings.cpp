@@ -460,6 +460,7 @@ int make_trainer(lua_State* L) {
   c.device = field<std::string>(L, 1, "device", "cpu");
   c.bucket_mb = field<double>(L, 1, "bucket_mb", 25);
   if (c.bucket_mb <= 0) throw Error("'bucket_mb' must be > 0, got " + std::to_string(c.bucket_mb));
+  c.sync_every_micro_batch = field<std::string>(L, 1, "sync", "window") == "micro_batch";
   c.group = Group::world(c.device);
   push_box<Trainer>(L, std::make_shared<Trainer>(model, std::static_pointer_cast<Optimizer>(optim_obj), schedule, c),
                     kTrainerMt);
@@ -491,6 +492,15 @@ int trainer_step(lua_State* L) {
 int trainer_steps(lua_State* L) {
   auto& t = check_box<Trainer>(L, 1, kTrainerMt, "steps");
   lua_pushnumber(L, static_cast<double>(t->steps()));
+  return 1;
+}
+
+// Collectives and bytes this rank has sent into them so far.
+int trainer_comm(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "comm");
+  lua_createtable(L, 0, 2);
+  set_number(L, "collectives", t->group() ? static_cast<double>(t->group()->collectives()) : 0);
+  set_number(L, "bytes", t->group() ? static_cast<double>(t->group()->bytes()) : 0);
   return 1;
 }
 
@@ -705,6 +715,7 @@ int luaopen_wick_core(lua_State* L) {
                                             {nullptr, nullptr}};
   static const luaL_Reg trainer_methods[] = {{"step", G(trainer_step)},
                                              {"steps", G(trainer_steps)},
+                                             {"comm", G(trainer_comm)},
                                              {"save", G(trainer_save)},
                                              {"load", G(trainer_load)},
                                              {nullptr, nullptr}};

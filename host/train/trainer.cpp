@@ -172,8 +172,16 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
                   std::to_string(r.items) + " in forward");
     if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
       throw Error("the model's forward must return a one-element loss sum");
-    if (group && i + 1 == window.size()) reducer_->arm();  // the last backward reduces as it goes
+    const bool last = i + 1 == window.size();
+    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();  // this backward reduces as it goes
     (r.loss_sum.reshape({}) * inv_items).backward();
+    if (group && !last && cfg_.sync_every_micro_batch) {
+      // sum, then divide by the rank count: the common part stays counted once
+      reducer_->finish(step_ + 1);
+      at::NoGradGuard no_grad;
+      for (auto& [name, p] : params_)
+        if (p.grad().defined()) p.mutable_grad().div_(group->size());
+    }
     loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
     for (auto& [k, v] : r.metrics) {
       auto x = v.detach().to(at::kDouble).sum();

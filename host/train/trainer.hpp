@@ -28,6 +28,10 @@ struct TrainerConfig {
   std::string device = "cpu";
   std::shared_ptr<Group> group;   // several ranks: items, gradients and stats are summed over them
   double bucket_mb = 25;          // gradient all-reduce bucket size
+  /// false: gradients cross ranks once per window, with the last backward.
+  /// true: after every micro-batch, as DDP does without no_sync (the same
+  /// result, more traffic; kept to measure what the default saves).
+  bool sync_every_micro_batch = false;
 };
 
 struct StepStats {
@@ -59,6 +63,8 @@ class Trainer {
   StepStats step(const std::vector<Batch>& window);
 
   std::int64_t steps() const { return step_; }
+  /// The rank group (nullptr for one process).
+  Group* group() const { return cfg_.group.get(); }
   double lr_at(std::int64_t step) const;
   const TrainerConfig& config() const { return cfg_; }
   Model& model() { return *model_; }

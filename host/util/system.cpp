@@ -2,10 +2,12 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 
+#include <c10/util/Logging.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -41,6 +43,12 @@ std::int64_t status_kb(const char* key) {
   return 0;
 }
 }  // namespace
+
+void quiet_torch_logs() {
+  // LibTorch's own warnings (c10d socket retries with C++ frames) would bury
+  // wick's message, which already says what failed; TORCH_CPP_LOG_LEVEL keeps them.
+  if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
+}
 
 void install_signal_handlers() {
   struct sigaction sa{};

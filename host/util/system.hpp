@@ -18,6 +18,9 @@ void install_signal_handlers();
 bool interrupted();
 int interrupt_signal();
 
+/// Silences LibTorch's internal log lines unless TORCH_CPP_LOG_LEVEL is set.
+void quiet_torch_logs();
+
 bool cuda_available();
 int cuda_device_count();
 /// wick, LibTorch, CUDA runtime and NCCL versions, and whether CUDA is usable.

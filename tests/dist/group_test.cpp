@@ -1,12 +1,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 #include <thread>
 
 #include "../test_util.hpp"
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
+#include "train/trainer.hpp"
+#include "wick/optim.hpp"
 
 using ::testing::HasSubstr;
 
@@ -57,10 +64,22 @@ TEST(DistEnv, InconsistentValuesAreErrors) {
               HasSubstr("master port 70000"));
 }
 
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
 // Two ranks as two threads of this process, over gloo on loopback.
 template <class F>
 void two_ranks(F&& body) {
-  const int port = 29000 + static_cast<int>(::getpid() % 5000);
+  const int port = free_port();
   auto run = [&](int rank) {
     DistEnv env;
     env.rank = rank;
@@ -117,6 +136,68 @@ TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
     total.backward();
     for (std::size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(at::allclose(w[k].grad(), ref[k].grad(), 1e-5, 1e-6));
   });
+}
+
+}  // namespace
+}  // namespace wick
+
+namespace wick {
+namespace {
+
+// A linear model that records, at each forward, the collectives its rank has
+// started so far and its current (local) gradient.
+class Probe : public Model {
+ public:
+  explicit Probe(Group* g) : g_(g) { w_ = register_parameter("w", at::randn({4, 3})); }
+  ForwardResult forward(const Batch& b) override {
+    seen.push_back({g_->collectives(), w_.grad().defined() ? w_.grad().clone() : at::Tensor()});
+    at::Tensor out = b.at("x").mm(w_);
+    return {at::cross_entropy_loss(out, b.at("y"), {}, at::Reduction::Sum), b.at("x").size(0), {}};
+  }
+  struct Seen {
+    std::int64_t collectives;
+    at::Tensor grad;
+  };
+  std::vector<Seen> seen;
+  at::Tensor w_;
+
+ private:
+  Group* g_;
+};
+
+TEST(Trainer, RanksExchangeNothingBeforeTheWindowsLastBackwardAndAgreeAfterIt) {
+  std::vector<std::vector<Probe::Seen>> seen(2);
+  std::vector<at::Tensor> grads(2), weights(2);
+  std::vector<std::int64_t> before(2), after(2);
+  auto opt0 = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}});
+  auto opt1 = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}});
+  two_ranks([&](std::shared_ptr<Group> g) {
+    const int r = g->rank();
+    at::manual_seed(100 + r);  // different starting weights: the trainer must broadcast rank 0's
+    auto model = std::make_shared<Probe>(g.get());
+    Trainer t(model, r == 0 ? opt0 : opt1, nullptr, {.group = g});
+    std::vector<Batch> window;
+    for (int m = 0; m < 3; ++m)  // each rank its own data
+      window.push_back({{"x", at::randn({2, 4}) * (r + 1)}, {"y", at::randint(0, 3, {2})}});
+    before[r] = g->collectives();
+    t.step(window);
+    after[r] = g->collectives();
+    seen[r] = model->seen;
+    grads[r] = model->w_.grad().clone();
+    weights[r] = model->w_.detach().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(seen[r].size(), 3u);
+    // the item count is the window's only collective before its last backward
+    EXPECT_EQ(seen[r][0].collectives, before[r] + 1);
+    EXPECT_EQ(seen[r][1].collectives, before[r] + 1);
+    EXPECT_EQ(seen[r][2].collectives, before[r] + 1);
+    // then one bucket of gradients and one of loss and stop flag
+    EXPECT_EQ(after[r], before[r] + 3);
+  }
+  EXPECT_FALSE(at::allclose(seen[0][2].grad, seen[1][2].grad));  // local gradients differ before the boundary
+  EXPECT_TRUE(at::equal(grads[0], grads[1]));                     // the reduced ones are the same
+  EXPECT_TRUE(at::equal(weights[0], weights[1]));
 }
 
 }  // namespace

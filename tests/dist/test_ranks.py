@@ -21,7 +21,7 @@ local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
   schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc,
   epochs = a.epochs or 2, max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = 0.5, quiet = true,
-  bucket_mb = a.bucket_mb or 25, out = a.out, resume = a.resume or false, save_every = a.save_every or 0 }
+  bucket_mb = a.bucket_mb or 25, sync = a.sync or "window", out = a.out, resume = a.resume or false, save_every = a.save_every or 0 }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
 """
@@ -46,14 +46,33 @@ def assert_same_weights(a, b, rtol=1e-5):
         assert rel < rtol, f"{k}: relative difference {rel}"
 
 
-@pytest.mark.parametrize("size,micro,acc,nproc", [(100, 2, 4, 2), (97, 2, 4, 2), (100, 2, 2, 3)])
-def test_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, size, micro, acc, nproc):
+# 3 epochs: at least 20 AdamW steps; samples carry 1..3 items each
+@pytest.mark.parametrize("size,micro,acc,nproc,sync", [
+    (56, 2, 2, 2, "window"),        # (world 2, micro 2, accumulate 2) vs (world 1, micro 8)
+    (100, 2, 4, 2, "window"),
+    (97, 2, 4, 2, "window"),        # uneven shards
+    (100, 2, 2, 3, "window"),       # world 3, uneven shards
+    (100, 2, 4, 2, "micro_batch"),  # DDP-style sync after every micro-batch: the same result
+])
+def test_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, size, micro, acc,
+                                                                      nproc, sync):
     many, one = tmp_path / "many.safetensors", tmp_path / "one.safetensors"
     p = run_wick("launch", "--nproc-per-node", nproc, recipe, f"size={size}", f"micro={micro}", f"acc={acc}",
-                 f"result={many}")
+                 "epochs=3", f"sync={sync}", f"result={many}")
     assert "[rank 1] rank 1 steps" in p.stdout  # other ranks' lines are prefixed
-    run_wick("run", recipe, f"size={size}", f"micro={micro * acc * nproc}", "acc=1", f"result={one}")
+    steps = int(p.stdout.split("rank 0 steps ")[1].split()[0])
+    assert steps >= 20
+    run_wick("run", recipe, f"size={size}", f"micro={micro * acc * nproc}", "acc=1", "epochs=3", f"result={one}")
     assert_same_weights(many, one)
+
+
+def test_ranks_start_from_rank_0s_weights(tmp_path, recipe, run_wick):
+    seeded = tmp_path / "seeded.lua"
+    seeded.write_text(RECIPE.replace("wick.seed(5)", "wick.seed(5 + wick.rank)"))
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    run_wick("launch", "--nproc-per-node", 2, seeded, "size=64", "micro=2", "acc=2", f"result={a}")
+    run_wick("run", recipe, "size=64", "micro=8", "acc=1", f"result={b}")
+    assert_same_weights(a, b)
 
 
 def test_many_small_buckets_give_the_same_result(tmp_path, recipe, run_wick):
@@ -139,11 +158,17 @@ for i = 1, 100000 do
   trainer:step(loader:next())
   if wick.rank == 1 and i == 5 and wick.args.how == "exit" then os.exit(3) end
   if wick.rank == 1 and i == 5 and wick.args.how == "stall" then while true do end end
+  if wick.rank == 1 and i == 5 and wick.args.how == "kill" then
+    local pid = io.open("/proc/self/stat"):read("*n")
+    os.execute("kill -9 " .. pid)
+  end
 end
 """
 
 
-@pytest.mark.parametrize("how,expect", [("exit", "rank 1 exited with code 3"), ("stall", "Operation timed out")])
+@pytest.mark.parametrize("how,expect", [("exit", "rank 1 exited with code 3"),
+                                        ("kill", "rank 1 was killed by signal SIGKILL"),
+                                        ("stall", "another rank probably stopped, crashed or stalled")])
 def test_a_rank_that_dies_or_stalls_ends_the_run_with_a_clear_error(tmp_path, how, expect):
     r = tmp_path / "die.lua"
     r.write_text(DIE)
@@ -152,7 +177,7 @@ def test_a_rank_that_dies_or_stalls_ends_the_run_with_a_clear_error(tmp_path, ho
                        timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "3"})
     assert p.returncode == 1
     assert expect in p.stderr, p.stderr
-    assert "another rank probably stopped, crashed or stalled" in p.stderr or how == "exit"
+    assert "another rank probably stopped, crashed or stalled" in p.stderr or how != "stall"
     assert "wick launch: rank" in p.stderr
     assert time.monotonic() - t0 < 60
 

@@ -23,6 +23,7 @@ M.options = {
   { "clip_grad_norm", "number", 0, "clip the global gradient norm to this (0: off; the norm is logged anyway)" },
   { "device", "string", "auto", "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)" },
   { "bucket_mb", "number", 25, "gradient all-reduce bucket size across ranks, MiB" },
+  { "sync", "string", "window", "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, more traffic)" },
   { "out", "string", nil, "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)" },
   { "save_every", "number", 0, "checkpoint every N steps (0: only at the end); needs out" },
   { "keep_checkpoints", "number", 3, "newest checkpoints kept" },
@@ -103,6 +104,9 @@ local function resolve(cfg)
   if c.clip_grad_norm < 0 then fail("option 'clip_grad_norm': expected a number >= 0, got " .. c.clip_grad_norm) end
   if c.precision ~= "fp32" then
     fail("option 'precision': expected fp32 (mixed and half precision are not in this build yet), got " .. c.precision)
+  end
+  if c.sync ~= "window" and c.sync ~= "micro_batch" then
+    fail("option 'sync': expected window or micro_batch, got " .. c.sync)
   end
   if c.resume and not c.out then fail("option 'resume' needs 'out', the run folder to resume from") end
   if c.save_every > 0 and not c.out then fail("option 'save_every' needs 'out', the run folder to save in") end
@@ -216,8 +220,10 @@ function M.train(cfg)
   local trainer = core.trainer {
     model = c.model, optim = c.optim, schedule = c.schedule,
     clip_grad_norm = c.clip_grad_norm, total_steps = total, device = c.device, bucket_mb = c.bucket_mb,
+    sync = c.sync,
   }
 
+  local comm0 = trainer:comm()  -- traffic from here on: the steps', not the start's broadcast
   local ckpt_dir = c.out and (c.out .. "/checkpoints")
   local epoch, first_window = 0, 0
   if c.out and c.rank0 then core.mkdirs(c.out) end
@@ -335,6 +341,8 @@ function M.train(cfg)
   run.peak_memory = peak
   run.seconds = core.now() - t_start
   run.interrupted = interrupted
+  local comm1 = trainer:comm()
+  run.comm = { collectives = comm1.collectives - comm0.collectives, bytes = comm1.bytes - comm0.bytes }
   if c.out and c.rank0 then
     core.write_file(c.out .. "/run.json", core.json {
       status = run.status, steps = run.steps, final_loss = run.final_loss, peak_memory = run.peak_memory,
