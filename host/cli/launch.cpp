@@ -15,9 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -165,6 +167,11 @@ int launch(const std::vector<std::string>& args) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      // share the cores: N ranks each with every core's worth of threads would fight
+      if (!std::getenv("OMP_NUM_THREADS")) {
+        const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+        ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / nproc)).c_str(), 1);
+      }
       std::vector<std::string> argv_s{"wick", "run"};
       argv_s.insert(argv_s.end(), run_args.begin(), run_args.end());
       std::vector<char*> argv;
