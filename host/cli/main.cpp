@@ -43,7 +43,9 @@ int usage_error(const std::string& msg) {
   return 2;
 }
 
-std::string value_str(const wick::Value& v) { return v.is_nil() ? "(required)" : v.repr(); }
+std::string value_str(const wick::OptionSpec& o) {
+  return o.required() ? "(required)" : o.default_value.is_nil() ? "(none)" : o.default_value.repr();
+}
 
 int cmd_plugins(bool json) {
   auto& reg = wick::registry();
@@ -100,7 +102,7 @@ int cmd_describe(const std::string& name) {
       for (const auto& c : o.choices) constraint += " " + c;
     }
     std::printf("  %-16s %-17s default %s%s\n      %s\n", o.name.c_str(), wick::to_string(o.type),
-                value_str(o.default_value).c_str(), constraint.c_str(), o.doc.c_str());
+                value_str(o).c_str(), constraint.c_str(), o.doc.c_str());
   }
   return 0;
 }

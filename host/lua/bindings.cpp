@@ -639,6 +639,43 @@ int core_check_same(lua_State* L) {
   return 0;
 }
 
+// model outputs for the batch in a safetensors file, written to another:
+// wick.core.predict(model, "batch.safetensors", "out.safetensors")
+int core_predict(lua_State* L) {
+  auto m = check_model(L, 1, "predict");
+  auto in = read_safetensors(check_string(L, 2, "predict"));
+  Batch b(in.tensors.begin(), in.tensors.end());
+  const bool was_training = m->is_training();
+  m->train(false);
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    out = m->predict(b);
+  }
+  m->train(was_training);
+  write_safetensors(check_string(L, 3, "predict"), {{"output", out}});
+  return 0;
+}
+
+// the loss (sum / items) of the batch in a file and every parameter's
+// gradient of it, written as safetensors ("loss", "items", "grad.<name>")
+int core_gradients(lua_State* L) {
+  auto m = check_model(L, 1, "gradients");
+  auto in = read_safetensors(check_string(L, 2, "gradients"));
+  Batch b(in.tensors.begin(), in.tensors.end());
+  for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+  ForwardResult r = m->forward(b);
+  at::Tensor loss = r.loss_sum / static_cast<double>(r.items);
+  loss.backward();
+  std::vector<std::pair<std::string, at::Tensor>> out{{"loss", loss.detach().reshape({})},
+                                                      {"items", at::scalar_tensor(r.items, at::kLong)}};
+  for (const auto& p : m->named_parameters(/*recurse=*/true))
+    if (p.value().grad().defined()) out.emplace_back("grad." + p.key(), p.value().grad());
+  write_safetensors(check_string(L, 3, "gradients"), out);
+  for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+  return 0;
+}
+
 int core_args(lua_State* L) {
   lua_getfield(L, LUA_REGISTRYINDEX, "wick.args");
   if (lua_isnil(L, -1)) {
@@ -753,6 +790,8 @@ int luaopen_wick_core(lua_State* L) {
                                   {"dist", G(core_dist)},
                                   {"check_same", G(core_check_same)},
                                   {"copy_tensors", G(core_copy_tensors)},
+                                  {"predict", G(core_predict)},
+                                  {"gradients", G(core_gradients)},
                                   {nullptr, nullptr}};
   lua_newtable(L);
   luaL_register(L, nullptr, core);

@@ -1,4 +1,5 @@
 #include "train/trainer.hpp"
+#include "wick/weights.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -21,13 +22,6 @@ namespace fs = std::filesystem;
 
 namespace wick {
 namespace {
-
-std::vector<std::pair<std::string, at::Tensor>> module_state(torch::nn::Module& m) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : m.named_parameters(/*recurse=*/true)) out.emplace_back(p.key(), p.value());
-  for (const auto& b : m.named_buffers(/*recurse=*/true)) out.emplace_back(b.key(), b.value());
-  return out;
-}
 
 // The random generators a run draws from: the CPU's, and the device's when it is a GPU.
 std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& device) {
@@ -68,42 +62,7 @@ void save_model(torch::nn::Module& model, const fs::path& file, const std::map<s
 }
 
 void load_model(torch::nn::Module& model, const fs::path& file) {
-  TensorFile f = read_safetensors(file);
-  auto state = module_state(model);
-  std::vector<std::string> missing, mismatched;
-  std::set<std::string> expected;
-  for (const auto& [name, t] : state) {
-    expected.insert(name);
-    const at::Tensor* src = f.get(name);
-    if (!src) {
-      missing.push_back(name);
-      continue;
-    }
-    if (src->sizes() != t.sizes()) {
-      std::ostringstream s;
-      s << name << " (file " << src->sizes() << ", model " << t.sizes() << ")";
-      mismatched.push_back(s.str());
-    }
-  }
-  std::vector<std::string> unexpected;
-  for (const auto& [name, t] : f.tensors)
-    if (!expected.count(name)) unexpected.push_back(name);
-  auto list = [](const std::vector<std::string>& xs) {
-    std::string s;
-    for (std::size_t i = 0; i < xs.size() && i < 8; ++i) s += (i ? ", " : "") + xs[i];
-    if (xs.size() > 8) s += ", ... (" + std::to_string(xs.size()) + " in all)";
-    return s;
-  };
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-    std::string msg = "weights in " + file.string() + " do not fit the model:";
-    if (!missing.empty()) msg += " missing " + list(missing) + ";";
-    if (!unexpected.empty()) msg += " unexpected " + list(unexpected) + ";";
-    if (!mismatched.empty()) msg += " shape mismatch " + list(mismatched) + ";";
-    msg.pop_back();
-    throw Error(msg);
-  }
-  at::NoGradGuard no_grad;
-  for (auto& [name, t] : state) t.copy_(*f.get(name));
+  load_state(model, read_safetensors(file).tensors, file.string());
 }
 
 Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim, std::shared_ptr<Schedule> schedule,

@@ -41,6 +41,13 @@ class Model : public Object, public torch::nn::Module {
     return batch.begin()->second.size(0);
   }
 
+  /// Optional: the model's raw outputs (logits, predictions) for a batch,
+  /// without the loss.
+  virtual at::Tensor predict(const Batch& batch) {
+    (void)batch;
+    throw Error("this model does not implement predict()");
+  }
+
   /// Optional: what the model counts as an item ("samples", "tokens").
   virtual std::string item_name() const { return "samples"; }
 

@@ -71,7 +71,8 @@ struct OptionSpec {
   std::optional<double> min, max;      ///< inclusive range for numbers (each list item too)
   std::vector<std::string> choices;    ///< allowed strings (each list item too)
   std::string doc;
-  bool required() const { return default_value.is_nil(); }
+  bool optional = false;               ///< nil default, and may be left out
+  bool required() const { return default_value.is_nil() && !optional; }
 };
 
 using OptionSchema = std::vector<OptionSpec>;
@@ -84,10 +85,12 @@ struct OptionBuilder {
   OptionBuilder& at_least(double lo) { spec.min = lo; return *this; }
   OptionBuilder& one_of(std::vector<std::string> c) { spec.choices = std::move(c); return *this; }
   OptionBuilder& required() { spec.default_value = Value(); return *this; }
+  /// No default: the factory sees the option as absent (Options::has is false).
+  OptionBuilder& optional() { spec.default_value = Value(); spec.optional = true; return *this; }
   operator OptionSpec() const { return spec; }
 };
 inline OptionBuilder opt(std::string name, OptionType t, Value def, std::string doc) {
-  return OptionBuilder{OptionSpec{std::move(name), t, std::move(def), {}, {}, {}, std::move(doc)}};
+  return OptionBuilder{OptionSpec{std::move(name), t, std::move(def), {}, {}, {}, std::move(doc), false}};
 }
 inline OptionBuilder opt_bool(std::string n, bool d, std::string doc) { return opt(std::move(n), OptionType::Bool, d, std::move(doc)); }
 inline OptionBuilder opt_int(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Int, std::move(d), std::move(doc)); }

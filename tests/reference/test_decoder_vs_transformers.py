@@ -1,0 +1,117 @@
+"""decoder_lm against Hugging Face transformers on tiny random LLaMA and Qwen2
+configs saved by transformers: logits, loss and gradients in fp32, and wick's
+saved weights loading back into transformers."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+
+RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local model = wick.model("decoder_lm", { path = a.path })
+wick.core.predict(model, a.batch, a.logits)
+wick.core.gradients(model, a.batch, a.grads)
+model:save(a.saved)
+"""
+
+
+def tiny(family, tie):
+    common = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=5000.0,
+                  tie_word_embeddings=tie)
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        return transformers.Qwen2ForCausalLM(cfg)
+    cfg = transformers.LlamaConfig(**common, attention_bias=False)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("family,tie", [("qwen2", True), ("llama", False)])
+def test_decoder_matches_transformers(tmp_path, run_wick, family, tie):
+    torch.manual_seed(0)
+    ref = tiny(family, tie).float().eval()
+    with torch.no_grad():  # a random init with some spread in every norm and bias
+        for n, p in ref.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    ids = torch.randint(0, 97, (3, 11))
+    labels = ids.clone()
+    labels[1, 7:] = -100  # a shorter sequence: padding ignored in the loss
+    labels[2, :3] = -100  # a masked prompt
+    save_file({"input_ids": ids, "labels": labels}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
+             f"saved={tmp_path / 'wick.safetensors'}")
+
+    out = ref(input_ids=ids, labels=labels)
+    out.loss.backward()
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert (logits - out.logits.detach()).abs().max().item() < 1e-4
+    g = load_file(tmp_path / "grads.safetensors")
+    assert abs(g["loss"].item() - out.loss.item()) < 1e-5
+    assert g["items"].item() == int((labels[:, 1:] != -100).sum())
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(g["grad." + n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+    # wick's weights load back into transformers (strict) and give the same logits
+    back = tiny(family, tie).float().eval()
+    state = load_file(tmp_path / "wick.safetensors")
+    missing, unexpected = back.load_state_dict(state, strict=False)
+    assert not unexpected
+    assert set(missing) <= {"lm_head.weight"} and (tie or not missing)
+    back.tie_weights()
+    with torch.no_grad():
+        assert (back(input_ids=ids).logits - out.logits).abs().max().item() < 1e-5
+
+
+def test_sharded_checkpoint_loads(tmp_path, run_wick):
+    torch.manual_seed(1)
+    ref = tiny("llama", False).float().eval()
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True, max_shard_size="20KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    ids = torch.randint(0, 97, (2, 9))
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(
+        'local wick = require "wick"\n'
+        'local m = wick.model("decoder_lm", { path = wick.args.path })\n'
+        "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}")
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+    assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
+
+
+def test_accumulation_over_sequences_of_different_lengths_normalises_by_tokens(tmp_path, run_wick):
+    """(micro 1, accumulate 4) equals (micro 4, accumulate 1) when the sequences hold different numbers of tokens.
+    SGD with momentum: Adam's first steps move each weight by about lr whatever the gradient's size, so a
+    component whose gradient is zero up to rounding would compare noise."""
+    torch.manual_seed(2)
+    ids = torch.randint(0, 50, (8, 12))
+    labels = ids.clone()
+    for i, n in enumerate([12, 3, 7, 12, 5, 9, 2, 11]):
+        labels[i, n:] = -100
+    save_file({"input_ids": ids, "labels": labels}, tmp_path / "data.safetensors")
+    recipe = """
+local wick = require "wick"
+local a = wick.args
+wick.seed(3)
+local m = wick.model("decoder_lm", { vocab_size = 50, hidden_size = 32, intermediate_size = 64, layers = 2, heads = 4, kv_heads = 2 })
+wick.train { model = m, data = wick.data("tensors", { file = a.data }), optim = wick.optim("sgd", { lr = 0.5, momentum = 0.9 }),
+  micro_batch = a.micro, accumulate = a.acc, epochs = 3, shuffle = false, quiet = true }
+m:save(a.result)
+"""
+    (tmp_path / "r.lua").write_text(recipe)
+    for micro, acc in [(1, 4), (4, 1)]:
+        run_wick("run", tmp_path / "r.lua", f"data={tmp_path / 'data.safetensors'}", f"micro={micro}", f"acc={acc}",
+                 f"result={tmp_path / f'{micro}x{acc}.safetensors'}")
+    a, b = load_file(tmp_path / "1x4.safetensors"), load_file(tmp_path / "4x1.safetensors")
+    # per-sequence means instead of per-token would differ by far more than this
+    for k in b:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
