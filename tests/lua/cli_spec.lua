@@ -26,7 +26,7 @@ describe("wick CLI", function()
   it("lists plugins, also as JSON", function()
     local code, out = H.run("plugins")
     assert.are.equal(0, code)
-    for _, name in ipairs { "mlp", "synthetic", "tensors", "sgd", "adamw", "schedule" } do
+    for _, name in ipairs { "mlp", "decoder_lm", "synthetic", "tensors", "sgd", "adamw", "schedule" } do
       assert.truthy(out:find(name, 1, true), name)
     end
     code, out = H.run("plugins --json")
@@ -59,7 +59,7 @@ describe("wick CLI", function()
   it("describing an unknown plugin is an error listing the known ones", function()
     local code, _, err = H.run("describe nope")
     assert.are.equal(1, code)
-    assert.truthy(err:find("unknown plugin 'nope' %(known plugins: adamw, mlp"))
+    assert.truthy(err:find("unknown plugin 'nope' %(known plugins: adamw, decoder_lm, mlp"))
   end)
 
   it("requires key=value after the recipe", function()
