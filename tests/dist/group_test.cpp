@@ -9,6 +9,8 @@
 #include <future>
 #include <thread>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "../test_util.hpp"
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
@@ -110,9 +112,11 @@ TEST(Group, SumsBroadcastsAndChecksAgreement) {
 TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
   two_ranks([](std::shared_ptr<Group> g) {
     // three layers, buckets small enough that each parameter has its own
-    at::manual_seed(0);
-    std::vector<at::Tensor> w{at::randn({64, 64}).requires_grad_(), at::randn({64, 64}).requires_grad_(),
-                              at::randn({64, 64}).requires_grad_()};
+    // the same weights on both ranks, from a generator of this thread's own
+    // (the global one is shared by the two threads)
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    std::vector<at::Tensor> w;
+    for (int k = 0; k < 3; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
     GradReducer r(g, w, /*bucket_mb=*/0.01);
     EXPECT_EQ(r.buckets(), 3u);
     auto loss_of = [&](int rank) {
