@@ -350,18 +350,6 @@ int model_item_name(lua_State* L) {
   return 1;
 }
 
-int data_size(lua_State* L) {
-  auto d = check_data(L, 1, "size");
-  lua_pushnumber(L, static_cast<double>(d->size()));
-  return 1;
-}
-
-int optim_kind(lua_State* L) {
-  auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
-  lua_pushstring(L, o->object_kind() == ObjectKind::Schedule ? "schedule" : "optimizer");
-  return 1;
-}
-
 // Reads an optional field of the table at index t.
 template <class T>
 T field(lua_State* L, int t, const char* key, T def) {
@@ -381,6 +369,72 @@ T field(lua_State* L, int t, const char* key, T def) {
   }
   lua_pop(L, 1);
   return out;
+}
+
+std::vector<std::int64_t> check_ids(lua_State* L, int i, const char* fn) {
+  check_table(L, i, fn);
+  std::vector<std::int64_t> ids;
+  const auto n = lua_objlen(L, i);
+  for (std::size_t k = 1; k <= n; ++k) {
+    lua_rawgeti(L, i, static_cast<int>(k));
+    if (lua_type(L, -1) != LUA_TNUMBER) throw Error(std::string(fn) + ": token ids must be numbers");
+    ids.push_back(static_cast<std::int64_t>(lua_tonumber(L, -1)));
+    lua_pop(L, 1);
+  }
+  return ids;
+}
+
+void push_ids(lua_State* L, const std::vector<std::int64_t>& ids) {
+  lua_createtable(L, static_cast<int>(ids.size()), 0);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    lua_pushnumber(L, static_cast<double>(ids[k]));
+    lua_rawseti(L, -2, static_cast<int>(k + 1));
+  }
+}
+
+// model:generate(prompt_ids, {max_new_tokens, temperature, top_k, top_p, eos_id, seed}) -> ids
+int model_generate(lua_State* L) {
+  auto m = check_model(L, 1, "generate");
+  auto prompt = check_ids(L, 2, "generate");
+  GenerateOptions g;
+  if (!lua_isnoneornil(L, 3)) {
+    check_table(L, 3, "generate");
+    g.max_new_tokens = field<std::int64_t>(L, 3, "max_new_tokens", g.max_new_tokens);
+    g.temperature = field<double>(L, 3, "temperature", g.temperature);
+    g.top_k = field<std::int64_t>(L, 3, "top_k", g.top_k);
+    g.top_p = field<double>(L, 3, "top_p", g.top_p);
+    g.eos_id = field<std::int64_t>(L, 3, "eos_id", g.eos_id);
+    g.seed = field<std::uint64_t>(L, 3, "seed", g.seed);
+  }
+  if (g.max_new_tokens < 0 || g.temperature < 0 || g.top_k < 0 || g.top_p <= 0 || g.top_p > 1)
+    throw Error("generate: expected max_new_tokens >= 0, temperature >= 0, top_k >= 0, top_p in (0, 1]");
+  push_ids(L, m->generate(prompt, g));
+  return 1;
+}
+
+int data_encode(lua_State* L) {
+  auto d = check_data(L, 1, "encode");
+  push_ids(L, d->encode(check_string(L, 2, "encode")));
+  return 1;
+}
+
+int data_decode(lua_State* L) {
+  auto d = check_data(L, 1, "decode");
+  const std::string s = d->decode(check_ids(L, 2, "decode"));
+  lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+int data_size(lua_State* L) {
+  auto d = check_data(L, 1, "size");
+  lua_pushnumber(L, static_cast<double>(d->size()));
+  return 1;
+}
+
+int optim_kind(lua_State* L) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
+  lua_pushstring(L, o->object_kind() == ObjectKind::Schedule ? "schedule" : "optimizer");
+  return 1;
 }
 
 int make_loader(lua_State* L) {
@@ -742,8 +796,10 @@ int luaopen_wick_core(lua_State* L) {
                                            {"parameters", G(model_parameters)},
                                            {"blocks", G(model_blocks)},
                                            {"item_name", G(model_item_name)},
+                                           {"generate", G(model_generate)},
                                            {nullptr, nullptr}};
-  static const luaL_Reg data_methods[] = {{"size", G(data_size)}, {nullptr, nullptr}};
+  static const luaL_Reg data_methods[] = {
+      {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {nullptr, nullptr}};
   static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)}, {nullptr, nullptr}};
   static const luaL_Reg loader_methods[] = {{"windows_per_epoch", G(loader_windows_per_epoch)},
                                             {"start_epoch", G(loader_start_epoch)},

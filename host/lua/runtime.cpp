@@ -63,6 +63,8 @@ LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : 
   lua_setfield(L_, -2, "path");
   lua_pop(L_, 1);
   open_wick_core(L_);
+  // print() lines interleave with the progress on stderr in order, also through a pipe
+  luaL_dostring(L_, "io.stdout:setvbuf('line')");
   lua_newtable(L_);
   for (const auto& [k, v] : args) {
     push_arg(L_, v);

@@ -38,6 +38,16 @@ class Dataset : public Object {
     return collate(samples);
   }
 
+  /// Optional, for text: token ids of a string and back.
+  virtual std::vector<std::int64_t> encode(const std::string& text) const {
+    (void)text;
+    throw Error("this data set has no tokenizer");
+  }
+  virtual std::string decode(const std::vector<std::int64_t>& ids) const {
+    (void)ids;
+    throw Error("this data set has no tokenizer");
+  }
+
   /// Optional: samples to a batch. Default stacks each named tensor.
   virtual Batch collate(const std::vector<Sample>& samples) const {
     Batch out;

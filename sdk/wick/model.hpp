@@ -18,6 +18,16 @@ namespace wick {
 /// A micro-batch: named tensors, first dimension the samples.
 using Batch = std::map<std::string, at::Tensor>;
 
+/// Sampling settings for Model::generate.
+struct GenerateOptions {
+  std::int64_t max_new_tokens = 32;
+  double temperature = 0;   ///< 0: greedy
+  std::int64_t top_k = 0;   ///< 0: no limit
+  double top_p = 1.0;       ///< nucleus: smallest set of tokens whose probability reaches top_p
+  std::int64_t eos_id = -1; ///< stop after this token (-1: never)
+  std::uint64_t seed = 0;
+};
+
 struct ForwardResult {
   at::Tensor loss_sum;  ///< Required: sum of per-item losses (0-dim, differentiable)
   std::int64_t items;   ///< Required: items the loss sums over (samples or tokens)
@@ -46,6 +56,12 @@ class Model : public Object, public torch::nn::Module {
   virtual at::Tensor predict(const Batch& batch) {
     (void)batch;
     throw Error("this model does not implement predict()");
+  }
+
+  /// Optional: continue a token sequence (language models).
+  virtual std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const GenerateOptions& opts) {
+    (void)prompt, (void)opts;
+    throw Error("this model does not implement generate()");
   }
 
   /// Optional: what the model counts as an item ("samples", "tokens").

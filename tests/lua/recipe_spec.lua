@@ -126,3 +126,20 @@ print(trainer:steps())
     assert.are.equal(wa, wb)
   end)
 end)
+
+describe("language model recipe", function()
+  it("lm_scratch learns the license texts: the loss falls and it writes a sample", function()
+    local out_dir = dir .. "/lm"
+    local code, out, err = H.run("run " .. H.source .. "/configs/lm_scratch.lua epochs=1 out=" .. out_dir)
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("before: This License", 1, true), out)
+    assert.truthy(out:find("after:  This License", 1, true), out)
+    local first, last
+    for line in io.lines(out_dir .. "/metrics.jsonl") do
+      local l = tonumber(line:match('"loss":([%d%.e%-]+)'))
+      first = first or l
+      last = l
+    end
+    assert.truthy(first > 4.5 and last < 0.7 * first, string.format("first %s last %s", first, last))
+  end)
+end)

@@ -13,6 +13,7 @@
 #include <wick/weights.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -65,19 +66,31 @@ class AttentionImpl : public torch::nn::Module {
     v_proj = register_module("v_proj", torch::nn::Linear(LinearOptions(c.hidden, c.kv_heads * c.head_dim).bias(c.qkv_bias)));
     o_proj = register_module("o_proj", torch::nn::Linear(LinearOptions(c.heads * c.head_dim, c.hidden).bias(false)));
   }
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // cache: this layer's keys and values of earlier positions, extended in place
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr) {
     const auto B = x.size(0), T = x.size(1);
     at::Tensor q = q_proj->forward(x).view({B, T, c_.heads, c_.head_dim}).transpose(1, 2);
     at::Tensor k = k_proj->forward(x).view({B, T, c_.kv_heads, c_.head_dim}).transpose(1, 2);
     at::Tensor v = v_proj->forward(x).view({B, T, c_.kv_heads, c_.head_dim}).transpose(1, 2);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
+    const bool past = cache && cache->first.defined();
+    if (cache) {
+      if (past) {
+        k = at::cat({cache->first, k}, 2);
+        v = at::cat({cache->second, v}, 2);
+      }
+      *cache = {k, v};
+    }
     if (c_.kv_heads != c_.heads) {  // each key/value head serves heads / kv_heads query heads
       const auto rep = c_.heads / c_.kv_heads;
       k = k.repeat_interleave(rep, 1);
       v = v.repeat_interleave(rep, 1);
     }
-    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    // new positions see every cached one: causal masking is needed only among themselves
+    if (past && T > 1) throw wick::Error("decoder_lm: several new tokens after a cache are not supported");
+    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/!past);
     return o_proj->forward(y.transpose(1, 2).reshape({B, T, c_.heads * c_.head_dim}));
   }
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -110,8 +123,9 @@ class LayerImpl : public torch::nn::Module {
     input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden, c.eps));
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden, c.eps));
   }
-  at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
-    x = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+  at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr) {
+    x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache);
     return x + mlp->forward(post_attention_layernorm->forward(x));
   }
   Attention self_attn{nullptr};
@@ -241,14 +255,23 @@ class DecoderLM : public wick::Model {
     wick::load_state(*this, all, dir.string(), ignore);
   }
 
-  at::Tensor logits(const at::Tensor& ids) {
+  using Cache = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+  // Logits for `ids` at positions offset, offset + 1, ...; with a cache, the
+  // keys and values of the positions before are reused and these appended.
+  at::Tensor logits(const at::Tensor& ids, Cache* cache = nullptr, std::int64_t offset = 0) {
     const auto T = ids.size(1);
-    at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kFloat).device(ids.device()));
+    at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(ids.device()));
     at::Tensor freqs = at::outer(pos, inv_freq_.to(ids.device()));
     at::Tensor emb = at::cat({freqs, freqs}, -1);
     at::Tensor x = model->embed_tokens->forward(ids);
     at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-    for (const auto& layer : *model->layers) x = layer->as<Layer>()->forward(x, cos, sin);
+    if (cache) cache->resize(model->layers->size());
+    std::size_t i = 0;
+    for (const auto& layer : *model->layers) {
+      x = layer->as<Layer>()->forward(x, cos, sin, cache ? &(*cache)[i] : nullptr);
+      ++i;
+    }
     x = model->norm->forward(x);
     return c_.tie ? at::linear(x, model->embed_tokens->weight) : lm_head->forward(x);
   }
@@ -276,6 +299,48 @@ class DecoderLM : public wick::Model {
   }
 
   at::Tensor predict(const wick::Batch& b) override { return logits(b.at("input_ids")); }
+
+  // Greedy or sampled continuation with a key/value cache: the prompt once,
+  // then one position per new token.
+  std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g) override {
+    if (prompt.empty()) throw wick::Error("decoder_lm: generate needs a prompt of at least one token");
+    for (auto t : prompt)
+      if (t < 0 || t >= c_.vocab)
+        throw wick::Error("decoder_lm: prompt token " + std::to_string(t) + " is outside the vocabulary of " +
+                          std::to_string(c_.vocab));
+    const bool was_training = is_training();
+    train(false);
+    at::NoGradGuard no_grad;
+    const auto device = model->embed_tokens->weight.device();
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
+    Cache cache;
+    std::vector<std::int64_t> out;
+    at::Tensor step_ids = at::tensor(prompt, at::kLong).unsqueeze(0).to(device);
+    std::int64_t offset = 0;
+    for (std::int64_t n = 0; n < g.max_new_tokens; ++n) {
+      at::Tensor l = logits(step_ids, &cache, offset).select(1, -1).squeeze(0).to(at::kFloat).cpu();
+      offset += step_ids.size(1);
+      std::int64_t next;
+      if (g.temperature <= 0) {
+        next = l.argmax().item<std::int64_t>();
+      } else {
+        at::Tensor p = at::softmax(l / g.temperature, -1);
+        auto [sorted, idx] = p.sort(/*dim=*/-1, /*descending=*/true);
+        if (g.top_k > 0 && g.top_k < sorted.size(0)) sorted.narrow(0, g.top_k, sorted.size(0) - g.top_k).zero_();
+        if (g.top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
+          at::Tensor before = sorted.cumsum(0) - sorted;
+          sorted.masked_fill_(before.ge(g.top_p), 0.0);
+        }
+        const auto pick = at::multinomial(sorted / sorted.sum(), 1, false, gen).item<std::int64_t>();
+        next = idx[pick].item<std::int64_t>();
+      }
+      out.push_back(next);
+      if (next == g.eos_id) break;
+      step_ids = at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(device));
+    }
+    train(was_training);
+    return out;
+  }
 
   std::string item_name() const override { return "tokens"; }
 
