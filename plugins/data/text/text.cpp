@@ -1,7 +1,8 @@
 // data `text`: documents as token sequences for language models. Sources:
 // plain text files (one document each) or JSONL lines with "text",
 // pre-tokenized "input_ids", or "prompt" + "completion" (the prompt is masked
-// out of the loss). Tokenizer: bytes (UTF-8 bytes 0-255, end of text 256).
+// out of the loss). Tokenizer: bytes (UTF-8 bytes 0-255, end of text 256),
+// or byte-level BPE from a Hugging Face tokenizer.json.
 // Truncation to max_length, or packing of documents into max_length chunks.
 // Batches: input_ids [B, T] padded with end-of-text, labels [B, T] with -100
 // on padding and prompts.
@@ -14,11 +15,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "tokenizer.hpp"
+
 namespace {
 
 constexpr std::int64_t kIgnore = -100;
-constexpr std::int64_t kEos = 256;
-constexpr std::int64_t kVocab = 257;
 
 struct Doc {
   std::vector<std::int64_t> ids, labels;
@@ -27,6 +28,12 @@ struct Doc {
 class Text : public wick::Dataset {
  public:
   explicit Text(const wick::Options& o) : max_length_(o.get_int("max_length")) {
+    const std::string tok = o.get_string("tokenizer");
+    tokenizer_ = tok == "bytes" ? wick::text::byte_tokenizer() : wick::text::bpe_tokenizer(tok);
+    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : tok == "bytes" ? "<eos>" : "<|endoftext|>";
+    eos_ = tokenizer_->token_id(eos);
+    if (eos_ < 0) throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
+    vocab_ = tokenizer_->vocab_size();
     std::vector<Doc> docs;
     if (o.has("files"))
       for (const auto& f : o.at("files").as_list()) docs.push_back(text_doc(read_file(f.as_string())));
@@ -55,19 +62,8 @@ class Text : public wick::Dataset {
     if (samples_.empty()) throw wick::Error("data 'text': the sources hold no text");
   }
 
-  std::vector<std::int64_t> encode(const std::string& s) const override {
-    std::vector<std::int64_t> ids;
-    ids.reserve(s.size());
-    for (unsigned char c : s) ids.push_back(c);
-    return ids;
-  }
-
-  std::string decode(const std::vector<std::int64_t>& ids) const override {
-    std::string s;
-    for (auto id : ids)
-      if (id >= 0 && id < 256) s.push_back(static_cast<char>(id));
-    return s;
-  }
+  std::vector<std::int64_t> encode(const std::string& s) const override { return tokenizer_->encode(s); }
+  std::string decode(const std::vector<std::int64_t>& ids) const override { return tokenizer_->decode(ids); }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
 
@@ -81,7 +77,7 @@ class Text : public wick::Dataset {
     std::int64_t T = 0;
     for (const auto& s : samples) T = std::max(T, s.at("input_ids").size(0));
     const auto B = static_cast<std::int64_t>(samples.size());
-    at::Tensor ids = at::full({B, T}, kEos, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
+    at::Tensor ids = at::full({B, T}, eos_, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
     for (std::int64_t b = 0; b < B; ++b) {
       const auto& s = samples[static_cast<std::size_t>(b)];
       const auto n = s.at("input_ids").size(0);
@@ -94,7 +90,7 @@ class Text : public wick::Dataset {
   std::map<std::string, wick::Value> attributes() const override {
     std::int64_t tokens = 0;
     for (const auto& d : samples_) tokens += static_cast<std::int64_t>(d.ids.size());
-    return {{"vocab_size", kVocab}, {"eos_id", kEos}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_}};
+    return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_}};
   }
 
  private:
@@ -114,8 +110,8 @@ class Text : public wick::Dataset {
       d.ids.push_back(id);
       d.labels.push_back(id);
     }
-    d.ids.push_back(kEos);
-    d.labels.push_back(kEos);
+    d.ids.push_back(eos_);
+    d.labels.push_back(eos_);
     return d;
   }
 
@@ -135,9 +131,9 @@ class Text : public wick::Dataset {
       if (j.contains("input_ids")) {
         Doc d;
         for (const auto& x : j["input_ids"]) {
-          if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= kVocab)
+          if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= vocab_)
             throw wick::Error("data 'text': " + where + ": input_ids must be integers in [0, " +
-                              std::to_string(kVocab) + ")");
+                              std::to_string(vocab_) + ")");
           d.ids.push_back(x.get<std::int64_t>());
         }
         d.labels = d.ids;
@@ -153,15 +149,18 @@ class Text : public wick::Dataset {
   }
 
   std::int64_t max_length_;
+  std::unique_ptr<wick::text::Tokenizer> tokenizer_;
+  std::int64_t eos_ = 0, vocab_ = 0;
   std::vector<Doc> samples_;
 };
 
 }  // namespace
 
 WICK_PLUGIN(wick::data_plugin<Text>(
-    "text", "text documents as byte tokens: plain files or JSONL (text, input_ids, prompt/completion), packing",
+    "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion), packing",
     {wick::opt("files", wick::OptionType::StringList, wick::Value(), "plain text files, one document each").optional(),
      wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"} or {\"prompt\", \"completion\"}").optional(),
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
-     wick::opt_string("tokenizer", "bytes", "tokenizer").one_of({"bytes"})}))
+     wick::opt_string("tokenizer", "bytes", "'bytes', or a Hugging Face tokenizer.json (byte-level BPE)"),
+     wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for BPE)").optional()}))
