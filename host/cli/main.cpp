@@ -24,6 +24,8 @@ commands:
          RECIPE [key=value ...]
                                run a recipe on N local ranks (one process each)
   plugins [--json]             list the plugins on the plugin path
+  generate MODEL_DIR [prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S]
+                               continue a prompt with a decoder_lm folder
   describe NAME                show a plugin's options (or 'train' for wick.train's)
   version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
   --help                       this text
@@ -116,6 +118,29 @@ int cmd_version() {
   return 0;
 }
 
+std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args, std::size_t from) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (std::size_t i = from; i < args.size(); ++i) {
+    const auto eq = args[i].find('=');
+    if (eq == std::string::npos || eq == 0) throw std::invalid_argument(args[i]);
+    kv.emplace_back(args[i].substr(0, eq), args[i].substr(eq + 1));
+  }
+  return kv;
+}
+
+int cmd_generate(const std::vector<std::string>& args) {
+  if (args.empty()) return usage_error("'wick generate' needs a model folder");
+  std::vector<std::pair<std::string, std::string>> kv;
+  try {
+    kv = key_values(args, 1);
+  } catch (const std::invalid_argument& e) {
+    return usage_error(std::string("argument '") + e.what() + "' after the model folder is not key=value");
+  }
+  wick::LuaRuntime rt(kv);
+  rt.call("wick.generate", "main", {args[0]});
+  return 0;
+}
+
 int cmd_run(const std::vector<std::string>& args) {
   if (args.empty()) return usage_error("'wick run' needs a recipe file");
   std::vector<std::pair<std::string, std::string>> kv;
@@ -145,6 +170,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "run") return cmd_run(args);
     if (cmd == "launch") return wick::launch(args);
+    if (cmd == "generate") return cmd_generate(args);
     if (cmd == "plugins") {
       if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");
       return cmd_plugins(!args.empty());

@@ -86,6 +86,24 @@ void LuaRuntime::run_string(const std::string& code, const std::string& chunk_na
   lua_settop(L_, handler - 1);
 }
 
+void LuaRuntime::call(const std::string& module, const std::string& fn, const std::vector<std::string>& args) {
+  lua_pushcfunction(L_, traceback);
+  const int handler = lua_gettop(L_);
+  lua_getglobal(L_, "require");
+  lua_pushstring(L_, module.c_str());
+  if (lua_pcall(L_, 1, 1, handler) == 0) {
+    lua_getfield(L_, -1, fn.c_str());
+    for (const auto& a : args) lua_pushlstring(L_, a.data(), a.size());
+    if (lua_pcall(L_, static_cast<int>(args.size()), 0, handler) == 0) {
+      lua_settop(L_, handler - 1);
+      return;
+    }
+  }
+  std::string msg = lua_tostring(L_, -1) ? lua_tostring(L_, -1) : "unknown Lua error";
+  lua_settop(L_, handler - 1);
+  throw Error(msg);
+}
+
 int LuaRuntime::run_file(const fs::path& recipe) {
   std::error_code ec;
   if (!fs::is_regular_file(recipe, ec)) {

@@ -25,6 +25,9 @@ class LuaRuntime {
   /// Runs a chunk of Lua; throws wick::Error with Lua's message on failure.
   void run_string(const std::string& code, const std::string& chunk_name = "=(wick)");
 
+  /// require(module)[fn](args...); throws wick::Error with Lua's message.
+  void call(const std::string& module, const std::string& fn, const std::vector<std::string>& args);
+
   lua_State* state() { return L_; }
 
   /// The folder holding the `wick` Lua package (<exe>/../share/wick/lua).

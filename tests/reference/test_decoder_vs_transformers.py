@@ -151,3 +151,22 @@ def test_greedy_generation_with_the_kv_cache_matches_transformers(tmp_path, run_
     assert got == want == seq[0, 4:].tolist()
     sampled, again = out[1].split(), out[2].split()
     assert len(sampled) == 12 and sampled == again  # same seed, same sample
+
+
+def test_a_folder_saved_by_wick_loads_in_transformers(tmp_path, run_wick):
+    (tmp_path / "s.lua").write_text(
+        'local wick = require "wick"\n'
+        'wick.seed(11)\n'
+        'local m = wick.model("decoder_lm", { family = "qwen2", vocab_size = 61, hidden_size = 32, intermediate_size = 48,'
+        ' layers = 2, heads = 4, kv_heads = 2, tie_embeddings = true })\n'
+        "wick.save_pretrained(m, wick.args.dir)\n"
+        "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
+    ids = torch.randint(0, 61, (2, 7))
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    run_wick("run", tmp_path / "s.lua", f"dir={tmp_path / 'saved'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
+    assert type(hf).__name__ == "Qwen2ForCausalLM"
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+    assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4

@@ -361,7 +361,31 @@ class DecoderLM : public wick::Model {
 
   std::map<std::string, wick::Value> attributes() const override {
     return {{"vocab_size", c_.vocab}, {"hidden_size", c_.hidden}, {"layers", c_.layers}, {"family", c_.family},
-            {"tie_embeddings", c_.tie}};
+            {"tie_embeddings", c_.tie}, {"hf_config", hf_config().dump(2)}};
+  }
+
+  // The config.json that transformers reads for this model.
+  nlohmann::json hf_config() const {
+    const bool qwen = c_.family == "qwen2";
+    nlohmann::json j = {
+        {"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+        {"model_type", c_.family},
+        {"vocab_size", c_.vocab},
+        {"hidden_size", c_.hidden},
+        {"intermediate_size", c_.intermediate},
+        {"num_hidden_layers", c_.layers},
+        {"num_attention_heads", c_.heads},
+        {"num_key_value_heads", c_.kv_heads},
+        {"head_dim", c_.head_dim},
+        {"hidden_act", "silu"},
+        {"rms_norm_eps", c_.eps},
+        {"rope_theta", c_.rope_theta},
+        {"rope_parameters", {{"rope_theta", c_.rope_theta}, {"rope_type", "default"}}},
+        {"tie_word_embeddings", c_.tie},
+        {"max_position_embeddings", 4096},
+        {"torch_dtype", "float32"}};
+    if (!qwen) j["attention_bias"] = c_.qkv_bias;
+    return j;
   }
 
   Body model{nullptr};

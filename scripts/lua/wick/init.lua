@@ -58,6 +58,22 @@ function wick.evaluate(model, data, opts)
   return core.evaluate(model, data, opts.micro_batch or 32, wick.device(opts.device))
 end
 
+--- A model folder that `transformers` and `wick generate` read: config.json
+-- (for models that describe one, like decoder_lm) and model.safetensors;
+-- `tokenizer` (a tokenizer.json path) is copied beside them.
+function wick.save_pretrained(model, dir, tokenizer)
+  local cfg = model.hf_config
+  if not cfg then error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0) end
+  core.mkdirs(dir)
+  core.write_file(dir .. "/config.json", cfg .. "\n")
+  model:save(dir .. "/model.safetensors")
+  if tokenizer then
+    local f = assert(io.open(tokenizer, "rb"))
+    core.write_file(dir .. "/tokenizer.json", f:read("*a"))
+    f:close()
+  end
+end
+
 --- wick.train{...}: see `wick describe train`.
 function wick.train(cfg)
   return require("wick.train").train(cfg)
