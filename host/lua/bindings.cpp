@@ -433,8 +433,38 @@ int data_size(lua_State* L) {
 
 int optim_kind(lua_State* L) {
   auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
-  lua_pushstring(L, o->object_kind() == ObjectKind::Schedule ? "schedule" : "optimizer");
+  const auto k = o->object_kind();
+  lua_pushstring(L, k == ObjectKind::Schedule ? "schedule" : k == ObjectKind::Transform ? "transform" : "optimizer");
   return 1;
+}
+
+Transform& check_transform(lua_State* L, const char* fn) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, fn);
+  if (o->object_kind() != ObjectKind::Transform)
+    throw Error(std::string(fn) + ": this optim object is not a transform (lora, ...)");
+  return static_cast<Transform&>(*o);
+}
+
+// transform:apply(model), :save(model, dir), :load(model, dir), :merge(model)
+int transform_apply(lua_State* L) {
+  auto& t = check_transform(L, "apply");
+  t.apply(*check_model(L, 2, "apply"));
+  return 0;
+}
+int transform_save(lua_State* L) {
+  auto& t = check_transform(L, "save");
+  t.save(*check_model(L, 2, "save"), check_string(L, 3, "save"));
+  return 0;
+}
+int transform_load(lua_State* L) {
+  auto& t = check_transform(L, "load");
+  t.load(*check_model(L, 2, "load"), check_string(L, 3, "load"));
+  return 0;
+}
+int transform_merge(lua_State* L) {
+  auto& t = check_transform(L, "merge");
+  t.merge(*check_model(L, 2, "merge"));
+  return 0;
 }
 
 int make_loader(lua_State* L) {
@@ -499,7 +529,8 @@ int make_trainer(lua_State* L) {
   lua_getfield(L, 1, "optim");
   auto optim_obj = check_box<Object>(L, lua_gettop(L), kOptimMt, "trainer");
   if (optim_obj->object_kind() != ObjectKind::Optimizer)
-    throw Error("'optim' must be an optimizer (sgd, adamw, ...), got a schedule");
+    throw Error(std::string("'optim' must be an optimizer (sgd, adamw, ...), got a ") +
+                (optim_obj->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
   std::shared_ptr<Schedule> schedule;
   lua_getfield(L, 1, "schedule");
   if (!lua_isnil(L, -1)) {
@@ -800,7 +831,9 @@ int luaopen_wick_core(lua_State* L) {
                                            {nullptr, nullptr}};
   static const luaL_Reg data_methods[] = {
       {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {nullptr, nullptr}};
-  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)}, {nullptr, nullptr}};
+  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"apply", G(transform_apply)},
+                                           {"save", G(transform_save)}, {"load", G(transform_load)},
+                                           {"merge", G(transform_merge)}, {nullptr, nullptr}};
   static const luaL_Reg loader_methods[] = {{"windows_per_epoch", G(loader_windows_per_epoch)},
                                             {"start_epoch", G(loader_start_epoch)},
                                             {"next", G(loader_next)},

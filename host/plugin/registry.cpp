@@ -254,7 +254,8 @@ std::shared_ptr<Object> Registry::create(const std::string& name_or_path, Plugin
   const ObjectKind k = obj->object_kind();
   const bool kind_ok = (kind == PluginKind::Model && k == ObjectKind::Model) ||
                        (kind == PluginKind::Data && k == ObjectKind::Dataset) ||
-                       (kind == PluginKind::Optim && (k == ObjectKind::Optimizer || k == ObjectKind::Schedule));
+                       (kind == PluginKind::Optim &&
+                        (k == ObjectKind::Optimizer || k == ObjectKind::Schedule || k == ObjectKind::Transform));
   if (!kind_ok) throw Error(label + " (" + e.file.string() + ") made an object of the wrong kind");
   // The object keeps its library loaded: the holder owns both, and destroys
   // the object before the library.

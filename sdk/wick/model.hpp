@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "wick/linear.hpp"
 #include "wick/object.hpp"
 #include "wick/plugin.hpp"
 
@@ -70,6 +71,9 @@ class Model : public Object, public torch::nn::Module {
   /// Optional: names of submodules (LoRA targets) and of repeated blocks
   /// (checkpointing units).
   virtual std::vector<std::string> targets() const { return {}; }
+  /// Optional: the wick::Linear layers adapters may extend, by module name
+  /// (for a language model: every linear layer but the output head).
+  virtual std::vector<std::pair<std::string, Linear>> linear_layers() { return {}; }
   virtual std::vector<std::string> blocks() const { return {}; }
 };
 

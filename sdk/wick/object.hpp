@@ -10,7 +10,7 @@
 namespace wick {
 
 /// What a factory returned; the host checks it against the plugin's kind.
-enum class ObjectKind { Model, Dataset, Optimizer, Schedule };
+enum class ObjectKind { Model, Dataset, Optimizer, Schedule, Transform };
 
 class Object {
  public:

@@ -43,6 +43,31 @@ class Schedule : public Object {
   virtual double factor(std::int64_t step, std::int64_t total_steps) const = 0;
 };
 
+class Model;
+
+/// Changes a model before training (LoRA adapters, freezing, quantization):
+/// apply() once; save() and load() what it added, merge() folds it back.
+class Transform : public Object {
+ public:
+  ObjectKind object_kind() const final { return ObjectKind::Transform; }
+  /// Required.
+  virtual void apply(Model& model) = 0;
+  /// Optional: write / read what the transform added, in a folder.
+  virtual void save(Model& model, const std::string& dir) const {
+    (void)model, (void)dir;
+    throw Error("this transform has nothing to save");
+  }
+  virtual void load(Model& model, const std::string& dir) {
+    (void)model, (void)dir;
+    throw Error("this transform cannot load");
+  }
+  /// Optional: fold into the base weights and remove.
+  virtual void merge(Model& model) {
+    (void)model;
+    throw Error("this transform cannot merge");
+  }
+};
+
 template <class T>
 PluginDescriptor optim_plugin(const char* name, const char* summary, OptionSchema options) {
   return make_descriptor(PluginKind::Optim, name, summary, std::move(options),

@@ -60,11 +60,10 @@ at::Tensor rotate_half(const at::Tensor& x) {
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const Config& c) : c_(c) {
-    using torch::nn::LinearOptions;
-    q_proj = register_module("q_proj", torch::nn::Linear(LinearOptions(c.hidden, c.heads * c.head_dim).bias(c.qkv_bias)));
-    k_proj = register_module("k_proj", torch::nn::Linear(LinearOptions(c.hidden, c.kv_heads * c.head_dim).bias(c.qkv_bias)));
-    v_proj = register_module("v_proj", torch::nn::Linear(LinearOptions(c.hidden, c.kv_heads * c.head_dim).bias(c.qkv_bias)));
-    o_proj = register_module("o_proj", torch::nn::Linear(LinearOptions(c.heads * c.head_dim, c.hidden).bias(false)));
+    q_proj = register_module("q_proj", wick::Linear(c.hidden, c.heads * c.head_dim, c.qkv_bias));
+    k_proj = register_module("k_proj", wick::Linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
+    v_proj = register_module("v_proj", wick::Linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
+    o_proj = register_module("o_proj", wick::Linear(c.heads * c.head_dim, c.hidden, false));
   }
   // cache: this layer's keys and values of earlier positions, extended in place
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -93,7 +92,7 @@ class AttentionImpl : public torch::nn::Module {
     at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/!past);
     return o_proj->forward(y.transpose(1, 2).reshape({B, T, c_.heads * c_.head_dim}));
   }
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  wick::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   Config c_;
@@ -103,15 +102,14 @@ TORCH_MODULE(Attention);
 class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const Config& c) {
-    using torch::nn::LinearOptions;
-    gate_proj = register_module("gate_proj", torch::nn::Linear(LinearOptions(c.hidden, c.intermediate).bias(false)));
-    up_proj = register_module("up_proj", torch::nn::Linear(LinearOptions(c.hidden, c.intermediate).bias(false)));
-    down_proj = register_module("down_proj", torch::nn::Linear(LinearOptions(c.intermediate, c.hidden).bias(false)));
+    gate_proj = register_module("gate_proj", wick::Linear(c.hidden, c.intermediate, false));
+    up_proj = register_module("up_proj", wick::Linear(c.hidden, c.intermediate, false));
+    down_proj = register_module("down_proj", wick::Linear(c.intermediate, c.hidden, false));
   }
   at::Tensor forward(const at::Tensor& x) {
     return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
   }
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  wick::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -347,6 +345,23 @@ class DecoderLM : public wick::Model {
   std::vector<std::string> blocks() const override {
     std::vector<std::string> out;
     for (std::int64_t i = 0; i < c_.layers; ++i) out.push_back("model.layers." + std::to_string(i));
+    return out;
+  }
+
+  std::vector<std::pair<std::string, wick::Linear>> linear_layers() override {
+    std::vector<std::pair<std::string, wick::Linear>> out;
+    std::int64_t i = 0;
+    for (const auto& m : *model->layers) {
+      auto* layer = m->as<Layer>();
+      const std::string p = "model.layers." + std::to_string(i++) + ".";
+      out.emplace_back(p + "self_attn.q_proj", layer->self_attn->q_proj);
+      out.emplace_back(p + "self_attn.k_proj", layer->self_attn->k_proj);
+      out.emplace_back(p + "self_attn.v_proj", layer->self_attn->v_proj);
+      out.emplace_back(p + "self_attn.o_proj", layer->self_attn->o_proj);
+      out.emplace_back(p + "mlp.gate_proj", layer->mlp->gate_proj);
+      out.emplace_back(p + "mlp.up_proj", layer->mlp->up_proj);
+      out.emplace_back(p + "mlp.down_proj", layer->mlp->down_proj);
+    }
     return out;
   }
 

@@ -1,0 +1,152 @@
+// optim `lora`: low-rank adapters on a model's linear layers (Hu et al.):
+// y = W x + (alpha / r) B A dropout(x), the base frozen, A and B trained.
+// Adapters save and load as PEFT does (adapter_model.safetensors with
+// base_model.model.<module>.lora_{A,B}.weight, adapter_config.json) and can
+// be merged into the base weights.
+
+#include <wick/model.hpp>
+#include <wick/optim.hpp>
+#include <wick/safetensors.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPrefix = "base_model.model.";
+
+class Lora : public wick::Transform {
+ public:
+  explicit Lora(const wick::Options& o)
+      : r_(o.get_int("r")), alpha_(o.get_double("alpha")), dropout_(o.get_double("dropout")) {
+    for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
+    if (o.get_string("bias") != "none") throw wick::Error("optim 'lora': bias '" + o.get_string("bias") + "' is not supported yet (none)");
+  }
+
+  bool matches(const std::string& name) const {
+    for (const auto& t : targets_)
+      if (t == "all-linear" || name == t || (name.size() > t.size() && name.ends_with("." + t))) return true;
+    return false;
+  }
+
+  void apply(wick::Model& model) override {
+    if (!applied_.empty()) throw wick::Error("optim 'lora': already applied to a model");
+    auto layers = model.linear_layers();
+    if (layers.empty()) throw wick::Error("optim 'lora': the model offers no linear layers for adapters");
+    for (auto& p : model.parameters()) p.set_requires_grad(false);
+    for (auto& [name, lin] : layers)
+      if (matches(name)) {
+        lin->add_adapter(r_, alpha_, dropout_);
+        applied_.push_back(name);
+      }
+    if (applied_.empty()) {
+      std::string all;
+      for (std::size_t i = 0; i < layers.size() && i < 8; ++i) all += (i ? ", " : "") + layers[i].first;
+      throw wick::Error("optim 'lora': target_modules matched none of the model's linear layers (" + all + ", ...)");
+    }
+  }
+
+  std::vector<std::pair<std::string, wick::Linear>> adapted(wick::Model& model) const {
+    std::set<std::string> names(applied_.begin(), applied_.end());
+    std::vector<std::pair<std::string, wick::Linear>> out;
+    for (auto& [name, lin] : model.linear_layers())
+      if (names.count(name) && lin->has_adapter()) out.emplace_back(name, lin);
+    return out;
+  }
+
+  void save(wick::Model& model, const std::string& dir) const override {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (auto& [name, lin] : adapted(model)) {
+      tensors.emplace_back(kPrefix + name + ".lora_A.weight", lin->lora_A->weight);
+      tensors.emplace_back(kPrefix + name + ".lora_B.weight", lin->lora_B->weight);
+    }
+    if (tensors.empty()) throw wick::Error("optim 'lora': no adapters to save (apply it to the model first)");
+    fs::create_directories(dir);
+    wick::write_safetensors(fs::path(dir) / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+    nlohmann::json cfg = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", r_}, {"lora_alpha", alpha_},
+                          {"lora_dropout", dropout_}, {"target_modules", targets_}, {"bias", "none"},
+                          {"fan_in_fan_out", false}, {"inference_mode", false}, {"use_rslora", false},
+                          {"modules_to_save", nullptr}, {"base_model_name_or_path", nullptr}};
+    wick::write_file_atomic(fs::path(dir) / "adapter_config.json", cfg.dump(2) + "\n");
+  }
+
+  void load(wick::Model& model, const std::string& dir) override {
+    std::ifstream in(fs::path(dir) / "adapter_config.json");
+    if (!in) throw wick::Error("optim 'lora': " + dir + " has no adapter_config.json");
+    nlohmann::json cfg;
+    try {
+      cfg = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw wick::Error("optim 'lora': " + dir + "/adapter_config.json is not valid JSON: " + e.what());
+    }
+    if (cfg.value("peft_type", std::string("LORA")) != "LORA")
+      throw wick::Error("optim 'lora': " + dir + " holds a " + cfg.value("peft_type", std::string()) + " adapter, not LORA");
+    if (cfg.value("use_rslora", false) || cfg.value("use_dora", false))
+      throw wick::Error("optim 'lora': rsLoRA and DoRA adapters are not supported yet");
+    if (applied_.empty()) {  // the adapter's own settings
+      r_ = cfg.at("r").get<std::int64_t>();
+      alpha_ = cfg.at("lora_alpha").get<double>();
+      targets_.clear();
+      if (cfg.at("target_modules").is_string()) targets_.push_back(cfg["target_modules"].get<std::string>());
+      else for (const auto& t : cfg["target_modules"]) targets_.push_back(t.get<std::string>());
+      apply(model);
+    }
+    auto file = wick::read_safetensors(fs::path(dir) / "adapter_model.safetensors");
+    std::map<std::string, at::Tensor> given;
+    for (auto& [name, t] : file.tensors) {
+      std::string n = name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+      if (auto d = n.find(".default."); d != std::string::npos) n.erase(d, 8);
+      given[n] = t;
+    }
+    at::NoGradGuard no_grad;
+    std::size_t used = 0;
+    for (auto& [name, lin] : adapted(model)) {
+      for (auto [suffix, w] : {std::pair<std::string, at::Tensor>{".lora_A.weight", lin->lora_A->weight},
+                               {".lora_B.weight", lin->lora_B->weight}}) {
+        auto it = given.find(name + suffix);
+        if (it == given.end()) throw wick::Error("optim 'lora': " + dir + " lacks " + kPrefix + name + suffix);
+        if (it->second.sizes() != w.sizes())
+          throw wick::Error("optim 'lora': " + name + suffix + " has another shape in " + dir);
+        w.copy_(it->second);
+        ++used;
+      }
+    }
+    if (used != given.size())
+      throw wick::Error("optim 'lora': " + dir + " holds " + std::to_string(given.size() - used) +
+                        " tensors for layers the model has no adapter on");
+  }
+
+  void merge(wick::Model& model) override {
+    for (auto& [name, lin] : adapted(model)) lin->merge_adapter();
+    applied_.clear();
+    for (auto& p : model.parameters()) p.set_requires_grad(true);
+  }
+
+  std::map<std::string, wick::Value> attributes() const override {
+    wick::List t;
+    for (const auto& s : targets_) t.push_back(wick::Value(s));
+    return {{"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())}, {"target_modules", t}};
+  }
+
+ private:
+  std::int64_t r_;
+  double alpha_, dropout_;
+  std::vector<std::string> targets_;
+  std::vector<std::string> applied_;
+};
+
+}  // namespace
+
+WICK_PLUGIN(wick::optim_plugin<Lora>(
+    "lora", "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
+    {wick::opt_int("r", 8, "adapter rank").at_least(1),
+     wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
+     wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
+     wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
+               "module names or name suffixes (q_proj, ...), or all-linear (every linear layer but the output head)"),
+     wick::opt_string("bias", "none", "bias training").one_of({"none"})}))
