@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -187,25 +188,24 @@ void Group::count(const std::vector<at::Tensor>& tensors) {
   for (const auto& t : tensors) bytes_ += t.numel() * t.element_size();
 }
 
-void Group::all_reduce(std::vector<at::Tensor>& tensors, const std::string& what) {
-  count(tensors);
-  c10::intrusive_ptr<c10d::Work> work;
+c10::intrusive_ptr<c10d::Work> Group::start(const std::string& what,
+                                            const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
   try {
-    work = pg_->allreduce(tensors);
+    return op();
   } catch (const c10::Error& e) {
     fail(what, e.what_without_backtrace());
   }
-  wait(work, what);
+}
+
+void Group::all_reduce(std::vector<at::Tensor>& tensors, const std::string& what) {
+  count(tensors);
+  wait(start(what, [&] { return pg_->allreduce(tensors); }), what);
 }
 
 c10::intrusive_ptr<c10d::Work> Group::all_reduce_async(at::Tensor& t) {
   std::vector<at::Tensor> v{t};
   count(v);
-  try {
-    return pg_->allreduce(v);
-  } catch (const c10::Error& e) {
-    fail("a gradient all-reduce", e.what_without_backtrace());
-  }
+  return start("a gradient all-reduce", [&] { return pg_->allreduce(v); });
 }
 
 std::int64_t Group::sum(std::int64_t v, const std::string& what) {
@@ -218,25 +218,13 @@ void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what)
   for (auto& t : tensors) {
     std::vector<at::Tensor> one{t};
     count(one);
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = pg_->broadcast(one);
-    } catch (const c10::Error& e) {
-      fail(what, e.what_without_backtrace());
-    }
-    wait(work, what);
+    wait(start(what, [&] { return pg_->broadcast(one); }), what);
   }
 }
 
 void Group::barrier(const std::string& what) {
   ++collectives_;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = pg_->barrier();
-  } catch (const c10::Error& e) {
-    fail(what, e.what_without_backtrace());
-  }
-  wait(work, what);
+  wait(start(what, [&] { return pg_->barrier(); }), what);
 }
 
 void Group::check_same(const std::string& what, const std::string& value) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,6 +78,9 @@ class Group {
 
  private:
   void rendezvous(std::chrono::milliseconds timeout, const std::string& where);
+  /// Runs `op` (which starts a collective), turning LibTorch's errors into wick's.
+  c10::intrusive_ptr<c10d::Work> start(const std::string& what,
+                                       const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
   void count(const std::vector<at::Tensor>& tensors);
   [[noreturn]] void fail(const std::string& what, const std::string& why) const;
   DistEnv env_;
