@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import WICK
+from conftest import WICK  # tests/conftest.py
 
 RECIPE = """
 local wick = require "wick"
