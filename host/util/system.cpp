@@ -34,13 +34,16 @@ void on_signal(int sig) {
   g_signal = sig;
 }
 
-std::int64_t status_kb(const char* key) {
+// VmRSS and VmHWM in bytes, from one read of /proc/self/status (once per step).
+std::pair<std::int64_t, std::int64_t> resident_and_peak() {
   std::ifstream in("/proc/self/status");
   std::string line;
-  const std::size_t n = std::strlen(key);
-  while (std::getline(in, line))
-    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n + 1)) * 1024;
-  return 0;
+  std::int64_t rss = 0, hwm = 0;
+  while (std::getline(in, line) && !(rss && hwm)) {
+    if (line.compare(0, 6, "VmRSS:") == 0) rss = std::stoll(line.substr(6)) * 1024;
+    else if (line.compare(0, 6, "VmHWM:") == 0) hwm = std::stoll(line.substr(6)) * 1024;
+  }
+  return {rss, hwm};
 }
 }  // namespace
 
@@ -63,8 +66,9 @@ int interrupt_signal() { return g_signal; }
 
 std::map<std::string, std::int64_t> memory_stats(bool cuda) {
   std::map<std::string, std::int64_t> m;
-  m["resident"] = status_kb("VmRSS:");
-  m["peak_resident"] = status_kb("VmHWM:");
+  const auto [rss, hwm] = resident_and_peak();
+  m["resident"] = rss;
+  m["peak_resident"] = hwm;
 #ifdef WICK_WITH_CUDA
   if (cuda && cuda_available()) {
     using namespace c10::cuda::CUDACachingAllocator;
