@@ -7,6 +7,9 @@
 #include <memory>
 #include <string>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "plugin/registry.hpp"
 
@@ -33,6 +36,19 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
 };
+
+/// A TCP port on loopback that nothing listens on right now.
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 /// Runs f and returns the wick::Error message it throws ("" if none).
 template <class F>

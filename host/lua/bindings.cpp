@@ -21,6 +21,7 @@
 #include "plugin/registry.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
+#include "util/memory.hpp"
 #include "util/system.hpp"
 
 namespace fs = std::filesystem;
@@ -431,6 +432,67 @@ int data_size(lua_State* L) {
   return 1;
 }
 
+// data:window(first, count[, micro]): samples first .. first+count-1 (0-based)
+// as a window of micro-batches of `micro` (default: one micro-batch).
+int data_window(lua_State* L) {
+  auto d = check_data(L, 1, "window");
+  const auto first = static_cast<std::int64_t>(luaL_checknumber(L, 2));
+  const auto count = static_cast<std::int64_t>(luaL_checknumber(L, 3));
+  const auto micro = static_cast<std::int64_t>(luaL_optnumber(L, 4, static_cast<double>(count)));
+  if (first < 0 || count < 1 || micro < 1 || first + count > d->size())
+    throw Error("window: samples " + std::to_string(first) + " .. " + std::to_string(first + count - 1) +
+                " with micro-batches of " + std::to_string(micro) + " do not fit data of " + std::to_string(d->size()) +
+                " samples");
+  auto w = std::make_shared<std::vector<Batch>>();
+  for (std::int64_t i = first; i < first + count; i += micro) {
+    std::vector<std::int64_t> idx;
+    for (std::int64_t j = i; j < std::min(i + micro, first + count); ++j) idx.push_back(j);
+    w->push_back(d->get_batch(idx));
+  }
+  push_box<std::vector<Batch>>(L, std::move(w), kWindowMt);
+  return 1;
+}
+
+int loader_buffered_bytes(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "buffered_bytes");
+  lua_pushnumber(L, static_cast<double>(l->buffered_bytes()));
+  return 1;
+}
+
+// core.set_memory_limit(bytes | "8GiB" | 0): caps CPU tensor memory (see util/memory.hpp)
+int core_set_memory_limit(lua_State* L) {
+  std::int64_t bytes = 0;
+  if (lua_type(L, 1) == LUA_TNUMBER) bytes = static_cast<std::int64_t>(lua_tonumber(L, 1));
+  else bytes = parse_bytes(check_string(L, 1, "set_memory_limit"), "set_memory_limit");
+  set_cpu_memory_limit(bytes);
+  return 0;
+}
+
+int core_reset_peak(lua_State* L) {
+  (void)L;
+  reset_cpu_tensor_peak();
+  reset_cuda_peak();
+  return 0;
+}
+
+// core.device_memory(device): the bytes a run may use on it: a GPU's total
+// memory, or on the CPU the tensor cap (0: none)
+int core_device_memory(lua_State* L) {
+  const std::string dev = check_string(L, 1, "device_memory");
+  if (dev.rfind("cuda", 0) == 0) {
+    const at::Device d(dev);
+    lua_pushnumber(L, static_cast<double>(cuda_total_memory(d.has_index() ? d.index() : 0)));
+  } else {
+    lua_pushnumber(L, static_cast<double>(cpu_tensor_memory().limit));
+  }
+  return 1;
+}
+
+int core_parse_bytes(lua_State* L) {
+  lua_pushnumber(L, static_cast<double>(parse_bytes(check_string(L, 1, "parse_bytes"), "size")));
+  return 1;
+}
+
 int optim_kind(lua_State* L) {
   auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
   const auto k = o->object_kind();
@@ -546,6 +608,68 @@ int make_trainer(lua_State* L) {
   c.bucket_mb = field<double>(L, 1, "bucket_mb", 25);
   if (c.bucket_mb <= 0) throw Error("'bucket_mb' must be > 0, got " + std::to_string(c.bucket_mb));
   c.sync_every_micro_batch = field<std::string>(L, 1, "sync", "window") == "micro_batch";
+  c.clip_grad_value = field<double>(L, 1, "clip_grad_value", 0);
+  c.precision = parse_precision(field<std::string>(L, 1, "precision", "fp32"));
+  c.empty_cache_every = field<std::int64_t>(L, 1, "empty_cache_every", 0);
+  c.memory_fraction = field<double>(L, 1, "memory_fraction", 0);
+  {
+    const std::string on_oom = field<std::string>(L, 1, "on_oom", "split");
+    if (on_oom != "split" && on_oom != "fail") throw Error("on_oom: expected split or fail, got '" + on_oom + "'");
+    c.split_on_oom = on_oom == "split";
+  }
+  lua_getfield(L, 1, "loss_scale");  // a number: fixed; a table: dynamic settings
+  if (lua_type(L, -1) == LUA_TNUMBER) {
+    c.loss_scale.init = lua_tonumber(L, -1);
+    c.loss_scale.dynamic = false;
+  } else if (lua_istable(L, -1)) {
+    const int t = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+      const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+      if (k != "init" && k != "growth" && k != "backoff" && k != "interval")
+        throw Error("loss_scale: unknown key '" + k + "' (expected init, growth, backoff, interval)");
+      lua_pop(L, 1);
+    }
+    c.loss_scale.init = field<double>(L, t, "init", c.loss_scale.init);
+    c.loss_scale.growth = field<double>(L, t, "growth", c.loss_scale.growth);
+    c.loss_scale.backoff = field<double>(L, t, "backoff", c.loss_scale.backoff);
+    c.loss_scale.interval = field<std::int64_t>(L, t, "interval", c.loss_scale.interval);
+  } else if (!lua_isnil(L, -1)) {
+    throw Error(std::string("loss_scale: expected a number (a fixed scale) or a table {init, growth, backoff, interval}, got ") +
+                luaL_typename(L, -1));
+  }
+  lua_pop(L, 1);
+  lua_getfield(L, 1, "checkpointing");  // false | true | k (every k-th block) | {names}
+  switch (lua_type(L, -1)) {
+    case LUA_TNIL: break;
+    case LUA_TBOOLEAN:
+      c.checkpointing.mode = lua_toboolean(L, -1) ? CheckpointingConfig::Mode::All : CheckpointingConfig::Mode::None;
+      break;
+    case LUA_TNUMBER: {
+      const double k = lua_tonumber(L, -1);
+      if (k != std::floor(k) || k < 1)
+        throw Error("checkpointing: expected true, false, k >= 1 (every k-th block) or a list of block names, got " +
+                    std::to_string(k));
+      c.checkpointing.mode = CheckpointingConfig::Mode::EveryK;
+      c.checkpointing.k = static_cast<std::int64_t>(k);
+      break;
+    }
+    case LUA_TTABLE: {
+      c.checkpointing.mode = CheckpointingConfig::Mode::Names;
+      const int n = static_cast<int>(lua_objlen(L, -1));
+      for (int i = 1; i <= n; ++i) {
+        lua_rawgeti(L, -1, i);
+        if (lua_type(L, -1) != LUA_TSTRING) throw Error("checkpointing: block names must be strings");
+        c.checkpointing.names.emplace_back(lua_tostring(L, -1));
+        lua_pop(L, 1);
+      }
+      break;
+    }
+    default:
+      throw Error(std::string("checkpointing: expected true, false, k (every k-th block) or a list of block names, got ") +
+                  luaL_typename(L, -1));
+  }
+  lua_pop(L, 1);
   c.group = Group::world(c.device);
   push_box<Trainer>(L, std::make_shared<Trainer>(model, std::static_pointer_cast<Optimizer>(optim_obj), schedule, c),
                     kTrainerMt);
@@ -568,9 +692,74 @@ int trainer_step(lua_State* L) {
   set_number(L, "lr", s.lr);
   set_number(L, "grad_norm", s.grad_norm);
   set_number(L, "seconds", s.seconds);
+  if (s.loss_scale > 0) set_number(L, "loss_scale", s.loss_scale);
+  if (s.skipped) {
+    lua_pushboolean(L, true);
+    lua_setfield(L, -2, "skipped");
+  }
+  if (s.split > 1) set_number(L, "split", static_cast<double>(s.split));
+  if (s.oom_retries > 0) set_number(L, "oom_retries", static_cast<double>(s.oom_retries));
   lua_pushboolean(L, s.stop);
   lua_setfield(L, -2, "stop");
   push_metrics(L, s.metrics);
+  return 1;
+}
+
+int trainer_skipped_steps(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "skipped_steps");
+  lua_pushnumber(L, static_cast<double>(t->skipped_steps()));
+  return 1;
+}
+
+int trainer_split(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "split");
+  lua_pushnumber(L, static_cast<double>(t->split()));
+  return 1;
+}
+
+int trainer_loss_scale(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "loss_scale");
+  const double v = t->loss_scale();
+  if (v > 0) lua_pushnumber(L, v);
+  else lua_pushnil(L);
+  return 1;
+}
+
+int trainer_checkpointed_blocks(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "checkpointed_blocks");
+  const auto b = t->checkpointed_blocks();
+  lua_createtable(L, static_cast<int>(b.size()), 0);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    lua_pushstring(L, b[i].c_str());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 1;
+}
+
+// trainer:probe(window): forward and backward of the window's first
+// micro-batch, no step; returns true, or false and the message when it ran
+// out of memory.
+int trainer_probe(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "probe");
+  auto& w = check_box<std::vector<Batch>>(L, 2, kWindowMt, "probe");
+  if (w->empty()) throw Error("probe: the window is empty");
+  try {
+    t->probe(w->front());
+  } catch (const c10::OutOfMemoryError& e) {
+    if (t->config().device.rfind("cuda", 0) == 0) cuda_empty_cache();
+    lua_pushboolean(L, false);
+    lua_pushstring(L, e.what_without_backtrace());
+    return 2;
+  }
+  lua_pushboolean(L, true);
+  return 1;
+}
+
+int trainer_memory_breakdown(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "memory_breakdown");
+  const auto m = t->memory_breakdown();
+  lua_createtable(L, 0, static_cast<int>(m.size()));
+  for (const auto& [k, v] : m) set_number(L, k.c_str(), static_cast<double>(v));
   return 1;
 }
 
@@ -830,7 +1019,8 @@ int luaopen_wick_core(lua_State* L) {
                                            {"generate", G(model_generate)},
                                            {nullptr, nullptr}};
   static const luaL_Reg data_methods[] = {
-      {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {nullptr, nullptr}};
+      {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {"window", G(data_window)},
+      {nullptr, nullptr}};
   static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"apply", G(transform_apply)},
                                            {"save", G(transform_save)}, {"load", G(transform_load)},
                                            {"merge", G(transform_merge)}, {nullptr, nullptr}};
@@ -838,12 +1028,19 @@ int luaopen_wick_core(lua_State* L) {
                                             {"start_epoch", G(loader_start_epoch)},
                                             {"next", G(loader_next)},
                                             {"position", G(loader_position)},
+                                            {"buffered_bytes", G(loader_buffered_bytes)},
                                             {nullptr, nullptr}};
   static const luaL_Reg trainer_methods[] = {{"step", G(trainer_step)},
                                              {"steps", G(trainer_steps)},
                                              {"comm", G(trainer_comm)},
                                              {"save", G(trainer_save)},
                                              {"load", G(trainer_load)},
+                                             {"skipped_steps", G(trainer_skipped_steps)},
+                                             {"split", G(trainer_split)},
+                                             {"loss_scale", G(trainer_loss_scale)},
+                                             {"checkpointed_blocks", G(trainer_checkpointed_blocks)},
+                                             {"probe", G(trainer_probe)},
+                                             {"memory_breakdown", G(trainer_memory_breakdown)},
                                              {nullptr, nullptr}};
   new_metatable<Object>(L, kModelMt, model_methods, object_index);
   new_metatable<Object>(L, kDataMt, data_methods, object_index);
@@ -881,6 +1078,10 @@ int luaopen_wick_core(lua_State* L) {
                                   {"copy_tensors", G(core_copy_tensors)},
                                   {"predict", G(core_predict)},
                                   {"gradients", G(core_gradients)},
+                                  {"set_memory_limit", G(core_set_memory_limit)},
+                                  {"reset_peak", G(core_reset_peak)},
+                                  {"device_memory", G(core_device_memory)},
+                                  {"parse_bytes", G(core_parse_bytes)},
                                   {nullptr, nullptr}};
   lua_newtable(L);
   luaL_register(L, nullptr, core);

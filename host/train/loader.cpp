@@ -131,7 +131,19 @@ std::optional<std::vector<Batch>> Loader::next_window() {
   const std::int64_t last = std::min(first + cfg_.accumulate, end_micro_);
   for (std::int64_t m = first; m < last; ++m) out.push_back(take(m));
   ++window_;
+  std::int64_t bytes = 0;
+  for (const auto& b : out)
+    for (const auto& [k, t] : b) bytes += static_cast<std::int64_t>(t.nbytes());
+  window_bytes_ = bytes;
   return out;
+}
+
+std::int64_t Loader::buffered_bytes() {
+  std::int64_t bytes = window_bytes_;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [m, b] : ready_)
+    for (const auto& [k, t] : b) bytes += static_cast<std::int64_t>(t.nbytes());
+  return bytes;
 }
 
 }  // namespace wick

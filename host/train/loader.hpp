@@ -48,6 +48,9 @@ class Loader {
   std::optional<std::vector<Batch>> next_window();
   std::int64_t epoch() const { return epoch_; }
   std::int64_t window() const { return window_; }  // windows handed out this epoch
+  /// Bytes the loader holds: the last window handed out and the micro-batches
+  /// built ahead of it (at most `prefetch`).
+  std::int64_t buffered_bytes();
 
  private:
   Batch build(std::int64_t micro) const;
@@ -59,6 +62,7 @@ class Loader {
   std::vector<std::int64_t> order_;
   std::vector<std::vector<std::int64_t>> micro_;  // sample indices per micro-batch this epoch
   std::int64_t epoch_ = 0, window_ = 0, windows_ = 0;
+  std::int64_t window_bytes_ = 0;
 
   // Worker pool state: micro-batches [next_take_, next_take_ + prefetch) may be built.
   std::mutex mu_;

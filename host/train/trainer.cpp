@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -12,6 +16,7 @@
 #include <random>
 #include <set>
 
+#include "wick/checkpoint.hpp"
 #include "wick/safetensors.hpp"
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
@@ -30,6 +35,64 @@ std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& 
   return g;
 }
 
+// Autocast for the forward of a mixed-precision step: ops LibTorch lists run
+// in bf16/fp16 while the weights stay fp32. Restores what was there before.
+class AutocastScope {
+ public:
+  AutocastScope(Precision p, const at::Device& device) {
+    if (p != Precision::BF16Mixed && p != Precision::FP16Mixed) return;
+    on_ = true;
+    type_ = device.type();
+    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, p == Precision::BF16Mixed ? at::kBFloat16 : at::kHalf);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(type_, prev_dtype_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool on_ = false, prev_enabled_ = false;
+  at::DeviceType type_ = at::kCPU;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+// Every micro-batch of the window cut in `parts` along the sample dimension
+// (empty pieces dropped): the same samples in the same order.
+std::vector<Batch> split_window(const std::vector<Batch>& window, std::int64_t parts) {
+  if (parts == 1) return window;
+  std::vector<Batch> out;
+  for (const auto& b : window) {
+    const std::int64_t n = b.begin()->second.size(0);
+    std::map<std::string, std::vector<at::Tensor>> pieces;
+    for (const auto& [k, t] : b) {
+      if (t.dim() == 0 || t.size(0) != n)
+        throw Error("cannot split micro-batch " + describe(b) + " to recover from running out of memory: its tensors "
+                    "differ in their first (sample) dimension");
+      pieces[k] = t.tensor_split(parts, 0);
+    }
+    for (std::int64_t j = 0; j < parts; ++j) {
+      Batch piece;
+      for (auto& [k, v] : pieces) piece[k] = v[j];
+      if (piece.begin()->second.size(0) > 0) out.push_back(std::move(piece));
+    }
+  }
+  return out;
+}
+
+at::ScalarType half_dtype(Precision p) {
+  return p == Precision::BF16True || p == Precision::BF16Mixed ? at::kBFloat16 : at::kHalf;
+}
+
+std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; }
+
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -37,6 +100,26 @@ std::string step_dir_name(std::int64_t step) {
 }
 
 }  // namespace
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::FP32;
+  if (s == "bf16-mixed") return Precision::BF16Mixed;
+  if (s == "fp16-mixed") return Precision::FP16Mixed;
+  if (s == "bf16-true") return Precision::BF16True;
+  if (s == "fp16-true") return Precision::FP16True;
+  throw Error("precision: expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got '" + s + "'");
+}
+
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "fp32";
+    case Precision::BF16Mixed: return "bf16-mixed";
+    case Precision::FP16Mixed: return "fp16-mixed";
+    case Precision::BF16True: return "bf16-true";
+    case Precision::FP16True: return "fp16-true";
+  }
+  return "?";
+}
 
 std::string describe(const Batch& b) {
   std::string s = "{";
@@ -70,13 +153,55 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     : model_(std::move(model)), optim_(std::move(optim)), schedule_(std::move(schedule)), cfg_(std::move(cfg)) {
   if (!model_) throw Error("wick.train: 'model' is required");
   if (!optim_) throw Error("wick.train: 'optim' is required");
-  if (cfg_.clip_grad_norm < 0) throw Error("clip_grad_norm must be >= 0");
+  if (cfg_.clip_grad_norm < 0) throw Error("clip_grad_norm must be >= 0, got " + std::to_string(cfg_.clip_grad_norm));
+  if (cfg_.clip_grad_value < 0) throw Error("clip_grad_value must be >= 0, got " + std::to_string(cfg_.clip_grad_value));
+  if (cfg_.empty_cache_every < 0)
+    throw Error("empty_cache_every must be >= 0 steps, got " + std::to_string(cfg_.empty_cache_every));
+  if (cfg_.memory_fraction < 0 || cfg_.memory_fraction > 1)
+    throw Error("memory_fraction must be in (0, 1] (0: no cap), got " + std::to_string(cfg_.memory_fraction));
+  const auto& ls = cfg_.loss_scale;
+  if (!(ls.init > 0) || !std::isfinite(ls.init)) throw Error("loss_scale: init must be > 0, got " + std::to_string(ls.init));
+  if (ls.dynamic && !(ls.growth > 1)) throw Error("loss_scale: growth must be > 1, got " + std::to_string(ls.growth));
+  if (ls.dynamic && !(ls.backoff > 0 && ls.backoff < 1))
+    throw Error("loss_scale: backoff must be in (0, 1), got " + std::to_string(ls.backoff));
+  if (ls.dynamic && ls.interval < 1) throw Error("loss_scale: interval must be >= 1, got " + std::to_string(ls.interval));
   at::Device device(cfg_.device);
+  if (cfg_.precision == Precision::BF16True || cfg_.precision == Precision::FP16True)
+    model_->to(half_dtype(cfg_.precision));  // weights, gradients and optimizer state in half precision
   model_->to(device);
+  if (device.is_cuda() && cfg_.memory_fraction > 0) cuda_set_memory_fraction(cfg_.memory_fraction, device.index() < 0 ? 0 : device.index());
+  // Activation checkpointing of the blocks the model declares.
+  const auto blocks = model_->blocks();
+  std::set<std::string> chosen;
+  const auto& ck = cfg_.checkpointing;
+  if (ck.mode != CheckpointingConfig::Mode::None && blocks.empty())
+    throw Error("checkpointing: the model declares no blocks to checkpoint");
+  if (ck.mode == CheckpointingConfig::Mode::All) chosen.insert(blocks.begin(), blocks.end());
+  if (ck.mode == CheckpointingConfig::Mode::EveryK) {
+    if (ck.k < 1) throw Error("checkpointing: expected every k-th block with k >= 1, got " + std::to_string(ck.k));
+    for (std::size_t i = 0; i < blocks.size(); i += static_cast<std::size_t>(ck.k)) chosen.insert(blocks[i]);
+  }
+  if (ck.mode == CheckpointingConfig::Mode::Names)
+    for (const auto& n : ck.names) {
+      if (std::find(blocks.begin(), blocks.end(), n) == blocks.end()) {
+        std::string known;
+        for (const auto& b : blocks) known += (known.empty() ? "" : ", ") + b;
+        throw Error("checkpointing: the model has no block '" + n + "' (its blocks: " + known + ")");
+      }
+      chosen.insert(n);
+    }
+  model_->set_checkpointing(chosen, chosen.empty() ? Model::BlockRunner()
+                                                   : Model::BlockRunner([](const BlockFn& fn, const std::vector<at::Tensor>& in) {
+                                                       return checkpoint(fn, in);
+                                                     }));
   for (const auto& p : model_->named_parameters(/*recurse=*/true))
     if (p.value().requires_grad()) params_.emplace_back(p.key(), p.value());
   if (params_.empty()) throw Error("the model has no trainable parameters");
   optim_->attach(params_);
+  if (scaling()) {
+    scale_ = at::full({}, ls.init, at::TensorOptions().dtype(at::kFloat).device(device));
+    growth_tracker_ = at::zeros({}, at::TensorOptions().dtype(at::kInt).device(device));
+  }
   if (cfg_.group) {
     // Every rank starts from rank 0's weights.
     std::vector<at::Tensor> state;
@@ -90,9 +215,130 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
 
 Trainer::~Trainer() = default;
 
+bool Trainer::scaling() const {
+  return cfg_.precision == Precision::FP16Mixed || cfg_.precision == Precision::FP16True;
+}
+
+double Trainer::loss_scale() const { return scale_.defined() ? scale_.item<double>() : 0.0; }
+
+std::vector<std::string> Trainer::checkpointed_blocks() const {
+  std::vector<std::string> out;
+  for (const auto& b : model_->blocks())
+    if (model_->checkpointed_blocks().count(b)) out.push_back(b);
+  return out;
+}
+
 double Trainer::lr_at(std::int64_t step) const {
   const double f = schedule_ ? schedule_->factor(step, cfg_.total_steps) : 1.0;
   return optim_->base_lr() * f;
+}
+
+std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
+  std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0;
+  for (const auto& [name, t] : module_state(*model_)) weights += bytes_of(t);
+  for (const auto& [name, p] : params_) {
+    grads += bytes_of(p.grad());
+    trainable += bytes_of(p);
+  }
+  for (const auto& [name, t] : optim_->state()) opt += bytes_of(t);
+  return {{"weights", weights}, {"gradients", grads}, {"optimizer", opt}, {"trainable", trainable}};
+}
+
+void Trainer::probe(const Batch& batch) {
+  const at::Device device(cfg_.device);
+  model_->train(true);
+  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+  try {
+    ForwardResult r;
+    {
+      AutocastScope autocast(cfg_.precision, device);
+      r = model_->forward(to_device(batch, device));
+    }
+    at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(std::max<std::int64_t>(r.items, 1)));
+    if (scaling()) l = l * scale_;
+    l.backward();
+  } catch (...) {
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    throw;
+  }
+  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+}
+
+bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
+                         std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message) {
+  Group* group = cfg_.group.get();
+  const at::Device device(cfg_.device);
+  // Ranks agree that none ran out of memory before the last backward starts
+  // its all-reduces: one small collective, only when recovery is on.
+  const bool agree = group && cfg_.split_on_oom && !cfg_.sync_every_micro_batch;
+  const std::vector<Batch> pieces = split_window(window, split_);
+  const double inv_items = 1.0 / static_cast<double>(s.items);
+  const std::string where = "step " + std::to_string(step_ + 1);
+  bool agreed = false;
+  std::size_t i = 0;
+  try {
+    if (agree && pieces.empty()) {
+      agreed = true;
+      if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+    }
+    for (; i < pieces.size(); ++i) {
+      ForwardResult r;
+      {
+        AutocastScope autocast(cfg_.precision, device);
+        try {
+          r = model_->forward(to_device(pieces[i], device));
+        } catch (const c10::OutOfMemoryError&) {
+          throw;
+        } catch (const c10::Error& e) {
+          throw Error(where + ", micro-batch " + std::to_string(i + 1) + " of " + std::to_string(pieces.size()) +
+                      ": the model's forward failed on " + describe(pieces[i]) + ": " + e.what_without_backtrace());
+        }
+      }
+      const std::int64_t counted = model_->count_items(pieces[i]);
+      if (r.items != counted)
+        throw Error("the model counted " + std::to_string(counted) + " items in a micro-batch before forward and " +
+                    std::to_string(r.items) + " in forward");
+      if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
+        throw Error("the model's forward must return a one-element loss sum");
+      const bool last = i + 1 == pieces.size();
+      if (last && agree) {
+        agreed = true;
+        if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+      }
+      if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();  // this backward reduces as it goes
+      at::Tensor l = r.loss_sum.reshape({}) * inv_items;
+      if (scaling()) l = l * scale_;
+      l.backward();
+      if (group && !last && cfg_.sync_every_micro_batch) {
+        // sum, then divide by the rank count: the common part stays counted once
+        reducer_->finish(step_ + 1);
+        at::NoGradGuard no_grad;
+        for (auto& [name, p] : params_)
+          if (p.grad().defined()) p.mutable_grad().div_(group->size());
+      }
+      loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
+      for (auto& [k, v] : r.metrics) {
+        auto x = v.detach().to(at::kDouble).sum();
+        auto it = metric_sums.find(k);
+        if (it == metric_sums.end()) metric_sums.emplace(k, x);
+        else it->second += x;
+      }
+    }
+    if (group && pieces.empty()) reducer_->arm();  // nothing to backpropagate: this rank sends zeros
+  } catch (const c10::OutOfMemoryError& e) {
+    oom_message = e.what_without_backtrace();
+    const std::string what = where + ", micro-batch " + std::to_string(std::min(i + 1, pieces.size())) + " of " +
+                             std::to_string(pieces.size()) + ": out of memory: " + oom_message;
+    if (!cfg_.split_on_oom) throw Error(what + " (recovery is off: on_oom = \"fail\")");
+    if (group && !agree)
+      throw Error(what + " (recovery across ranks needs sync = \"window\")");
+    if (agreed)
+      throw Error(what + " (after the ranks began their gradient all-reduce: cannot redo the window)");
+    if (group) group->sum(1, "the out-of-memory check of " + where);  // tell the others: everyone redoes the window
+    return false;
+  }
+  s.micro_batches = static_cast<std::int64_t>(pieces.size());
+  return true;
 }
 
 StepStats Trainer::step(const std::vector<Batch>& window) {
@@ -103,96 +349,130 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
   // The window's item count over all ranks, before any backward: every
   // micro-batch's loss is divided by it, so the summed gradients equal the
   // full batch's whatever the split and the rank count.
-  std::vector<std::int64_t> counts;
+  std::int64_t largest = 0;
   for (const auto& b : window) {
     if (b.empty()) throw Error("a micro-batch holds no tensors");
-    counts.push_back(model_->count_items(b));
-    s.items += counts.back();
+    s.items += model_->count_items(b);
+    largest = std::max<std::int64_t>(largest, b.begin()->second.dim() ? b.begin()->second.size(0) : 1);
   }
   if (group) s.items = group->sum(s.items, "the item count of step " + std::to_string(step_ + 1));
   if (s.items <= 0) throw Error("the window holds no items to learn from");
   const at::Device device(cfg_.device);
   model_->train(true);
-  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor loss_sum;
   std::map<std::string, at::Tensor> metric_sums;
-  const double inv_items = 1.0 / static_cast<double>(s.items);
-  for (std::size_t i = 0; i < window.size(); ++i) {
-    ForwardResult r;
-    try {
-      r = model_->forward(to_device(window[i], device));
-    } catch (const c10::Error& e) {
-      throw Error("step " + std::to_string(step_ + 1) + ", micro-batch " + std::to_string(i + 1) + " of " +
-                  std::to_string(window.size()) + ": the model's forward failed on " + describe(window[i]) + ": " +
-                  e.what_without_backtrace());
+  // The random state at the window's start: a window redone after running out
+  // of memory draws the same numbers again.
+  std::vector<std::pair<at::Generator, at::Tensor>> rng;
+  if (cfg_.split_on_oom)
+    for (auto& [name, gen] : generators(device)) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng.emplace_back(gen, gen.get_state());
     }
-    if (r.items != counts[i])
-      throw Error("the model counted " + std::to_string(counts[i]) + " items in a micro-batch before forward and " +
-                  std::to_string(r.items) + " in forward");
-    if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
-      throw Error("the model's forward must return a one-element loss sum");
-    const bool last = i + 1 == window.size();
-    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();  // this backward reduces as it goes
-    (r.loss_sum.reshape({}) * inv_items).backward();
-    if (group && !last && cfg_.sync_every_micro_batch) {
-      // sum, then divide by the rank count: the common part stays counted once
-      reducer_->finish(step_ + 1);
-      at::NoGradGuard no_grad;
-      for (auto& [name, p] : params_)
-        if (p.grad().defined()) p.mutable_grad().div_(group->size());
-    }
-    loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
-    for (auto& [k, v] : r.metrics) {
-      auto x = v.detach().to(at::kDouble).sum();
-      auto it = metric_sums.find(k);
-      if (it == metric_sums.end()) metric_sums.emplace(k, x);
-      else it->second += x;
+  for (;;) {
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    loss_sum = at::zeros({}, opts);
+    metric_sums.clear();
+    std::string oom;
+    if (run_window(window, s, loss_sum, metric_sums, oom)) break;
+    // Out of memory here or on another rank: free what the attempt held,
+    // split every micro-batch in two and redo the window from its start.
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    loss_sum = at::Tensor();
+    metric_sums.clear();
+    if (device.is_cuda()) cuda_empty_cache();
+    if ((largest + split_ - 1) / split_ <= 1)
+      throw Error("step " + std::to_string(step_ + 1) + ": out of memory even with micro-batches of one sample" +
+                  (oom.empty() ? std::string(" (on another rank)") : ": " + oom) +
+                  "; lower the memory a sample needs (precision = \"bf16-mixed\", checkpointing = true, a shorter "
+                  "max_length or a smaller image_size)");
+    split_ *= 2;
+    ++s.oom_retries;
+    for (auto& [gen, state] : rng) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
     }
   }
-  s.micro_batches = static_cast<std::int64_t>(window.size());
+  s.split = split_;
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
+  // fp16: unscale the gradients and look for inf/nan (PyTorch's GradScaler kernels).
+  at::Tensor found_inf;
+  if (scaling()) {
+    found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    if (group) reducer_->finish(step_ + 1);  // the reduced gradients are the ones to check
+    const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+    for (auto& [name, p] : params_)
+      if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.mutable_grad());
+    for (auto& [dtype, grads] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  }
   if (group) {
-    if (window.empty()) reducer_->arm();
-    reducer_->finish(step_ + 1);
+    if (!scaling()) reducer_->finish(step_ + 1);
     // The loss and metric sums over all ranks, in one small all-reduce.
-    // The stop flag rides along, so every rank stops after the same step.
-    std::vector<at::Tensor> parts{loss_sum.reshape({1}), at::full({1}, interrupted() ? 1.0 : 0.0, loss_sum.options())};
+    // The stop flag and the overflow flag ride along, so every rank stops
+    // after, and skips, the same steps.
+    std::vector<at::Tensor> parts{loss_sum.reshape({1}), at::full({1}, interrupted() ? 1.0 : 0.0, opts),
+                                  found_inf.defined() ? found_inf.to(at::kDouble).reshape({1}) : at::zeros({1}, opts)};
     for (const auto& k : metric_names_) {
       auto it = metric_sums.find(k);
-      parts.push_back(it == metric_sums.end() ? at::zeros({1}, loss_sum.options()) : it->second.reshape({1}));
+      parts.push_back(it == metric_sums.end() ? at::zeros({1}, opts) : it->second.reshape({1}));
     }
     std::vector<at::Tensor> packed{at::cat(parts)};
     group->all_reduce(packed, "the loss of step " + std::to_string(step_ + 1));
     loss_sum = packed[0][0];
     s.stop = packed[0][1].item<double>() > 0;
-    for (std::size_t k = 0; k < metric_names_.size(); ++k) metric_sums[metric_names_[k]] = packed[0][k + 2];
+    s.skipped = packed[0][2].item<double>() > 0;
+    for (std::size_t k = 0; k < metric_names_.size(); ++k) metric_sums[metric_names_[k]] = packed[0][k + 3];
   } else {
     s.stop = interrupted();
+    s.skipped = found_inf.defined() && found_inf.item<float>() > 0;
   }
-  // Global gradient norm, and clipping as torch.nn.utils.clip_grad_norm_ does.
-  std::vector<at::Tensor> norms;
-  for (auto& [name, p] : params_)
-    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kFloat));
-  if (!norms.empty()) {
-    at::Tensor total = at::stack(norms).norm(2);
-    s.grad_norm = total.item<double>();
-    if (cfg_.clip_grad_norm > 0) {
-      at::Tensor coef = (cfg_.clip_grad_norm / (total + 1e-6)).clamp_max(1.0);
-      at::NoGradGuard no_grad;
+  if (scaling()) {
+    s.loss_scale = scale_.item<double>();
+    if (cfg_.loss_scale.dynamic) {
+      const at::Tensor agreed = at::full({}, s.skipped ? 1.0f : 0.0f, found_inf.options());
+      at::_amp_update_scale_(scale_, growth_tracker_, agreed, cfg_.loss_scale.growth, cfg_.loss_scale.backoff,
+                             cfg_.loss_scale.interval);
+    }
+  }
+  {
+    at::NoGradGuard no_grad;
+    if (cfg_.clip_grad_value > 0)
       for (auto& [name, p] : params_)
-        if (p.grad().defined()) p.mutable_grad().mul_(coef.to(p.grad().dtype()));
+        if (p.grad().defined()) p.mutable_grad().clamp_(-cfg_.clip_grad_value, cfg_.clip_grad_value);
+    // Global gradient norm, and clipping as torch.nn.utils.clip_grad_norm_ does.
+    std::vector<at::Tensor> norms;
+    for (auto& [name, p] : params_) {
+      if (!p.grad().defined()) continue;
+      const at::Tensor& g = p.grad();
+      norms.push_back(g.scalar_type() == at::kFloat ? g.detach().norm(2)
+                                                    : at::linalg_vector_norm(g.detach(), 2, std::nullopt, false, at::kFloat));
+    }
+    if (!norms.empty()) {
+      at::Tensor total = at::stack(norms).norm(2);
+      s.grad_norm = total.item<double>();
+      if (cfg_.clip_grad_norm > 0 && !s.skipped) {
+        at::Tensor coef = (cfg_.clip_grad_norm / (total + 1e-6)).clamp_max(1.0);
+        for (auto& [name, p] : params_)
+          if (p.grad().defined()) p.mutable_grad().mul_(coef.to(p.grad().dtype()));
+      }
     }
   }
   s.lr = lr_at(step_);
-  {
+  if (s.skipped) {
+    ++skipped_;  // the window is consumed and the schedule moves on; the weights do not change
+  } else {
     at::NoGradGuard no_grad;
     optim_->step(s.lr);
   }
   ++step_;
   s.step = step_;
+  const double inv_items = 1.0 / static_cast<double>(s.items);
   s.loss = loss_sum.item<double>() * inv_items;
   for (auto& [k, v] : metric_sums) s.metrics[k] = v.item<double>() * inv_items;
+  if (cfg_.empty_cache_every > 0 && step_ % cfg_.empty_cache_every == 0 && device.is_cuda()) cuda_empty_cache();
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -234,7 +514,10 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
     rng.emplace_back(name, gen.get_state());
   }
   write_safetensors(tmp / "rng.safetensors", rng);
-  nlohmann::json state = {{"step", step_}, {"wick_version", WICK_VERSION_STRING}, {"extra", extra}};
+  nlohmann::json state = {{"step", step_}, {"wick_version", WICK_VERSION_STRING}, {"extra", extra},
+                          {"skipped_steps", skipped_}, {"precision", to_string(cfg_.precision)}};
+  if (scale_.defined())
+    state["loss_scale"] = {{"scale", scale_.item<double>()}, {"growth_tracker", growth_tracker_.item<std::int64_t>()}};
   write_file_atomic(tmp / "state.json", state.dump(2) + "\n");
   if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
@@ -274,6 +557,11 @@ nlohmann::json Trainer::load(const fs::path& checkpoint) {
     gen.set_state(*state);
   }
   step_ = state.at("step").get<std::int64_t>();
+  skipped_ = state.value("skipped_steps", std::int64_t{0});
+  if (scale_.defined() && state.contains("loss_scale")) {
+    scale_.fill_(state["loss_scale"].value("scale", cfg_.loss_scale.init));
+    growth_tracker_.fill_(state["loss_scale"].value("growth_tracker", std::int64_t{0}));
+  }
   return state.value("extra", nlohmann::json::object());
 }
 

@@ -22,8 +22,43 @@ namespace wick {
 class Group;
 class GradReducer;
 
+/// Arithmetic: fp32; autocast with fp32 master weights (bf16/fp16-mixed); or
+/// weights, activations and gradients in half precision (bf16/fp16-true).
+enum class Precision { FP32, BF16Mixed, FP16Mixed, BF16True, FP16True };
+Precision parse_precision(const std::string& s);
+std::string to_string(Precision p);
+
+/// fp16 loss scaling, torch.amp.GradScaler's rules: the loss is multiplied by
+/// `scale` before backward; a step whose gradients hold inf or nan is skipped
+/// and the scale multiplied by `backoff`; after `interval` clean steps in a
+/// row it is multiplied by `growth`. `dynamic = false` keeps `init` fixed
+/// (overflowing steps are still skipped).
+struct LossScaleConfig {
+  double init = 65536.0;
+  double growth = 2.0;
+  double backoff = 0.5;
+  std::int64_t interval = 2000;
+  bool dynamic = true;
+};
+
+/// Which declared blocks to checkpoint: none, all, every k-th, or by name.
+struct CheckpointingConfig {
+  enum class Mode { None, All, EveryK, Names } mode = Mode::None;
+  std::int64_t k = 1;
+  std::vector<std::string> names;
+};
+
 struct TrainerConfig {
   double clip_grad_norm = 0;      // 0: no clipping (the norm is still measured)
+  double clip_grad_value = 0;     // 0: off; else gradients clamped to [-v, v] (after unscaling)
+  Precision precision = Precision::FP32;
+  LossScaleConfig loss_scale;
+  CheckpointingConfig checkpointing;
+  /// Out of memory inside a window: true splits every micro-batch in two
+  /// (accumulating twice as many) and redoes the window from its start.
+  bool split_on_oom = true;
+  std::int64_t empty_cache_every = 0;  // CUDA: release cached blocks every N steps (0: never)
+  double memory_fraction = 0;          // CUDA: cap this process's share of the device (0: no cap)
   std::int64_t total_steps = 0;   // for the schedule
   std::string device = "cpu";
   std::shared_ptr<Group> group;   // several ranks: items, gradients and stats are summed over them
@@ -40,7 +75,11 @@ struct StepStats {
   std::int64_t items = 0;
   std::int64_t micro_batches = 0;
   double lr = 0;
-  double grad_norm = 0;           // before clipping
+  double grad_norm = 0;           // before clipping, after unscaling
+  bool skipped = false;           // fp16: inf/nan gradients on some rank, the optimizer did not step
+  double loss_scale = 0;          // fp16: the scale this step's loss was multiplied by (0: no scaling)
+  std::int64_t split = 1;         // micro-batches are split in this many parts (out-of-memory recovery)
+  std::int64_t oom_retries = 0;   // times this window was redone after running out of memory
   std::map<std::string, double> metrics;  // metric sums / items
   double seconds = 0;
   bool stop = false;              // SIGINT/SIGTERM reached this or any other rank
@@ -68,6 +107,19 @@ class Trainer {
   double lr_at(std::int64_t step) const;
   const TrainerConfig& config() const { return cfg_; }
   Model& model() { return *model_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  double loss_scale() const;
+  std::int64_t split() const { return split_; }
+  /// The checkpointed blocks, in the model's order.
+  std::vector<std::string> checkpointed_blocks() const;
+
+  /// Forward and backward of one micro-batch without an optimizer step (the
+  /// gradients are cleared afterwards): for probing memory. Throws
+  /// c10::OutOfMemoryError when it does not fit.
+  void probe(const Batch& batch);
+
+  /// Bytes held by weights (parameters and buffers), gradients and optimizer state.
+  std::map<std::string, std::int64_t> memory_breakdown() const;
 
   /// Writes a checkpoint folder atomically: model and optimizer state, RNG,
   /// step and `extra` (the loop's own position). Returns the folder.
@@ -78,6 +130,11 @@ class Trainer {
 
  private:
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep);
+  /// Forward and backward of every micro-batch of the window (each split in
+  /// split_ parts); false when this or another rank ran out of memory.
+  bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
+                  std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message);
+  bool scaling() const;
   std::shared_ptr<Model> model_;
   std::shared_ptr<Optimizer> optim_;
   std::shared_ptr<Schedule> schedule_;
@@ -86,6 +143,9 @@ class Trainer {
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;
   std::vector<std::string> metric_names_;  // seen so far, summed over ranks in this order
+  at::Tensor scale_, growth_tracker_;       // fp16 loss scaling (float32 and int32, on the device)
+  std::int64_t skipped_ = 0;
+  std::int64_t split_ = 1;
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients.

@@ -1,4 +1,5 @@
 #include "util/system.hpp"
+#include "util/memory.hpp"
 
 #include <csignal>
 #include <cstdio>
@@ -69,6 +70,10 @@ std::map<std::string, std::int64_t> memory_stats(bool cuda) {
   const auto [rss, hwm] = resident_and_peak();
   m["resident"] = rss;
   m["peak_resident"] = hwm;
+  const CpuTensorMemory t = cpu_tensor_memory();
+  m["cpu_tensors"] = t.allocated;
+  m["cpu_tensors_peak"] = t.peak;
+  if (t.limit > 0) m["cpu_limit"] = t.limit;
 #ifdef WICK_WITH_CUDA
   if (cuda && cuda_available()) {
     using namespace c10::cuda::CUDACachingAllocator;
@@ -89,6 +94,32 @@ void reset_cuda_peak() {
 #ifdef WICK_WITH_CUDA
   if (cuda_available()) c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
 #endif
+}
+
+void cuda_empty_cache() {
+#ifdef WICK_WITH_CUDA
+  if (cuda_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+void cuda_set_memory_fraction(double fraction, int device) {
+#ifdef WICK_WITH_CUDA
+  if (cuda_available()) c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+#else
+  (void)fraction, (void)device;
+#endif
+}
+
+std::int64_t cuda_total_memory(int device) {
+#ifdef WICK_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (cuda_available() && cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    return static_cast<std::int64_t>(prop.totalGlobalMem);
+  cudaGetLastError();
+#else
+  (void)device;
+#endif
+  return 0;
 }
 
 int cuda_device_count() {

@@ -7,10 +7,17 @@
 
 namespace wick {
 
-/// Memory in bytes: "resident" and "peak_resident" always; with CUDA in use,
+/// Memory in bytes: "resident" and "peak_resident" (the process), and
+/// "cpu_tensors", "cpu_tensors_peak" (bytes held by CPU tensors, see
+/// util/memory.hpp) always; with CUDA in use,
 /// "cuda_allocated", "cuda_reserved", "cuda_peak" for the current device.
 std::map<std::string, std::int64_t> memory_stats(bool cuda);
 void reset_cuda_peak();
+/// CUDA caching allocator controls for the current device; no effect without CUDA.
+void cuda_empty_cache();
+void cuda_set_memory_fraction(double fraction, int device);
+/// Total memory of CUDA device `device` in bytes (0 without CUDA).
+std::int64_t cuda_total_memory(int device);
 
 /// SIGINT and SIGTERM set a flag instead of killing the process, so the
 /// training loop can finish its step, save and exit. A second signal kills.

@@ -6,7 +6,9 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,39 @@ class Model : public Object, public torch::nn::Module {
   /// (for a language model: every linear layer but the output head).
   virtual std::vector<std::pair<std::string, Linear>> linear_layers() { return {}; }
   virtual std::vector<std::string> blocks() const { return {}; }
+
+  /// Runs block `name` (one of blocks()) on `inputs`: a plain call, or, when
+  /// the recipe checkpoints this block, through the host's checkpointing (see
+  /// wick/checkpoint.hpp). A model's forward calls its blocks through this
+  /// and needs nothing else for activation checkpointing. A checkpointed
+  /// `fn` runs again during backward, after forward has returned: it must
+  /// capture what it uses by value (tensors, module holders), not by reference.
+  std::vector<at::Tensor> run_block(const std::string& name,
+                                    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
+                                    const std::vector<at::Tensor>& inputs) {
+    if (block_runner_ && checkpointed_.count(name)) return block_runner_(fn, inputs);
+    return fn(inputs);
+  }
+  /// The one-tensor form: x -> fn(x).
+  at::Tensor run_block(const std::string& name, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                       const at::Tensor& x) {
+    if (!(block_runner_ && checkpointed_.count(name))) return fn(x);
+    return block_runner_([fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
+                         {x})[0];
+  }
+
+  using BlockRunner = std::function<std::vector<at::Tensor>(
+      const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>&, const std::vector<at::Tensor>&)>;
+  /// Host side: the blocks to checkpoint and how (empty set: none).
+  void set_checkpointing(std::set<std::string> blocks, BlockRunner runner) {
+    checkpointed_ = std::move(blocks);
+    block_runner_ = std::move(runner);
+  }
+  const std::set<std::string>& checkpointed_blocks() const { return checkpointed_; }
+
+ private:
+  std::set<std::string> checkpointed_;
+  BlockRunner block_runner_;
 };
 
 template <class T>

@@ -66,17 +66,7 @@ TEST(DistEnv, InconsistentValuesAreErrors) {
               HasSubstr("master port 70000"));
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 // Two ranks as two threads of this process, over gloo on loopback.
 template <class F>
@@ -196,8 +186,9 @@ TEST(Trainer, RanksExchangeNothingBeforeTheWindowsLastBackwardAndAgreeAfterIt) {
     EXPECT_EQ(seen[r][0].collectives, before[r] + 1);
     EXPECT_EQ(seen[r][1].collectives, before[r] + 1);
     EXPECT_EQ(seen[r][2].collectives, before[r] + 1);
-    // then one bucket of gradients and one of loss and stop flag
-    EXPECT_EQ(after[r], before[r] + 3);
+    // then the out-of-memory agreement (before the last backward), one bucket
+    // of gradients and one of loss and flags
+    EXPECT_EQ(after[r], before[r] + 4);
   }
   EXPECT_FALSE(at::allclose(seen[0][2].grad, seen[1][2].grad));  // local gradients differ before the boundary
   EXPECT_TRUE(at::equal(grads[0], grads[1]));                     // the reduced ones are the same

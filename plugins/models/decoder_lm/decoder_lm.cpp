@@ -267,7 +267,11 @@ class DecoderLM : public wick::Model {
     if (cache) cache->resize(model->layers->size());
     std::size_t i = 0;
     for (const auto& layer : *model->layers) {
-      x = layer->as<Layer>()->forward(x, cos, sin, cache ? &(*cache)[i] : nullptr);
+      auto* l = layer->as<Layer>();
+      if (cache) x = l->forward(x, cos, sin, &(*cache)[i]);
+      else  // a declared block: checkpointed when the recipe asks
+        x = run_block("model.layers." + std::to_string(i),
+                      [l, cos, sin](const at::Tensor& h) { return l->forward(h, cos, sin, nullptr); }, x);
       ++i;
     }
     x = model->norm->forward(x);

@@ -5,8 +5,11 @@
 #include <wick/model.hpp>
 
 #include <ATen/ops/cross_entropy_loss.h>
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/container/sequential.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/tanh.h>
 #include <torch/nn/modules/linear.h>
 
 namespace {
@@ -19,21 +22,16 @@ at::ScalarType parse_dtype(const std::string& s) {
 
 class Mlp : public wick::Model {
  public:
-  explicit Mlp(const wick::Options& o) : loss_(o.get_string("loss")) {
+  explicit Mlp(const wick::Options& o) : loss_(o.get_string("loss")), act_(o.get_string("activation")) {
     std::int64_t in = o.get_int("inputs");
-    const std::string act = o.get_string("activation");
+    // nn.Sequential(Linear, act, Linear, act, ..., Linear): linear layers at even indices
+    std::int64_t index = 0;
     for (auto h : o.get_int_list("hidden")) {
-      net_->push_back(torch::nn::Linear(torch::nn::LinearOptions(in, h).bias(o.get_bool("bias"))));
-      if (act == "relu") net_->push_back(torch::nn::ReLU());
-      else if (act == "gelu") net_->push_back(torch::nn::GELU());
-      else if (act == "tanh") net_->push_back(torch::nn::Tanh());
-      else if (act == "sigmoid") net_->push_back(torch::nn::Sigmoid());
-      else net_->push_back(torch::nn::SiLU());
+      layers_.push_back(register_module(std::to_string(index), torch::nn::Linear(torch::nn::LinearOptions(in, h).bias(o.get_bool("bias")))));
+      index += 2;
       in = h;
     }
-    net_->push_back(torch::nn::Linear(torch::nn::LinearOptions(in, o.get_int("outputs")).bias(o.get_bool("bias"))));
-    // Children of the Sequential are this module's children: names "0.weight", ...
-    for (const auto& c : net_->named_children()) register_module(c.key(), c.value());
+    layers_.push_back(register_module(std::to_string(index), torch::nn::Linear(torch::nn::LinearOptions(in, o.get_int("outputs")).bias(o.get_bool("bias")))));
     to(parse_dtype(o.get_string("dtype")));
     outputs_ = o.get_int("outputs");
   }
@@ -47,8 +45,14 @@ class Mlp : public wick::Model {
       x = x.reshape({-1, x.size(-1)}).index({keep});
       y = loss_ == "mse" ? y.reshape({-1, outputs_}).index({keep}) : y.reshape({-1}).index({keep});
     }
-    const auto dtype = net_->parameters().front().scalar_type();
-    at::Tensor out = net_->forward(x.to(dtype)).to(at::kFloat);
+    at::Tensor h = x.to(layers_.front()->weight.scalar_type());
+    // each hidden layer (linear, then activation) is a block, named as its linear layer
+    for (std::size_t i = 0; i + 1 < layers_.size(); ++i) {
+      // by value: a checkpointed block runs again in backward
+      h = run_block(std::to_string(2 * i),
+                    [this, layer = layers_[i].ptr()](const at::Tensor& in) { return activation(layer->forward(in)); }, h);
+    }
+    at::Tensor out = layers_.back()->forward(h).to(at::kFloat);
     wick::ForwardResult r;
     r.items = x.size(0);
     if (loss_ == "cross_entropy") {
@@ -64,14 +68,27 @@ class Mlp : public wick::Model {
 
   std::vector<std::string> targets() const override {
     std::vector<std::string> t;
-    for (const auto& c : net_->named_children())
-      if (c.value()->as<torch::nn::Linear>()) t.push_back(c.key());
+    for (std::size_t i = 0; i < layers_.size(); ++i) t.push_back(std::to_string(2 * i));
+    return t;
+  }
+
+  std::vector<std::string> blocks() const override {
+    std::vector<std::string> t = targets();
+    t.pop_back();
     return t;
   }
 
  private:
-  torch::nn::Sequential net_;
-  std::string loss_;
+  at::Tensor activation(const at::Tensor& x) const {
+    if (act_ == "relu") return at::relu(x);
+    if (act_ == "gelu") return at::gelu(x);
+    if (act_ == "tanh") return at::tanh(x);
+    if (act_ == "sigmoid") return at::sigmoid(x);
+    return at::silu(x);
+  }
+
+  std::vector<torch::nn::Linear> layers_;
+  std::string loss_, act_;
   std::int64_t outputs_ = 1;
 };
 

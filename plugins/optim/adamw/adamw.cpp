@@ -32,15 +32,20 @@ class AdamW : public wick::Optimizer {
   void step(double lr) override {
     for (auto& [name, p] : params_) {
       if (!p.grad().defined()) continue;
-      const at::Tensor& g = p.grad();
+      // Half-precision weights (bf16-true, fp16-true): the update and the
+      // moments in fp32 (squared gradients underflow in fp16 and eps = 1e-8
+      // rounds to zero), the result rounded into the weight.
+      const bool half = p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16;
+      const at::Tensor g = half ? p.grad().to(at::kFloat) : p.grad();
+      at::Tensor w = half ? p.detach().to(at::kFloat) : p;
       auto& s = state_[name];
       if (!s.exp_avg.defined()) {
-        s.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
-        s.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
-        if (amsgrad_) s.max_exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+        s.exp_avg = at::zeros_like(w, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = at::zeros_like(w, at::MemoryFormat::Preserve);
+        if (amsgrad_) s.max_exp_avg_sq = at::zeros_like(w, at::MemoryFormat::Preserve);
       }
       s.step += 1;
-      if (weight_decay_ != 0) p.mul_(1 - lr * weight_decay_);
+      if (weight_decay_ != 0) w.mul_(1 - lr * weight_decay_);
       s.exp_avg.lerp_(g, 1 - beta1_);
       s.exp_avg_sq.mul_(beta2_).addcmul_(g, g, 1 - beta2_);
       const double bias_correction1 = 1 - std::pow(beta1_, s.step);
@@ -54,7 +59,8 @@ class AdamW : public wick::Optimizer {
       } else {
         denom = (s.exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps_);
       }
-      p.addcdiv_(s.exp_avg, denom, -step_size);
+      w.addcdiv_(s.exp_avg, denom, -step_size);
+      if (half) p.detach().copy_(w);
     }
   }
 

@@ -74,6 +74,31 @@ function wick.save_pretrained(model, dir, tokenizer)
   end
 end
 
+--- Memory presets (configs/presets): wick.preset("gpu_8gb") is the preset's
+-- table; wick.preset("gpu_8gb", {model = m, ...}) is a copy with the recipe's
+-- options on top (the recipe wins).
+local presets_dir = (debug.getinfo(1, "S").source:match("^@(.*)/lua/wick/init%.lua$") or ".") .. "/presets"
+function wick.preset(name, overrides)
+  if type(name) ~= "string" or not name:match("^[%w_%-]+$") then
+    error(core.where() .. "wick.preset: expected a preset name such as gpu_8gb, got " .. tostring(name), 0)
+  end
+  local path = presets_dir .. "/" .. name .. ".lua"
+  local chunk = loadfile(path)
+  if not chunk then
+    local names = {}
+    local p = io.popen('ls "' .. presets_dir .. '" 2>/dev/null')
+    if p then
+      for f in p:lines() do names[#names + 1] = f:match("^(.*)%.lua$") end
+      p:close()
+    end
+    error(core.where() .. "wick.preset: no preset '" .. name .. "' (presets: " .. table.concat(names, ", ") .. ")", 0)
+  end
+  local t = {}
+  for k, v in pairs(chunk()) do t[k] = v end
+  for k, v in pairs(overrides or {}) do t[k] = v end
+  return t
+end
+
 --- wick.train{...}: see `wick describe train`.
 function wick.train(cfg)
   return require("wick.train").train(cfg)

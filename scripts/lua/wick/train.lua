@@ -10,8 +10,9 @@ M.options = {
   { "optim", "object", nil, "optimizer (wick.optim); required" },
   { "schedule", "any", nil, "schedule object (wick.schedule) or 'constant' | 'linear' | 'cosine'" },
   { "warmup_steps", "number", 0, "warmup steps when schedule is given by name" },
-  { "micro_batch", "number", 1, "samples per micro-batch (per rank)" },
+  { "micro_batch", "any", 1, "samples per micro-batch (per rank), or 'auto': the largest that fits, found by probing (needs batch_size)" },
   { "accumulate", "number", 1, "micro-batches per optimizer step" },
+  { "batch_size", "number", nil, "effective batch (micro_batch x accumulate x ranks) that micro_batch = 'auto' keeps" },
   { "epochs", "number", 1, "passes over the data" },
   { "max_steps", "number", 0, "stop after this many optimizer steps (0: no limit)" },
   { "drop_last", "boolean", false, "drop an epoch's last short window instead of stepping with its true item count" },
@@ -19,8 +20,14 @@ M.options = {
   { "seed", "number", 0, "seed for data order and random layers" },
   { "workers", "number", 0, "data worker threads (0: load on the training thread)" },
   { "prefetch", "number", 2, "micro-batches loaded ahead, at most" },
-  { "precision", "string", "fp32", "arithmetic precision (this build: fp32)" },
-  { "clip_grad_norm", "number", 0, "clip the global gradient norm to this (0: off; the norm is logged anyway)" },
+  { "precision", "string", "fp32", "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision weights)" },
+  { "loss_scale", "any", nil, "fp16: a number (fixed scale) or {init = 65536, growth = 2, backoff = 0.5, interval = 2000} (dynamic, the default)" },
+  { "checkpointing", "any", false, "activation checkpointing: false, true (every block the model declares), k (every k-th block) or a list of block names" },
+  { "clip_grad_norm", "number", 0, "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)" },
+  { "clip_grad_value", "number", 0, "clamp every gradient element to [-v, v], after unscaling (0: off)" },
+  { "on_oom", "string", "split", "out of memory in a window: 'split' halves the micro-batch, doubles accumulate and redoes the window; 'fail' stops" },
+  { "empty_cache_every", "number", 0, "CUDA: return cached memory to the device every N steps (0: never; no effect on cpu)" },
+  { "memory_fraction", "number", 0, "CUDA: cap this process at this fraction of the device's memory (0: no cap; no effect on cpu)" },
   { "device", "string", "auto", "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)" },
   { "bucket_mb", "number", 25, "gradient all-reduce bucket size across ranks, MiB" },
   { "sync", "string", "window", "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, more traffic)" },
@@ -97,13 +104,63 @@ local function resolve(cfg)
       fail("option '" .. name .. "': expected an integer >= " .. min .. ", got " .. tostring(v))
     end
   end
-  positive_int("micro_batch", 1); positive_int("accumulate", 1); positive_int("epochs", 1)
+  if c.micro_batch == "auto" then
+    if c.batch_size == nil then
+      fail("option 'micro_batch': 'auto' needs batch_size, the effective batch to keep (micro_batch x accumulate x ranks)")
+    end
+    positive_int("batch_size", 1)
+  elseif type(c.micro_batch) ~= "number" then
+    fail("option 'micro_batch': expected an integer >= 1 or 'auto', got " .. type(c.micro_batch) .. " " .. tostring(c.micro_batch))
+  else
+    positive_int("micro_batch", 1)
+    if c.batch_size ~= nil then fail("option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate") end
+  end
+  positive_int("accumulate", 1); positive_int("epochs", 1)
+  positive_int("empty_cache_every", 0)
   positive_int("max_steps", 0); positive_int("save_every", 0); positive_int("eval_every", 0)
   positive_int("workers", 0); positive_int("prefetch", 1); positive_int("log_every", 1)
   positive_int("keep_checkpoints", 1); positive_int("warmup_steps", 0)
   if c.clip_grad_norm < 0 then fail("option 'clip_grad_norm': expected a number >= 0, got " .. c.clip_grad_norm) end
-  if c.precision ~= "fp32" then
-    fail("option 'precision': expected fp32 (mixed and half precision are not in this build yet), got " .. c.precision)
+  local precisions = { fp32 = true, ["bf16-mixed"] = true, ["fp16-mixed"] = true, ["bf16-true"] = true, ["fp16-true"] = true }
+  if not precisions[c.precision] then
+    fail("option 'precision': expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got " .. c.precision)
+  end
+  if c.clip_grad_value < 0 then fail("option 'clip_grad_value': expected a number >= 0, got " .. c.clip_grad_value) end
+  if c.memory_fraction < 0 or c.memory_fraction > 1 then
+    fail("option 'memory_fraction': expected a fraction in (0, 1] of the device's memory (0: no cap), got " .. c.memory_fraction)
+  end
+  if c.on_oom ~= "split" and c.on_oom ~= "fail" then fail("option 'on_oom': expected split or fail, got " .. c.on_oom) end
+  local ck = c.checkpointing
+  if type(ck) == "number" then
+    if ck ~= math.floor(ck) or ck < 1 then
+      fail("option 'checkpointing': expected true, false, an integer k >= 1 (every k-th block) or a list of block names, got " .. ck)
+    end
+  elseif type(ck) == "table" then
+    local blocks = c.model:blocks()
+    local known = {}
+    for _, b in ipairs(blocks) do known[b] = true end
+    for _, n in ipairs(ck) do
+      if not known[n] then
+        fail("option 'checkpointing': the model has no block '" .. tostring(n) .. "' (its blocks: " ..
+          (#blocks > 0 and table.concat(blocks, ", ") or "none") .. ")")
+      end
+    end
+  elseif type(ck) ~= "boolean" then
+    fail("option 'checkpointing': expected true, false, an integer k >= 1 or a list of block names, got " .. type(ck))
+  end
+  if ck ~= false and #c.model:blocks() == 0 then
+    fail("option 'checkpointing': the model declares no blocks to checkpoint")
+  end
+  local ls = c.loss_scale
+  if ls ~= nil then
+    if type(ls) == "number" then
+      if not (ls > 0) or ls == math.huge then fail("option 'loss_scale': expected a fixed scale > 0, got " .. ls) end
+    elseif type(ls) ~= "table" then
+      fail("option 'loss_scale': expected a number (fixed) or a table {init, growth, backoff, interval}, got " .. type(ls))
+    end
+    if c.precision ~= "fp16-mixed" and c.precision ~= "fp16-true" and c.rank0 ~= false then
+      io.stderr:write("wick.train: loss_scale applies to fp16 precisions only; with " .. c.precision .. " it has no effect\n")
+    end
   end
   if c.sync ~= "window" and c.sync ~= "micro_batch" then
     fail("option 'sync': expected window or micro_batch, got " .. c.sync)
@@ -128,7 +185,8 @@ end
 local function fmt_bytes(n)
   if not n then return "?" end
   if n >= 2 ^ 30 then return string.format("%.2f GiB", n / 2 ^ 30) end
-  return string.format("%.0f MiB", n / 2 ^ 20)
+  if n >= 2 ^ 20 then return string.format("%.1f MiB", n / 2 ^ 20) end
+  return string.format("%.0f KiB", n / 2 ^ 10)
 end
 
 local function fmt_time(s)
@@ -140,6 +198,17 @@ end
 local function memory_now(cuda)
   local m = core.memory(cuda)
   return m, (m.cuda_allocated and m.cuda_peak) or m.peak_resident
+end
+
+-- The step record's memory fields: allocated, reserved and peak on CUDA;
+-- resident and peak resident, and the bytes held by tensors, on the CPU.
+local function add_memory(rec, m)
+  if m.cuda_allocated then
+    rec.mem_allocated, rec.mem_reserved, rec.mem_peak = m.cuda_allocated, m.cuda_reserved, m.cuda_peak
+  else
+    rec.mem_resident, rec.mem_peak_resident = m.resident, m.peak_resident
+    rec.mem_tensors, rec.mem_tensors_peak = m.cpu_tensors, m.cpu_tensors_peak
+  end
 end
 
 -- FNV-1a of a string, as 8 hex digits.
@@ -170,6 +239,51 @@ local function fingerprint(c)
     table.concat(keys, " "))
 end
 
+local function peak_of(m)
+  return m.cuda_peak or m.cpu_tensors_peak
+end
+
+--- micro_batch = "auto": the largest micro-batch dividing the rank's share of
+-- the batch whose forward and backward fit the device's memory (probed on the
+-- data's first samples), with 10% to spare and room for optimizer state
+-- (AdamW's two moments when the optimizer holds none yet). Returns micro_batch, accumulate.
+function M.fit_micro_batch(trainer, c, per_rank)
+  local avail = core.device_memory(c.device)
+  local say = function(msg) if not c.quiet then io.stderr:write("wick.train: micro_batch auto: ", msg, "\n") end end
+  if avail == 0 then
+    say(string.format("no memory limit known on %s (WICK_CPU_MEMORY_LIMIT sets one): micro_batch %d", c.device, per_rank))
+    return per_rank, 1
+  end
+  if c.memory_fraction > 0 then avail = avail * c.memory_fraction end
+  local budget = avail * 0.9
+  local tried = {}
+  local m = per_rank
+  while m >= 1 do
+    if per_rank % m == 0 and m <= c.data:size() then
+      local bd = trainer:memory_breakdown()
+      -- optimizer state not yet allocated, and with accumulation the summed
+      -- gradients a later micro-batch holds beside its own
+      local opt_extra = (bd.optimizer > 0 and 0 or 2 * bd.trainable) + (m < per_rank and bd.trainable or 0)
+      core.reset_peak()
+      local ok, err = trainer:probe(c.data:window(0, m))
+      local peak = peak_of(core.memory(c.device:sub(1, 4) == "cuda"))
+      if ok and peak + opt_extra <= budget then
+        tried[#tried + 1] = string.format("%d fits (%s + %s optimizer state of %s)", m, fmt_bytes(peak),
+          fmt_bytes(opt_extra), fmt_bytes(avail))
+        say(table.concat(tried, ", ") .. string.format(": micro_batch %d x accumulate %d keeps the batch of %d",
+          m, per_rank / m, c.batch_size))
+        return m, per_rank / m
+      end
+      tried[#tried + 1] = ok and string.format("%d needs %s", m, fmt_bytes(peak + opt_extra)) or
+        string.format("%d runs out of memory", m)
+    end
+    m = m - 1
+    while m >= 1 and per_rank % m ~= 0 do m = m - 1 end
+  end
+  fail("micro_batch = 'auto': not even one sample fits in " .. fmt_bytes(avail) .. " on " .. c.device .. " (" ..
+    table.concat(tried, ", ") .. "); try precision = 'bf16-mixed' or checkpointing = true")
+end
+
 local function read_json(path)
   local f = io.open(path, "rb")
   if not f then return nil end
@@ -189,7 +303,7 @@ function M.train(cfg)
   if resume_from then
     local st = read_json(resume_from .. "/state.json")
     local e = st and st.extra or {}
-    if e.world_size and e.world_size ~= world then
+    if e.world_size and e.world_size ~= world and c.micro_batch ~= "auto" then
       local effective = e.micro_batch * e.accumulate * e.world_size
       local acc = effective / (c.micro_batch * world)
       if acc ~= math.floor(acc) or acc < 1 then
@@ -206,22 +320,40 @@ function M.train(cfg)
   end
   if world > 1 then core.check_same("recipe and wick.train options", fingerprint(c), c.device) end
   core.seed(c.seed)
-  local loader = core.loader(c.data, {
-    micro_batch = c.micro_batch, accumulate = c.accumulate, shuffle = c.shuffle, seed = c.seed,
-    drop_last = c.drop_last, workers = c.workers, prefetch = c.prefetch, pin_memory = cuda,
-  })
-  local per_epoch = loader:windows_per_epoch()
+  local auto = c.micro_batch == "auto"
+  local per_rank_batch = auto and c.batch_size / world
+  if auto and per_rank_batch ~= math.floor(per_rank_batch) then
+    fail(string.format("option 'batch_size': %d is not a multiple of the %d ranks", c.batch_size, world))
+  end
+  local function make_loader(micro, acc)
+    return core.loader(c.data, {
+      micro_batch = micro, accumulate = acc, shuffle = c.shuffle, seed = c.seed,
+      drop_last = c.drop_last, workers = c.workers, prefetch = c.prefetch, pin_memory = cuda,
+    })
+  end
+  -- windows per epoch depend on the effective batch only, not on its split
+  local per_epoch = make_loader(auto and per_rank_batch or c.micro_batch, auto and 1 or c.accumulate):windows_per_epoch()
   if per_epoch == 0 then
-    fail(string.format("the data (%d samples) fill no window of %d x %d with drop_last = true",
-      c.data:size(), c.micro_batch, c.accumulate))
+    fail(string.format("the data (%d samples) fill no window of %s x %d with drop_last = true",
+      c.data:size(), tostring(c.micro_batch), c.accumulate))
   end
   local total = per_epoch * c.epochs
   if c.max_steps > 0 and c.max_steps < total then total = c.max_steps end
   local trainer = core.trainer {
     model = c.model, optim = c.optim, schedule = c.schedule,
-    clip_grad_norm = c.clip_grad_norm, total_steps = total, device = c.device, bucket_mb = c.bucket_mb,
-    sync = c.sync,
+    clip_grad_norm = c.clip_grad_norm, clip_grad_value = c.clip_grad_value, total_steps = total, device = c.device,
+    bucket_mb = c.bucket_mb, sync = c.sync, precision = c.precision, loss_scale = c.loss_scale,
+    checkpointing = c.checkpointing, on_oom = c.on_oom, empty_cache_every = c.empty_cache_every,
+    memory_fraction = c.memory_fraction,
   }
+  if not cuda and (c.empty_cache_every > 0 or c.memory_fraction > 0) and not c.quiet then
+    io.stderr:write("wick.train: empty_cache_every and memory_fraction act on CUDA memory; on " .. c.device ..
+      " they have no effect\n")
+  end
+  if auto then
+    c.micro_batch, c.accumulate = M.fit_micro_batch(trainer, c, per_rank_batch)
+  end
+  local loader = make_loader(c.micro_batch, c.accumulate)
 
   local comm0 = trainer:comm()  -- traffic from here on: the steps', not the start's broadcast
   local ckpt_dir = c.out and (c.out .. "/checkpoints")
@@ -277,8 +409,12 @@ function M.train(cfg)
     local elapsed = core.now() - t_start
     local rate = items_seen / math.max(elapsed, 1e-9)
     local eta = done > 0 and (total - trainer:steps()) * elapsed / done or 0
-    local line = string.format("step %d/%d | %.1f %s/s | ETA %s | loss %.4f | lr %.2e | mem %s",
-      rec.step, total, rate, c.model:item_name(), fmt_time(eta), rec.loss, rec.lr, fmt_bytes(rec.memory))
+      local mem = rec.mem_allocated and string.format("mem %s (peak %s, reserved %s)", fmt_bytes(rec.mem_allocated),
+      fmt_bytes(rec.mem_peak), fmt_bytes(rec.mem_reserved))
+      or string.format("mem %s (peak %s, tensors %s)", fmt_bytes(rec.mem_resident), fmt_bytes(rec.mem_peak_resident),
+        fmt_bytes(rec.mem_tensors))
+    local line = string.format("step %d/%d | %.1f %s/s | ETA %s | loss %.4f | lr %.2e | gnorm %.3g | %s",
+      rec.step, total, rate, c.model:item_name(), fmt_time(eta), rec.loss, rec.lr, rec.grad_norm, mem)
     if tty then
       io.stderr:write("\r\27[K", line, final and "\n" or "")
     elseif final or rec.step % c.log_every == 0 or rec.step == 1 then
@@ -286,6 +422,7 @@ function M.train(cfg)
     end
   end
 
+  core.reset_peak()  -- the run's peak, from its first step
   local interrupted, signal = false, 0
   local last
   while trainer:steps() < total and epoch < c.epochs do
@@ -294,6 +431,7 @@ function M.train(cfg)
     while trainer:steps() < total do
       local window = loader:next()
       if not window then break end
+      local split_before = trainer:split()
       local rec = trainer:step(window)
       local stop = rec.stop
       rec.stop = nil
@@ -302,7 +440,18 @@ function M.train(cfg)
       local m, p = memory_now(cuda)
       rec.memory = m.cuda_allocated or m.resident
       rec.peak_memory = p
+      add_memory(rec, m)
       if p > peak then peak = p end
+      if rec.split and rec.split > split_before and c.rank0 then
+        io.stderr:write(string.format("%swick.train: out of memory in step %d: micro_batch %d -> %s, accumulate %d -> %d " ..
+          "(the same batch); the window was redone from its start\n", tty and "\r\27[K" or "", rec.step, c.micro_batch,
+          c.micro_batch % rec.split == 0 and tostring(c.micro_batch / rec.split) or ("~" .. math.ceil(c.micro_batch / rec.split)),
+          c.accumulate, c.accumulate * rec.split))
+      end
+      if rec.skipped and c.rank0 and not c.quiet then
+        io.stderr:write(string.format("%swick.train: step %d skipped: inf/nan gradients at loss scale %g\n",
+          tty and "\r\27[K" or "", rec.step, rec.loss_scale or 0))
+      end
       run.history[#run.history + 1] = rec
       if metrics_file then metrics_file:write(core.json(rec), "\n"); metrics_file:flush() end
       last = rec
@@ -337,6 +486,24 @@ function M.train(cfg)
   if metrics_file then metrics_file:close() end
 
   run.steps = trainer:steps()
+  run.skipped_steps = trainer:skipped_steps()
+  run.loss_scale = trainer:loss_scale()
+  run.micro_batch, run.accumulate = c.micro_batch, c.accumulate
+  if trainer:split() > 1 then run.split = trainer:split() end
+  -- Where the peak went: weights, gradients, optimizer state, data buffers,
+  -- and activations (the rest of the peak).
+  do
+    local bd = trainer:memory_breakdown()
+    local m = core.memory(cuda)
+    local tensor_peak = peak_of(m)
+    local data = loader:buffered_bytes()
+    local held = bd.weights + bd.gradients + bd.optimizer + (cuda and 0 or data)
+    run.memory = {
+      device = c.device, peak = tensor_peak, weights = bd.weights, gradients = bd.gradients,
+      optimizer = bd.optimizer, data = data, activations = math.max(0, tensor_peak - held),
+      resident_peak = m.peak_resident,
+    }
+  end
   run.final_loss = last and last.loss
   run.peak_memory = peak
   run.seconds = core.now() - t_start
@@ -348,7 +515,8 @@ function M.train(cfg)
       status = run.status, steps = run.steps, final_loss = run.final_loss, peak_memory = run.peak_memory,
       seconds = run.seconds, eval = run.eval, checkpoint = run.checkpoint, recipe = arg and arg[0],
       micro_batch = c.micro_batch, accumulate = c.accumulate, epochs = c.epochs, seed = c.seed, device = c.device,
-      world_size = world,
+      world_size = world, precision = c.precision, checkpointing = trainer:checkpointed_blocks(),
+      skipped_steps = run.skipped_steps, loss_scale = run.loss_scale, memory = run.memory, split = run.split,
     } .. "\n")
   end
   if not c.quiet then
@@ -357,6 +525,15 @@ function M.train(cfg)
     io.stderr:write(string.format("wick: %s %d steps in %s, final loss %s%s, peak memory %s\n", run.status,
       run.steps, fmt_time(run.seconds), run.final_loss and string.format("%.4f", run.final_loss) or "-", ev,
       fmt_bytes(run.peak_memory)))
+    local mm = run.memory
+    io.stderr:write(string.format("wick: memory on %s: peak %s held by tensors = weights %s + gradients %s + " ..
+      "optimizer %s + %sactivations %s%s\n", mm.device, fmt_bytes(mm.peak), fmt_bytes(mm.weights),
+      fmt_bytes(mm.gradients), fmt_bytes(mm.optimizer), cuda and "" or ("data " .. fmt_bytes(mm.data) .. " + "),
+      fmt_bytes(mm.activations), cuda and (" (data buffers in host memory: " .. fmt_bytes(mm.data) .. ")") or ""))
+    if run.skipped_steps > 0 then
+      io.stderr:write(string.format("wick: %d of %d steps skipped for inf/nan gradients (fp16 loss scale now %g)\n",
+        run.skipped_steps, run.steps, run.loss_scale or 0))
+    end
   end
   return run
 end

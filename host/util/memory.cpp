@@ -1,0 +1,163 @@
+#include "util/memory.hpp"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+#include "wick/options.hpp"
+
+namespace wick {
+namespace {
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(std::size_t n) override {
+    const auto bytes = static_cast<std::int64_t>(n);
+    const std::int64_t now = allocated_.fetch_add(bytes) + bytes;
+    const std::int64_t cap = limit_.load();
+    if (cap > 0 && now > cap) {
+      allocated_.fetch_sub(bytes);
+      failures_.fetch_add(1);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format(bytes), " with ",
+                       format(now - bytes), " held by tensors and a cap of ", format(cap),
+                       " (WICK_CPU_MEMORY_LIMIT or core.set_memory_limit)");
+    }
+    std::int64_t p = peak_.load();
+    while (now > p && !peak_.compare_exchange_weak(p, now)) {
+    }
+    c10::DataPtr inner;
+    try {
+      inner = inner_->allocate(n);
+    } catch (...) {
+      allocated_.fetch_sub(bytes);
+      throw;
+    }
+    // A "simple" pointer (context == data, one raw deleter), as LibTorch's own
+    // CPU allocator gives: code that calls raw_allocate() needs that. The
+    // size and the inner deleter are looked up by address when it is freed.
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    const c10::DeleterFnPtr inner_deleter = inner.get_deleter();
+    if (!data) return inner;  // nothing was allocated (0 bytes)
+    void* ctx = inner.release_context();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_[data] = Block{ctx, inner_deleter, bytes};
+    }
+    return {data, data, &release, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  CpuTensorMemory stats() const {
+    return {allocated_.load(), peak_.load(), limit_.load(), failures_.load()};
+  }
+  void reset_peak() { peak_.store(allocated_.load()); }
+  void set_limit(std::int64_t bytes) { limit_.store(bytes); }
+
+ private:
+  struct Block {
+    void* ctx;
+    c10::DeleterFnPtr deleter;
+    std::int64_t bytes;
+  };
+  static void release(void* p);
+
+  static std::string format(std::int64_t b) {
+    char buf[48];
+    if (b >= (1LL << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1LL << 30));
+    else std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1LL << 20));
+    return buf;
+  }
+
+  c10::Allocator* inner_;
+  std::atomic<std::int64_t> allocated_{0}, peak_{0}, limit_{0}, failures_{0};
+  std::mutex mu_;
+  std::unordered_map<void*, Block> blocks_;
+};
+
+CountingAllocator* g_alloc = nullptr;
+
+void CountingAllocator::release(void* p) {
+  if (!p) return;
+  CountingAllocator* self = g_alloc;
+  Block b{};
+  {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    auto it = self->blocks_.find(p);
+    if (it == self->blocks_.end()) return;  // not ours: cannot happen, never free blindly
+    b = it->second;
+    self->blocks_.erase(it);
+  }
+  self->allocated_.fetch_sub(b.bytes);
+  if (b.deleter) b.deleter(b.ctx);
+}
+
+struct Installer {
+  Installer() {
+    install_memory_tracking();
+    if (const char* v = std::getenv("WICK_CPU_MEMORY_LIMIT"); v && *v) {
+      try {
+        set_cpu_memory_limit(parse_bytes(v, "WICK_CPU_MEMORY_LIMIT"));
+      } catch (const std::exception&) {
+        // reported when the CLI starts (it parses the variable again)
+      }
+    }
+  }
+} g_installer;
+
+}  // namespace
+
+void install_memory_tracking() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // never freed: tensors may outlive every other static
+    g_alloc = new CountingAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(g_alloc, /*priority=*/100);
+  });
+}
+
+CpuTensorMemory cpu_tensor_memory() { return g_alloc ? g_alloc->stats() : CpuTensorMemory{}; }
+void reset_cpu_tensor_peak() {
+  if (g_alloc) g_alloc->reset_peak();
+}
+void set_cpu_memory_limit(std::int64_t bytes) {
+  if (bytes < 0) throw Error("a memory limit must be >= 0 bytes, got " + std::to_string(bytes));
+  install_memory_tracking();
+  g_alloc->set_limit(bytes);
+}
+
+std::int64_t parse_bytes(const std::string& text, const std::string& what) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  std::string unit(end);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gb") mult = 1e9;
+  else if (unit == "kib") mult = 1024.0;
+  else if (unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
+  if (end == s || mult == 0 || !std::isfinite(v) || v < 0)
+    throw Error(what + ": expected a size such as 8GiB, 512MiB, 2GB or a number of bytes, got '" + text + "'");
+  return static_cast<std::int64_t>(v * mult);
+}
+
+}  // namespace wick

@@ -1,0 +1,33 @@
+#pragma once
+// CPU memory accounting for LibTorch tensors: every CPU tensor allocation goes
+// through a counting allocator, so the host knows the bytes tensors hold now
+// and at their peak (what the CUDA caching allocator reports for GPUs), and
+// can cap them. A cap makes an allocation fail with c10::OutOfMemoryError, the
+// error a full GPU raises, so out-of-memory handling is exercised on the CPU
+// through the same code.
+
+#include <cstdint>
+#include <string>
+
+namespace wick {
+
+struct CpuTensorMemory {
+  std::int64_t allocated = 0;  // bytes held by CPU tensors now
+  std::int64_t peak = 0;       // most held since the last reset
+  std::int64_t limit = 0;      // cap (0: none)
+  std::int64_t failures = 0;   // allocations refused by the cap
+};
+
+/// Installs the counting allocator (idempotent; done when wick_core loads).
+void install_memory_tracking();
+CpuTensorMemory cpu_tensor_memory();
+/// Peak := current.
+void reset_cpu_tensor_peak();
+/// Caps CPU tensor bytes (0: no cap). Also read from WICK_CPU_MEMORY_LIMIT
+/// (bytes, or with a K/M/G/KiB/MiB/GiB suffix) when the library loads.
+void set_cpu_memory_limit(std::int64_t bytes);
+
+/// "8GiB", "512MB", "1e9" -> bytes; throws wick::Error naming `what` otherwise.
+std::int64_t parse_bytes(const std::string& text, const std::string& what);
+
+}  // namespace wick

@@ -1,0 +1,176 @@
+#pragma once
+/// \file checkpoint.hpp
+/// Activation checkpointing: wick::checkpoint(fn, inputs) runs `fn` without
+/// keeping its intermediate activations and runs it again during backward to
+/// get them back. It is a custom autograd function (PyTorch's reentrant
+/// torch.utils.checkpoint): the forward runs under no_grad, saves only the
+/// inputs, the random generators' states and the autocast settings; the
+/// backward restores them, recomputes with gradients on and backpropagates
+/// through the recomputed graph. Dropout draws the same masks and autocast
+/// casts the same way, so gradients equal those of the plain forward.
+///
+/// Model plugins rarely call this directly: they declare blocks
+/// (Model::blocks()) and run each through Model::run_block, and the host
+/// checkpoints the blocks the recipe names.
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+namespace wick {
+
+using BlockFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+namespace detail {
+
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kHalf;
+
+  static AutocastState now() {
+    return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA),
+            at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA)};
+  }
+  void set() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  }
+};
+
+/// The random generators a block may draw from: the CPU's and, when the
+/// block's tensors live on a GPU, that GPU's.
+struct RngState {
+  at::Tensor cpu;
+  std::optional<at::Device> device;
+  at::Tensor device_state;
+
+  static RngState capture(const std::vector<at::Tensor>& inputs) {
+    RngState s;
+    auto cpu_gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(cpu_gen.mutex());
+      s.cpu = cpu_gen.get_state();
+    }
+    for (const auto& t : inputs)
+      if (t.defined() && t.is_cuda()) {
+        s.device = t.device();
+        auto g = at::globalContext().defaultGenerator(*s.device);
+        std::lock_guard<std::mutex> lock(g.mutex());
+        s.device_state = g.get_state();
+        break;
+      }
+    return s;
+  }
+  void restore() const {
+    auto cpu_gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(cpu_gen.mutex());
+      cpu_gen.set_state(cpu);
+    }
+    if (device) {
+      auto g = at::globalContext().defaultGenerator(*device);
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(device_state);
+    }
+  }
+};
+
+struct CheckpointState : torch::CustomClassHolder {
+  BlockFn fn;
+  std::vector<at::Tensor> inputs;  // detached
+  std::vector<bool> needs_grad;
+  RngState rng;
+  AutocastState autocast;
+  bool dummy = false;  // the last input is a placeholder that makes the output require grad
+};
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                c10::intrusive_ptr<CheckpointState> st, at::TensorList inputs) {
+    const std::size_t n = inputs.size() - (st->dummy ? 1 : 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      st->inputs.push_back(inputs[i].defined() ? inputs[i].detach() : at::Tensor());
+      st->needs_grad.push_back(inputs[i].defined() && inputs[i].requires_grad());
+    }
+    st->rng = RngState::capture(st->inputs);
+    st->autocast = AutocastState::now();
+    std::vector<at::Tensor> out = st->fn(st->inputs);  // grad mode is off inside a custom forward
+    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    std::vector<at::Tensor> in;
+    for (std::size_t i = 0; i < st->inputs.size(); ++i) {
+      at::Tensor x = st->inputs[i].defined() ? st->inputs[i].detach() : at::Tensor();
+      if (x.defined() && st->needs_grad[i]) x.requires_grad_(true);
+      in.push_back(x);
+    }
+    std::vector<at::Tensor> out;
+    {
+      // the generators and autocast as they were in the forward, then back
+      const RngState now = RngState::capture(st->inputs);
+      const AutocastState ac_now = AutocastState::now();
+      st->rng.restore();
+      st->autocast.set();
+      at::autocast::increment_nesting();
+      try {
+        at::AutoGradMode grad(true);
+        out = st->fn(in);
+      } catch (...) {
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        ac_now.set();
+        now.restore();
+        throw;
+      }
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      ac_now.set();
+      now.restore();
+    }
+    std::vector<at::Tensor> roots, root_grads;
+    for (std::size_t i = 0; i < out.size() && i < grads.size(); ++i)
+      if (out[i].defined() && out[i].requires_grad() && grads[i].defined()) {
+        roots.push_back(out[i]);
+        root_grads.push_back(grads[i]);
+      }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    torch::autograd::variable_list result{at::Tensor()};  // the state argument
+    for (std::size_t i = 0; i < in.size(); ++i)
+      result.push_back(in[i].defined() && st->needs_grad[i] ? in[i].grad() : at::Tensor());
+    if (st->dummy) result.emplace_back();
+    return result;
+  }
+};
+
+}  // namespace detail
+
+/// Runs fn(inputs) keeping only the inputs for backward; see the file comment.
+/// Without grad mode it is a plain call.
+inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return fn(inputs);
+  auto st = c10::make_intrusive<detail::CheckpointState>();
+  st->fn = fn;
+  std::vector<at::Tensor> args = inputs;
+  bool any = false;
+  for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) {
+    // The block's parameters still need gradients: an input that requires
+    // grad makes autograd call the backward.
+    st->dummy = true;
+    args.push_back(at::empty({0}).requires_grad_(true));
+  }
+  return detail::CheckpointFunction::apply(st, at::TensorList(args));
+}
+
+}  // namespace wick
