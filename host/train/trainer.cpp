@@ -241,7 +241,11 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
     trainable += bytes_of(p);
   }
   for (const auto& [name, t] : optim_->state()) opt += bytes_of(t);
-  return {{"weights", weights}, {"gradients", grads}, {"optimizer", opt}, {"trainable", trainable}};
+  return {{"weights", weights},
+          {"gradients", grads},
+          {"optimizer", opt},
+          {"trainable", trainable},
+          {"optimizer_expected", optim_->state_bytes(params_)}};
 }
 
 void Trainer::probe(const Batch& batch) {
@@ -395,6 +399,23 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
     }
   }
   s.split = split_;
+  try {
+    finish_step(s, loss_sum, metric_sums);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw Error("step " + std::to_string(step_ + 1) + ": out of memory after the forward and backward passes (gradient "
+                "reduction, unscaling, clipping or the optimizer step), which a smaller micro-batch does not help: " +
+                e.what_without_backtrace() +
+                "; the weights, gradients and optimizer state alone need more than there is: train fewer parameters "
+                "(lora), keep them in bf16 (precision = \"bf16-true\") or raise the limit");
+  }
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums) {
+  Group* group = cfg_.group.get();
+  const at::Device device(cfg_.device);
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
   // fp16: unscale the gradients and look for inf/nan (PyTorch's GradScaler kernels).
@@ -473,8 +494,6 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
   s.loss = loss_sum.item<double>() * inv_items;
   for (auto& [k, v] : metric_sums) s.metrics[k] = v.item<double>() * inv_items;
   if (cfg_.empty_cache_every > 0 && step_ % cfg_.empty_cache_every == 0 && device.is_cuda()) cuda_empty_cache();
-  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return s;
 }
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {

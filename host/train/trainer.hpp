@@ -134,6 +134,8 @@ class Trainer {
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
                   std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message);
+  /// After the window: unscale, agree on flags across ranks, clip, step.
+  void finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums);
   bool scaling() const;
   std::shared_ptr<Model> model_;
   std::shared_ptr<Optimizer> optim_;

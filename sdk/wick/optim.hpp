@@ -33,6 +33,14 @@ class Optimizer : public Object {
   /// ("<param>.exp_avg", ...), and its inverse.
   virtual std::map<std::string, at::Tensor> state() const = 0;
   virtual void load_state(const std::map<std::string, at::Tensor>& state) = 0;
+  /// Optional: the bytes of state step() will keep for `params` (for memory
+  /// planning before the first step). Default: two fp32 tensors per parameter,
+  /// as Adam keeps.
+  virtual std::int64_t state_bytes(const NamedTensors& params) const {
+    std::int64_t n = 0;
+    for (const auto& [name, p] : params) n += 2 * 4 * p.numel();
+    return n;
+  }
 };
 
 /// A learning-rate multiplier per optimizer step.

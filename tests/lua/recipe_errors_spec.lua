@@ -55,7 +55,7 @@ describe("recipe errors", function()
 
   it("a plugin built for another ABI is refused with both versions", function()
     fails_with("local wick = require 'wick'\nwick.model('bad_abi', {})\n",
-      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 1" },
+      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 2" },
       nil, "WICK_PLUGIN_PATH=" .. H.test_plugins)
   end)
 
@@ -104,6 +104,21 @@ describe("recipe errors", function()
       "recipe.lua:5: wick.train: option 'optim' is required")
     fails_with(prelude .. "wick.train { model = m, data = d, optim = o, resume = true }\n",
       "recipe.lua:5: wick.train: option 'resume' needs 'out'")
+    -- memory knobs: bad values named with what was expected
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, precision = 'fp8' }\n",
+      "recipe.lua:5: wick.train: option 'precision': expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got fp8")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, checkpointing = -1 }\n",
+      "recipe.lua:5: wick.train: option 'checkpointing': expected true, false, an integer k >= 1 (every k-th block) or a list of block names, got -1")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, checkpointing = { '0', 'nope' } }\n",
+      "option 'checkpointing': the model has no block 'nope' (its blocks: 0)")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, memory_fraction = 2 }\n",
+      "recipe.lua:5: wick.train: option 'memory_fraction': expected a fraction in (0, 1] of the device's memory (0: no cap), got 2")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, micro_batch = 'auto' }\n",
+      "option 'micro_batch': 'auto' needs batch_size")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, precision = 'fp16-mixed', loss_scale = { init = 8, growht = 2 } }\n",
+      "loss_scale: unknown key 'growht' (expected init, growth, backoff, interval)")
+    fails_with(prelude .. "wick.train(wick.preset('gpu_9gb', { model = m, data = d, optim = o }))\n",
+      { "recipe.lua:5: wick.preset: no preset 'gpu_9gb'", "gpu_8gb", "max_speed" })
     -- an engine error inside the Lua train loop: a model that does not fit the data
     local err = fails_with(prelude .. "wick.train { model = wick.model('mlp', { inputs = 3 }), data = d, optim = o, quiet = true }\n",
       { "recipe.lua:5: step 1, micro-batch 1 of 1: the model's forward failed on {x Float [1, 16], y Long [1]}",

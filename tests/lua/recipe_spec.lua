@@ -153,3 +153,70 @@ describe("language model recipe", function()
     assert.truthy(H.read(dir .. "/lora/adapter/adapter_config.json"):find('"peft_type": "LORA"', 1, true))
   end)
 end)
+
+-- Memory knobs from a recipe: a CPU tensor cap (WICK_CPU_MEMORY_LIMIT) makes
+-- allocations fail as a full GPU does, through the same recovery code.
+local MEMORY_RECIPE = [[
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 512, inputs = 64, classes = 4, seed = 3 })
+wick.seed(1)
+local model = wick.model("mlp", { inputs = 64, hidden = { 128, 128, 128 }, outputs = 4 })
+local opts = { model = model, data = data, optim = wick.optim("sgd", { lr = 0.2, momentum = 0.9 }), epochs = 2,
+  shuffle = false, out = a.out, micro_batch = a.micro or 256, accumulate = a.acc or 1 }
+if a.auto then opts.micro_batch, opts.batch_size = "auto", 256 end
+if a.preset then opts = wick.preset(a.preset, opts) end
+local run = wick.train(opts)
+print(string.format("micro %d acc %d eval %.7f", run.micro_batch, run.accumulate, wick.evaluate(model, data).loss))
+]]
+
+describe("memory knobs", function()
+  local path = H.write(dir .. "/memory.lua", MEMORY_RECIPE)
+  local function run(args, env)
+    local code, out, err = H.run("run " .. path .. " " .. args, env)
+    assert.are.equal(0, code, err)
+    local micro, acc, eval = out:match("micro (%d+) acc (%d+) eval ([%d%.]+)")
+    return tonumber(micro), tonumber(acc), tonumber(eval), err
+  end
+
+  it("report memory per step and its breakdown at the end", function()
+    local _, _, _, err = run("out=" .. dir .. "/mem0")
+    assert.truthy(err:find("wick: memory on cpu: peak [%d%.]+ %a+ held by tensors = weights [%d%.]+ KiB %+ gradients " ..
+      "[%d%.]+ KiB %+ optimizer [%d%.]+ KiB %+ data [%d%.]+ KiB %+ activations"), err)
+    local line = H.read(dir .. "/mem0/metrics.jsonl"):match("[^\n]+")
+    for _, k in ipairs { "mem_resident", "mem_peak_resident", "mem_tensors", "mem_tensors_peak", "grad_norm" } do
+      assert.truthy(line:find('"' .. k .. '":', 1, true), k .. " missing in " .. line)
+    end
+  end)
+
+  it("out of memory splits the window and micro_batch = 'auto' fits a cap, both ending where the plain run ends", function()
+    local _, _, plain = run("out=" .. dir .. "/mem1")
+    local json = H.read(dir .. "/mem1/run.json")
+    local peak, act = tonumber(json:match('"peak":(%d+)')), tonumber(json:match('"activations":(%d+)'))
+    assert.truthy(peak and act and act > 0.4 * peak, json)
+    local cap = "WICK_CPU_MEMORY_LIMIT=" .. math.floor(peak - act / 3)
+    -- a fixed micro-batch of 256 that does not fit: split, and the same result
+    local micro, acc, eval, err = run("", cap)
+    assert.truthy(err:find("wick.train: out of memory in step %d+: micro_batch 256 %-> %d+, accumulate 1 %-> %d+"), err)
+    assert.truthy(micro < 256 and micro * acc == 256, micro .. " x " .. acc)
+    assert.truthy(math.abs(eval - plain) < 1e-5, eval .. " vs " .. plain)
+    -- auto: probed down to a micro-batch that fits, accumulate keeps the batch
+    micro, acc, eval, err = run("auto=true", cap)
+    assert.truthy(err:find("wick.train: micro_batch auto: 256 needs", 1, true), err)
+    assert.truthy(micro < 256 and micro * acc == 256, micro .. " x " .. acc)
+    assert.truthy(math.abs(eval - plain) < 1e-5, eval .. " vs " .. plain)
+    -- on_oom = "fail" stops with the reason instead
+    local code, _, ferr = H.run("run " .. path .. " on_oom=fail", cap)
+    assert.are.equal(1, code)
+    assert.truthy(ferr:find("out of memory", 1, true) and ferr:find('on_oom = "fail"', 1, true), ferr)
+  end)
+
+  it("presets merge into a recipe and train with their knobs", function()
+    local _, _, plain = run("out=" .. dir .. "/mem3")
+    local _, _, eval = run("preset=gpu_8gb out=" .. dir .. "/mem2")
+    local json = H.read(dir .. "/mem2/run.json")
+    assert.truthy(json:find('"precision":"bf16-mixed"', 1, true), json)
+    assert.truthy(json:find('"checkpointing":["0","2","4"]', 1, true), json)
+    assert.truthy(math.abs(eval - plain) < 0.01, eval .. " vs " .. plain)  -- bf16 autocast: close to fp32
+  end)
+end)

