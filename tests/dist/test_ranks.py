@@ -200,3 +200,42 @@ def test_sigterm_to_the_launcher_stops_every_rank_after_the_same_step(tmp_path, 
     assert steps["0"] == steps["1"] > 0
     assert "SIGTERM at step" in stderr
     assert (out / "checkpoints" / f"step-{steps['0']:08d}" / "state.json").exists()
+
+
+FP16 = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("tensors", { file = a.data })
+local model = wick.model("mlp", { inputs = 6, hidden = { 10 }, outputs = 3 })
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
+  micro_batch = a.micro, accumulate = a.acc, shuffle = false, quiet = true, precision = "fp16-mixed",
+  loss_scale = { init = 1024, interval = 3 } }
+local skipped, scales = {}, {}
+for _, h in ipairs(run.history) do
+  if h.skipped then skipped[#skipped + 1] = h.step end
+  scales[#scales + 1] = string.format("%g", h.loss_scale)
+end
+print(string.format("rank %d skipped [%s] scales [%s]", wick.rank, table.concat(skipped, ","), table.concat(scales, ",")))
+if wick.rank == 0 then model:save(a.result) end
+"""
+
+
+def test_fp16_overflow_on_one_rank_only_makes_every_rank_skip_that_step(tmp_path, run_wick):
+    torch.manual_seed(0)
+    x = torch.randn(64, 6)
+    y = torch.randint(0, 3, (64,))
+    x[13] *= 1e5  # beyond fp16: inf in the forward; window 2 (samples 8..15), on 2 ranks in rank 1's shard only
+    from safetensors.torch import save_file
+    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
+    r = tmp_path / "fp16.lua"
+    r.write_text(FP16)
+    many, one = tmp_path / "many.safetensors", tmp_path / "one.safetensors"
+    p = run_wick("launch", "--nproc-per-node", 2, r, f"data={tmp_path / 'data.safetensors'}", "micro=2", "acc=2",
+                 f"result={many}")
+    lines = {l.replace("[rank 1] ", "").split(" skipped ")[0]: l.split(" skipped ")[1]
+             for l in p.stdout.splitlines() if " skipped " in l}
+    assert lines["rank 0"] == lines["rank 1"], p.stdout
+    assert lines["rank 0"].startswith("[2] scales [1024,1024,512,"), p.stdout
+    q = run_wick("run", r, f"data={tmp_path / 'data.safetensors'}", "micro=8", "acc=1", f"result={one}")
+    assert q.stdout.split(" skipped ")[1].strip() == lines["rank 0"]
+    assert_same_weights(many, one, rtol=5e-3)  # fp16 rounding of differently split sums
