@@ -308,6 +308,61 @@ TEST(Precision, NamesParseAndBadOnesAreRefused) {
               HasSubstr("backoff must be in (0, 1)"));
 }
 
+// ---- the decoder language model ----
+
+std::shared_ptr<Model> decoder() {
+  at::manual_seed(0);
+  return test::make<Model>("decoder_lm", PluginKind::Model,
+                           {{"vocab_size", Value(64)}, {"hidden_size", Value(64)}, {"intermediate_size", Value(128)},
+                            {"layers", Value(3)}, {"heads", Value(4)}, {"kv_heads", Value(2)}});
+}
+
+Batch tokens(std::int64_t n, std::int64_t len, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return {{"input_ids", at::randint(0, 64, {n, len}, gen)}};
+}
+
+TEST(Checkpointing, DecoderGradientsAreBitEqualAndThePeakIsLower) {
+  auto m = decoder();
+  EXPECT_EQ(m->blocks(), (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+  const Batch b = tokens(8, 128, 5);
+  auto run = [&](bool ck) {
+    zero(*m);
+    m->set_checkpointing(ck ? all_blocks(*m) : std::set<std::string>{}, ck ? checkpoint_runner() : nullptr);
+    const std::int64_t base = cpu_tensor_memory().allocated;
+    reset_cpu_tensor_peak();
+    m->forward(b).loss_sum.backward();
+    return std::make_pair(grads_of(*m), cpu_tensor_memory().peak - base);
+  };
+  auto [plain, plain_peak] = run(false);
+  auto [ck, ck_peak] = run(true);
+  m->set_checkpointing({}, nullptr);
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ck[i])) << "parameter " << i;
+  EXPECT_LT(ck_peak, plain_peak * 0.8) << "checkpointed " << ck_peak << ", plain " << plain_peak;
+}
+
+TEST(Precision, MixedModesTrainTheDecoderCloseToFp32) {
+  std::vector<Batch> data;
+  for (int i = 0; i < 4; ++i) data.push_back(tokens(4, 32, 100 + i));
+  auto final_loss = [&](Precision p) {
+    auto m = decoder();
+    auto opt = test::make<Optimizer>("adamw", PluginKind::Optim, {{"lr", Value(3e-3)}});
+    Trainer t(m, opt, nullptr, {.precision = p});
+    StepStats first, last;
+    for (int step = 0; step < 16; ++step) {
+      last = t.step({data[step % 4], data[(step + 1) % 4]});
+      if (step == 0) first = last;
+    }
+    EXPECT_LT(last.loss, first.loss - 0.5) << to_string(p) << ": did not learn";
+    EXPECT_EQ(t.skipped_steps(), 0) << to_string(p);
+    return last.loss;
+  };
+  const double fp32 = final_loss(Precision::FP32);
+  EXPECT_NEAR(final_loss(Precision::BF16Mixed), fp32, 0.05 * fp32);
+  EXPECT_NEAR(final_loss(Precision::FP16Mixed), fp32, 0.02 * fp32);
+  EXPECT_NEAR(final_loss(Precision::BF16True), fp32, 0.15 * fp32);
+}
+
 // ---- memory accounting and out-of-memory recovery ----
 
 struct Limit {  // a CPU tensor cap for one scope
