@@ -10,6 +10,7 @@
 
 #include "cli/launch.hpp"
 #include "lua/runtime.hpp"
+#include "util/memory.hpp"
 #include "plugin/registry.hpp"
 #include "util/system.hpp"
 
@@ -26,6 +27,10 @@ commands:
   plugins [--json]             list the plugins on the plugin path
   generate MODEL_DIR [prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S]
                                continue a prompt with a decoder_lm folder
+  plan RECIPE [--device-memory SIZE] [key=value ...]
+                               measure the recipe's memory for each knob (one
+                               step each, nothing saved) and suggest settings
+                               that fit SIZE (8GiB, 12GB, ...)
   describe NAME                show a plugin's options (or 'train' for wick.train's)
   version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
   --help                       this text
@@ -35,6 +40,9 @@ environment:
                      installed plugin folder
   WICK_TRACEBACK     set to print a Lua traceback with recipe errors
   WICK_DIST_TIMEOUT  seconds a collective waits for the other ranks (300)
+  WICK_CPU_MEMORY_LIMIT
+                     cap on the bytes CPU tensors may hold (8GiB, 512MiB, ...):
+                     allocations beyond it fail as a full GPU's do
   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
                      or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST:
                      `wick run` joins a group of ranks
@@ -155,6 +163,33 @@ int cmd_run(const std::vector<std::string>& args) {
   return rt.run_file(args[0]);
 }
 
+// wick plan RECIPE [--device-memory SIZE] [key=value ...]: the recipe runs up
+// to its wick.train call, which measures memory instead of training.
+int cmd_plan(std::vector<std::string> args) {
+  std::int64_t device_memory = 0;
+  for (std::size_t i = 0; i < args.size();) {
+    if (args[i] == "--device-memory") {
+      if (i + 1 >= args.size()) return usage_error("--device-memory needs a size such as 8GiB");
+      device_memory = wick::parse_bytes(args[i + 1], "--device-memory");
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+    } else {
+      ++i;
+    }
+  }
+  if (args.empty()) return usage_error("'wick plan' needs a recipe file");
+  std::vector<std::pair<std::string, std::string>> kv;
+  try {
+    kv = key_values(args, 1);
+  } catch (const std::invalid_argument& e) {
+    return usage_error(std::string("argument '") + e.what() + "' after the recipe is not key=value");
+  }
+  wick::LuaRuntime rt(kv);
+  rt.run_string("require('wick.train').plan_mode = { device_memory = " + std::to_string(device_memory) + " }");
+  const int rc = rt.run_file(args[0]);
+  if (rc == 0) std::fprintf(stderr, "wick plan: the recipe never called wick.train\n");
+  return rc == 0 ? 1 : rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,7 +203,10 @@ int main(int argc, char** argv) {
       std::printf("%s", kUsage);
       return 0;
     }
+    if (const char* lim = std::getenv("WICK_CPU_MEMORY_LIMIT"); lim && *lim)
+      wick::set_cpu_memory_limit(wick::parse_bytes(lim, "WICK_CPU_MEMORY_LIMIT"));
     if (cmd == "run") return cmd_run(args);
+    if (cmd == "plan") return cmd_plan(args);
     if (cmd == "launch") return wick::launch(args);
     if (cmd == "generate") return cmd_generate(args);
     if (cmd == "plugins") {

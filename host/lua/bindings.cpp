@@ -578,6 +578,16 @@ int loader_position(lua_State* L) {
   return 2;
 }
 
+// window:free(): drops the window's tensors now rather than when Lua's
+// collector gets to the (small-looking) userdata; wick.train frees each
+// window after its step, so host memory stays bounded.
+int window_free(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "free");
+  w->clear();
+  w->shrink_to_fit();
+  return 0;
+}
+
 int window_len(lua_State* L) {
   auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "__len");
   lua_pushnumber(L, static_cast<double>(w->size()));
@@ -1047,7 +1057,8 @@ int luaopen_wick_core(lua_State* L) {
   new_metatable<Object>(L, kOptimMt, optim_methods, object_index);
   new_metatable<Loader>(L, kLoaderMt, loader_methods);
   new_metatable<Trainer>(L, kTrainerMt, trainer_methods);
-  new_metatable<std::vector<Batch>>(L, kWindowMt, nullptr);
+  static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {nullptr, nullptr}};
+  new_metatable<std::vector<Batch>>(L, kWindowMt, window_methods);
   luaL_getmetatable(L, kWindowMt);
   lua_pushcfunction(L, G(window_len));
   lua_setfield(L, -2, "__len");

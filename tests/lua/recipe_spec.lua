@@ -182,7 +182,7 @@ describe("memory knobs", function()
   it("report memory per step and its breakdown at the end", function()
     local _, _, _, err = run("out=" .. dir .. "/mem0")
     assert.truthy(err:find("wick: memory on cpu: peak [%d%.]+ %a+ held by tensors = weights [%d%.]+ KiB %+ gradients " ..
-      "[%d%.]+ KiB %+ optimizer [%d%.]+ KiB %+ data [%d%.]+ KiB %+ activations"), err)
+      "[%d%.]+ KiB %+ optimizer [%d%.]+ KiB %+ data buffers [%d%.]+ KiB %+ activations [%d%.]+ %a+ %+ other"), err)
     local line = H.read(dir .. "/mem0/metrics.jsonl"):match("[^\n]+")
     for _, k in ipairs { "mem_resident", "mem_peak_resident", "mem_tensors", "mem_tensors_peak", "grad_norm" } do
       assert.truthy(line:find('"' .. k .. '":', 1, true), k .. " missing in " .. line)

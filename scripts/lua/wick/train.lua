@@ -293,7 +293,138 @@ local function read_json(path)
   return core.json_decode(s)
 end
 
+--- `wick plan`: the recipe's wick.train call measures instead of training.
+-- One optimizer step on one micro-batch of the recipe's data per setting (the
+-- weights change, nothing is saved), peak memory held by tensors and time
+-- for each; then the cheapest settings that fit the device's memory.
+function M.plan(cfg)
+  local c = resolve(cfg)
+  if c.dist.world_size > 1 then fail("wick plan measures one process: run it without launch") end
+  local cuda = c.device:sub(1, 4) == "cuda"
+  local auto = c.micro_batch == "auto"
+  local per_rank = auto and c.batch_size or c.micro_batch * c.accumulate
+  local micro = auto and per_rank or c.micro_batch
+  local avail = M.plan_mode.device_memory or 0
+  if avail == 0 then avail = core.device_memory(c.device) end
+  local blocks = c.model:blocks()
+  local half_dtype = { ["bf16-true"] = true, ["fp16-true"] = true }
+  if half_dtype[c.precision] then
+    fail("wick plan: precision = '" .. c.precision .. "' converts the weights; plan the recipe with a mixed precision")
+  end
+  -- tensors held before any step, less the weights: data sets and the like,
+  -- in host memory on a GPU run; left out of the estimate
+  local host_only
+  local function measure(o)
+    collectgarbage()
+    local trainer = core.trainer { model = c.model, optim = c.optim, device = c.device, precision = o.precision,
+      checkpointing = o.checkpointing, on_oom = "fail", total_steps = 1, loss_scale = c.loss_scale }
+    if not host_only then
+      local b0, m0 = trainer:memory_breakdown(), core.memory(cuda)
+      host_only = cuda and 0 or math.max(0, m0.cpu_tensors - b0.weights - b0.optimizer)
+    end
+    -- two micro-batches when the recipe accumulates: the second holds the
+    -- summed gradients beside its own, as in training
+    local m = math.min(o.micro, c.data:size())
+    local n = math.min(per_rank / o.micro > 1 and 2 * m or m, c.data:size())
+    local window = c.data:window(0, n, m)
+    trainer:step(window)  -- first: allocates the optimizer state
+    core.reset_peak()
+    local dt = math.huge
+    local ok, err
+    for _ = 1, 2 do
+      local t0 = core.now()
+      ok, err = pcall(trainer.step, trainer, window)
+      dt = math.min(dt, core.now() - t0)
+    end
+    local bd = trainer:memory_breakdown()
+    -- with accumulation, a later micro-batch also holds the gradients summed so far
+    local peak = peak_of(core.memory(cuda)) - host_only
+    return { ok = ok, err = err, peak = peak, seconds = dt / n * per_rank, breakdown = bd, o = o }
+  end
+  local given_ck = c.checkpointing
+  local rows = {}
+  local function row(name, o)
+    o.precision = o.precision or c.precision
+    if o.checkpointing == nil then o.checkpointing = given_ck end
+    o.micro = o.micro or micro
+    local ok, r = pcall(measure, o)
+    if not ok then r = { ok = false, err = r, o = o } end
+    r.name = name
+    rows[#rows + 1] = r
+    return r
+  end
+  local base = row("as given", {})
+  if not base.ok then fail("wick plan: one step of the recipe as given failed: " .. tostring(base.err)) end
+  if c.precision == "fp32" then row("precision = \"bf16-mixed\"", { precision = "bf16-mixed" }) end
+  if #blocks > 0 and given_ck ~= true then row("checkpointing = true", { checkpointing = true }) end
+  if micro > 1 and micro % 2 == 0 then
+    row(string.format("micro_batch = %d, accumulate x 2", micro / 2), { micro = micro / 2 })
+  end
+  local all = { precision = c.precision == "fp32" and "bf16-mixed" or c.precision, checkpointing = #blocks > 0 or given_ck }
+  row("all of these", { precision = all.precision, checkpointing = all.checkpointing,
+    micro = (micro > 1 and micro % 2 == 0) and micro / 2 or micro })
+
+  local bd = base.breakdown
+  print(string.format("wick plan: %s on %s, micro_batch %d x accumulate %d (batch %d per rank), precision %s",
+    arg and arg[0] or "recipe", c.device, micro, per_rank / micro, per_rank, c.precision))
+  print(string.format("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s",
+    fmt_bytes(base.peak), fmt_bytes(bd.weights), fmt_bytes(bd.gradients), fmt_bytes(bd.optimizer),
+    fmt_bytes(math.max(0, base.peak - bd.weights - bd.gradients - bd.optimizer))))
+  print(string.format("  %-44s %12s %8s %14s", "setting", "peak", "saving", "time per batch"))
+  for _, r in ipairs(rows) do
+    if r.ok then
+      print(string.format("  %-44s %12s %7.0f%% %13.2fx", r.name, fmt_bytes(r.peak), 100 * (1 - r.peak / base.peak),
+        r.seconds / base.seconds))
+    else
+      print(string.format("  %-44s %s", r.name, "failed: " .. tostring(r.err):gsub("\n.*", "")))
+    end
+  end
+  if avail > 0 then
+    local budget = 0.9 * avail
+    -- cheapest first: the recipe, bf16, checkpointing, both, then smaller micro-batches with both
+    local choice
+    local function try(name, o)
+      if choice then return end
+      local r
+      for _, x in ipairs(rows) do
+        if x.o.precision == (o.precision or c.precision) and x.o.checkpointing == (o.checkpointing == nil and given_ck or o.checkpointing)
+          and x.o.micro == (o.micro or micro) then r = x end
+      end
+      r = r or row(name, o)
+      if r.ok and r.peak <= budget then choice = r end
+    end
+    try("as given", {})
+    try("bf16", { precision = all.precision })
+    if #blocks > 0 then
+      try("checkpointing", { checkpointing = true })
+      try("bf16 + checkpointing", { precision = all.precision, checkpointing = true })
+    end
+    local m = micro
+    while not choice and m > 1 do
+      m = math.floor(m / 2)
+      while per_rank % m ~= 0 do m = m - 1 end
+      try("bf16 + checkpointing, micro " .. m, { precision = all.precision, checkpointing = #blocks > 0 or given_ck, micro = m })
+    end
+    if choice then
+      local o = choice.o
+      local ck = o.checkpointing
+      print(string.format("fits %s (90%%: %s): precision = %q, checkpointing = %s, micro_batch = %d, accumulate = %d" ..
+        " (peak %s, the batch of %d kept)", fmt_bytes(avail), fmt_bytes(budget), o.precision,
+        type(ck) == "table" and ("{ " .. table.concat(ck, ", ") .. " }") or tostring(ck), o.micro, per_rank / o.micro,
+        fmt_bytes(choice.peak), per_rank))
+    else
+      print(string.format("nothing tried fits %s: even one sample with bf16-mixed and checkpointing needs more; " ..
+        "train fewer parameters (lora), shorten sequences or shrink images", fmt_bytes(avail)))
+    end
+  else
+    print("no device memory given: --device-memory 8GiB suggests settings that fit")
+  end
+  io.stdout:flush()
+  os.exit(0)
+end
+
 function M.train(cfg)
+  if M.plan_mode then return M.plan(cfg) end
   local c = resolve(cfg)
   local cuda = c.device:sub(1, 4) == "cuda"
   local world = c.dist.world_size
@@ -425,7 +556,15 @@ function M.train(cfg)
   end
 
   core.reset_peak()  -- the run's peak, from its first step
+  -- tensors held before the first step besides weights and optimizer state
+  -- (data sets loaded in memory, ...): not activations
+  local held_before = 0
+  do
+    local bd, m = trainer:memory_breakdown(), core.memory(cuda)
+    held_before = math.max(0, (cuda and m.cuda_allocated or m.cpu_tensors) - bd.weights - bd.gradients - bd.optimizer)
+  end
   local interrupted, signal = false, 0
+  local step_peak = 0  -- the most tensors held during any step
   local last
   while trainer:steps() < total and epoch < c.epochs do
     loader:start_epoch(epoch, first_window)
@@ -434,7 +573,9 @@ function M.train(cfg)
       local window = loader:next()
       if not window then break end
       local split_before = trainer:split()
+      core.reset_peak()  -- each step's own peak; evaluation and saving between steps are not training memory
       local rec = trainer:step(window)
+      window:free()  -- now, not when the collector runs: a window can be large
       local stop = rec.stop
       rec.stop = nil
       rec.epoch = epoch
@@ -444,6 +585,7 @@ function M.train(cfg)
       rec.peak_memory = p
       add_memory(rec, m)
       if p > peak then peak = p end
+      if peak_of(m) > step_peak then step_peak = peak_of(m) end
       if rec.split and rec.split > split_before and c.rank0 then
         io.stderr:write(string.format("%swick.train: out of memory in step %d: micro_batch %d -> %s, accumulate %d -> %d " ..
           "(the same batch); the window was redone from its start\n", tty and "\r\27[K" or "", rec.step, c.micro_batch,
@@ -499,12 +641,12 @@ function M.train(cfg)
   do
     local bd = trainer:memory_breakdown()
     local m = core.memory(cuda)
-    local tensor_peak = peak_of(m)
+    local tensor_peak = step_peak
     local data = loader:buffered_bytes()
-    local held = bd.weights + bd.gradients + bd.optimizer + (cuda and 0 or data)
+    local held = bd.weights + bd.gradients + bd.optimizer + (cuda and 0 or data) + held_before
     run.memory = {
       device = c.device, peak = tensor_peak, weights = bd.weights, gradients = bd.gradients,
-      optimizer = bd.optimizer, data = data, activations = math.max(0, tensor_peak - held),
+      optimizer = bd.optimizer, data = data, other = held_before, activations = math.max(0, tensor_peak - held),
       resident_peak = m.peak_resident,
     }
   end
@@ -532,9 +674,10 @@ function M.train(cfg)
       fmt_bytes(run.peak_memory)))
     local mm = run.memory
     io.stderr:write(string.format("wick: memory on %s: peak %s held by tensors = weights %s + gradients %s + " ..
-      "optimizer %s + %sactivations %s%s\n", mm.device, fmt_bytes(mm.peak), fmt_bytes(mm.weights),
-      fmt_bytes(mm.gradients), fmt_bytes(mm.optimizer), cuda and "" or ("data " .. fmt_bytes(mm.data) .. " + "),
-      fmt_bytes(mm.activations), cuda and (" (data buffers in host memory: " .. fmt_bytes(mm.data) .. ")") or ""))
+      "optimizer %s + %sactivations %s + other %s%s\n", mm.device, fmt_bytes(mm.peak), fmt_bytes(mm.weights),
+      fmt_bytes(mm.gradients), fmt_bytes(mm.optimizer), cuda and "" or ("data buffers " .. fmt_bytes(mm.data) .. " + "),
+      fmt_bytes(mm.activations), fmt_bytes(mm.other),
+      cuda and (" (data buffers in host memory: " .. fmt_bytes(mm.data) .. ")") or " (other: data sets and tensors held before the first step)"))
     if run.skipped_steps > 0 then
       io.stderr:write(string.format("wick: %d of %d steps skipped for inf/nan gradients (fp16 loss scale now %g)\n",
         run.skipped_steps, run.steps, run.loss_scale or 0))
