@@ -21,7 +21,8 @@ local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
   schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc,
   epochs = a.epochs or 2, max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = 0.5, quiet = true,
-  bucket_mb = a.bucket_mb or 25, sync = a.sync or "window", out = a.out, resume = a.resume or false, save_every = a.save_every or 0 }
+  bucket_mb = a.bucket_mb or 25, sync = a.sync or "window", out = a.out, resume = a.resume or false, save_every = a.save_every or 0,
+  checkpointing = a.ck or false, precision = a.precision or "fp32" }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
 """
@@ -53,12 +54,15 @@ def assert_same_weights(a, b, rtol=1e-5):
     (97, 2, 4, 2, "window"),        # uneven shards
     (100, 2, 2, 3, "window"),       # world 3, uneven shards
     (100, 2, 4, 2, "micro_batch"),  # DDP-style sync after every micro-batch: the same result
+    (100, 2, 4, 2, "checkpointing"),  # blocks recomputed in the backward that reduces the gradients
 ])
 def test_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, size, micro, acc,
                                                                       nproc, sync):
     many, one = tmp_path / "many.safetensors", tmp_path / "one.safetensors"
+    extra = ["ck=true"] if sync == "checkpointing" else []
+    sync = "window" if sync == "checkpointing" else sync
     p = run_wick("launch", "--nproc-per-node", nproc, recipe, f"size={size}", f"micro={micro}", f"acc={acc}",
-                 "epochs=3", f"sync={sync}", f"result={many}")
+                 "epochs=3", f"sync={sync}", f"result={many}", *extra)
     assert "[rank 1] rank 1 steps" in p.stdout  # other ranks' lines are prefixed
     steps = int(p.stdout.split("rank 0 steps ")[1].split()[0])
     assert steps >= 20

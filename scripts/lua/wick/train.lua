@@ -370,6 +370,7 @@ function M.plan(cfg)
   print(string.format("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s",
     fmt_bytes(base.peak), fmt_bytes(bd.weights), fmt_bytes(bd.gradients), fmt_bytes(bd.optimizer),
     fmt_bytes(math.max(0, base.peak - bd.weights - bd.gradients - bd.optimizer))))
+  print(string.format("  estimate as given: %d bytes on the device", base.peak))
   print(string.format("  %-44s %12s %8s %14s", "setting", "peak", "saving", "time per batch"))
   for _, r in ipairs(rows) do
     if r.ok then
