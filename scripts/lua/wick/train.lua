@@ -382,34 +382,40 @@ function M.plan(cfg)
   end
   if avail > 0 then
     local budget = 0.9 * avail
-    -- cheapest first: the recipe, bf16, checkpointing, both, then smaller micro-batches with both
-    local choice
-    local function try(name, o)
-      if choice then return end
-      local r
+    -- every candidate that keeps the batch, measured; the fastest that fits wins
+    local function find(o)
       for _, x in ipairs(rows) do
-        if x.o.precision == (o.precision or c.precision) and x.o.checkpointing == (o.checkpointing == nil and given_ck or o.checkpointing)
-          and x.o.micro == (o.micro or micro) then r = x end
+        if x.o.precision == o.precision and x.o.checkpointing == o.checkpointing and x.o.micro == o.micro then return x end
       end
-      r = r or row(name, o)
-      if r.ok and r.peak <= budget then choice = r end
+      return row("candidate", o)
     end
-    try("as given", {})
-    try("bf16", { precision = all.precision })
+    local mixed = all.precision
+    local cands = { {}, { precision = mixed } }
     if #blocks > 0 then
-      try("checkpointing", { checkpointing = true })
-      try("bf16 + checkpointing", { precision = all.precision, checkpointing = true })
+      cands[#cands + 1] = { checkpointing = true }
+      cands[#cands + 1] = { precision = mixed, checkpointing = true }
     end
     local m = micro
-    while not choice and m > 1 do
+    while m > 1 do
       m = math.floor(m / 2)
       while per_rank % m ~= 0 do m = m - 1 end
-      try("bf16 + checkpointing, micro " .. m, { precision = all.precision, checkpointing = #blocks > 0 or given_ck, micro = m })
+      cands[#cands + 1] = { micro = m }
+      cands[#cands + 1] = { micro = m, precision = mixed, checkpointing = #blocks > 0 or given_ck }
+    end
+    local choice
+    for _, o in ipairs(cands) do
+      o.precision = o.precision or c.precision
+      if o.checkpointing == nil then o.checkpointing = given_ck end
+      o.micro = o.micro or micro
+      local r = find(o)
+      if r.ok and r.peak <= budget and (not choice or r.seconds < choice.seconds) then choice = r end
+      -- smaller micro-batches only get slower: stop once one fits
+      if choice and o.micro < micro then break end
     end
     if choice then
       local o = choice.o
       local ck = o.checkpointing
-      print(string.format("fits %s (90%%: %s): precision = %q, checkpointing = %s, micro_batch = %d, accumulate = %d" ..
+      print(string.format("fastest that fits %s (90%%: %s): precision = %q, checkpointing = %s, micro_batch = %d, accumulate = %d" ..
         " (peak %s, the batch of %d kept)", fmt_bytes(avail), fmt_bytes(budget), o.precision,
         type(ck) == "table" and ("{ " .. table.concat(ck, ", ") .. " }") or tostring(ck), o.micro, per_rank / o.micro,
         fmt_bytes(choice.peak), per_rank))
