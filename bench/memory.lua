@@ -12,17 +12,8 @@ local steps, micro, acc = a.steps or 3, a.micro or 4, a.accumulate or 2
 local layers, hidden, seq = a.layers or 6, a.hidden or 512, a.seq or 256
 
 -- random token sequences (vocabulary 256), pre-tokenized JSONL
-local file = os.tmpname()
-do
-  local f = assert(io.open(file, "w"))
-  math.randomseed(1)
-  for _ = 1, micro * acc * (steps + 1) do
-    local ids = {}
-    for i = 1, seq do ids[i] = math.random(0, 255) end
-    f:write('{"input_ids":[', table.concat(ids, ","), "]}\n")
-  end
-  f:close()
-end
+local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+local file = dofile(here .. "/random_tokens.lua")(micro * acc * (steps + 1), seq)
 local data = wick.data("text", { file = file, max_length = seq })
 
 local configs = {

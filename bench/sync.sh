@@ -8,7 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 wick=${1:-$here/../build/bin/wick}
 run() { "$wick" launch --nproc-per-node 2 "$here/sync.lua" "$@" | sed -n 's/^RESULT //p'; }
-printf "mlp 256-1024-1024-10 (1.3M parameters), micro-batch 4 per rank, 2 gloo ranks\n"
+printf "decoder_lm 2 blocks, hidden 256 (1.7M parameters), micro-batch 4 x 64 tokens per rank, 2 gloo ranks\n"
 printf "%-10s %-9s %16s %16s %9s %12s %12s %9s\n" accumulate bucket "bytes/step mb" "bytes/step win" ratio \
   "ms/step mb" "ms/step win" ratio
 for bucket in 25 1; do
