@@ -166,8 +166,16 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     throw Error("loss_scale: backoff must be in (0, 1), got " + std::to_string(ls.backoff));
   if (ls.dynamic && ls.interval < 1) throw Error("loss_scale: interval must be >= 1, got " + std::to_string(ls.interval));
   at::Device device(cfg_.device);
-  if (cfg_.precision == Precision::BF16True || cfg_.precision == Precision::FP16True)
-    model_->to(half_dtype(cfg_.precision));  // weights, gradients and optimizer state in half precision
+  if (cfg_.precision == Precision::BF16True || cfg_.precision == Precision::FP16True) {
+    // weights, gradients and optimizer state in half precision; integer
+    // tensors (4-bit codes, counters) stay as they are, unlike Module::to
+    at::NoGradGuard no_grad;
+    const auto dtype = half_dtype(cfg_.precision);
+    for (auto& p : model_->parameters())
+      if (at::isFloatingType(p.scalar_type())) p.set_data(p.to(dtype));
+    for (auto& b : model_->buffers())
+      if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
+  }
   model_->to(device);
   if (device.is_cuda() && cfg_.memory_fraction > 0) cuda_set_memory_fraction(cfg_.memory_fraction, device.index() < 0 ? 0 : device.index());
   // Activation checkpointing of the blocks the model declares.

@@ -2,7 +2,8 @@
 /// \file linear.hpp
 /// wick::Linear: a linear layer with PyTorch's parameter names (weight, bias)
 /// that parameter-efficient transforms can extend in place: a LoRA adapter
-/// (lora_A, lora_B, with PEFT's names) added, trained, saved, merged. Model
+/// (lora_A, lora_B, with PEFT's names) added, trained, saved, merged, and the
+/// base weight stored as 4-bit NF4 (QLoRA), dequantized on the fly. Model
 /// plugins use it for the layers they offer as adapter targets and list them
 /// in Model::linear_layers().
 
@@ -12,6 +13,9 @@
 #include <torch/nn/pimpl.h>
 
 #include <cmath>
+#include <memory>
+
+#include "wick/nf4.hpp"
 
 namespace wick {
 
@@ -25,7 +29,15 @@ class LinearImpl : public torch::nn::Module {
   }
 
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor y = at::linear(x, weight, bias.defined() ? bias : at::Tensor());
+    at::Tensor y;
+    if (nf4_) {
+      // QLoRA: the 4-bit weight, dequantized to the compute dtype for this product only
+      y = nf4_linear(x.to(compute_dtype_), *nf4_);
+      if (bias.defined()) y = y + bias.to(y.scalar_type());
+      y = y.to(x.scalar_type());
+    } else {
+      y = at::linear(x, weight, bias.defined() ? bias : at::Tensor());
+    }
     if (lora_A) {
       at::Tensor h = dropout_ > 0 && is_training() ? at::dropout(x, dropout_, true) : x;
       y = y + lora_B->forward(lora_A->forward(h.to(lora_A->weight.scalar_type()))).to(y.scalar_type()) * scale_;
@@ -40,16 +52,47 @@ class LinearImpl : public torch::nn::Module {
     lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out_features).bias(false)));
     at::NoGradGuard no_grad;
     lora_B->weight.zero_();
-    lora_A->to(weight.device());
-    lora_B->to(weight.device());
+    lora_A->to(device());
+    lora_B->to(device());
     scale_ = alpha / static_cast<double>(r);
     dropout_ = dropout;
   }
 
   bool has_adapter() const { return static_cast<bool>(lora_A); }
 
-  /// Folds the adapter into the weight and removes it.
+  /// Stores the weight as NF4 with double-quantized block constants (see
+  /// wick/nf4.hpp) and drops the float weight; products run in `compute`.
+  void quantize_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
+    if (nf4_) return;
+    nf4_ = std::make_shared<Nf4Weight>(nf4_quantize(weight, block));
+    compute_dtype_ = compute;
+    // a child module holds the 4-bit tensors: <layer>.nf4.packed, ...; they
+    // move with the model and save with it
+    auto store = std::make_shared<torch::nn::Module>("Nf4Weight");
+    store->register_buffer("packed", nf4_->packed);
+    store->register_buffer("absmax_q", nf4_->absmax_q);
+    store->register_buffer("absmax_scale", nf4_->absmax_scale);
+    store->register_buffer("absmax_offset", nf4_->absmax_offset);
+    register_module("nf4", store);
+    parameters_.erase("weight");
+    weight = at::Tensor();
+  }
+  bool quantized() const { return static_cast<bool>(nf4_); }
+  /// Bytes the base weight takes (4-bit codes and constants when quantized).
+  std::int64_t weight_bytes() const { return nf4_ ? nf4_->bytes() : static_cast<std::int64_t>(weight.nbytes()); }
+  /// The base weight in float (dequantized when quantized).
+  at::Tensor dense_weight() const { return nf4_ ? nf4_dequantize(*nf4_, at::kFloat) : weight; }
+  at::Device device() const { return nf4_ ? nf4_->packed.device() : weight.device(); }
+
+  /// Folds the adapter into the weight and removes it. A quantized weight
+  /// becomes a float weight again (dequantized, then the adapter added).
   void merge_adapter() {
+    if (nf4_) {
+      at::Tensor w = dense_weight();
+      unregister_module("nf4");
+      nf4_.reset();
+      weight = register_parameter("weight", w, /*requires_grad=*/false);
+    }
     if (!lora_A) return;
     {
       at::NoGradGuard no_grad;
@@ -65,6 +108,10 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor weight, bias;
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   double scale_ = 0, dropout_ = 0;
+
+ private:
+  std::shared_ptr<Nf4Weight> nf4_;
+  at::ScalarType compute_dtype_ = at::kBFloat16;
 };
 TORCH_MODULE(Linear);
 

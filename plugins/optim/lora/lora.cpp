@@ -3,6 +3,9 @@
 // Adapters save and load as PEFT does (adapter_model.safetensors with
 // base_model.model.<module>.lora_{A,B}.weight, adapter_config.json) and can
 // be merged into the base weights.
+// Built a second time with WICK_QLORA as optim `qlora` (Dettmers et al.): the
+// same adapters over base weights stored as 4-bit NF4 with double-quantized
+// block constants (wick/nf4.hpp), dequantized to compute_dtype per product.
 
 #include <wick/model.hpp>
 #include <wick/optim.hpp>
@@ -19,13 +22,23 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kPrefix = "base_model.model.";
+#ifdef WICK_QLORA
+constexpr const char* kName = "optim 'qlora'";
+#else
+constexpr const char* kName = "optim 'lora'";
+#endif
 
 class Lora : public wick::Transform {
  public:
   explicit Lora(const wick::Options& o)
       : r_(o.get_int("r")), alpha_(o.get_double("alpha")), dropout_(o.get_double("dropout")) {
     for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
-    if (o.get_string("bias") != "none") throw wick::Error("optim 'lora': bias '" + o.get_string("bias") + "' is not supported yet (none)");
+    if (o.get_string("bias") != "none") throw wick::Error(std::string(kName) + ": bias '" + o.get_string("bias") + "' is not supported yet (none)");
+#ifdef WICK_QLORA
+    const std::string c = o.get_string("compute_dtype");
+    compute_ = c == "fp32" ? at::kFloat : c == "fp16" ? at::kHalf : at::kBFloat16;
+    block_ = o.get_int("block_size");
+#endif
   }
 
   bool matches(const std::string& name) const {
@@ -35,19 +48,28 @@ class Lora : public wick::Transform {
   }
 
   void apply(wick::Model& model) override {
-    if (!applied_.empty()) throw wick::Error("optim 'lora': already applied to a model");
+    if (!applied_.empty()) throw wick::Error(std::string(kName) + ": already applied to a model");
     auto layers = model.linear_layers();
-    if (layers.empty()) throw wick::Error("optim 'lora': the model offers no linear layers for adapters");
+    if (layers.empty()) throw wick::Error(std::string(kName) + ": the model offers no linear layers for adapters");
     for (auto& p : model.parameters()) p.set_requires_grad(false);
     for (auto& [name, lin] : layers)
       if (matches(name)) {
+#ifdef WICK_QLORA
+        if (lin->in_features * lin->out_features % block_ != 0)
+          throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(lin->in_features * lin->out_features) +
+                            " weights, not a multiple of block_size " + std::to_string(block_));
+        base_params_ += lin->in_features * lin->out_features;
+        float_bytes_ += lin->weight_bytes();
+        lin->quantize_nf4(compute_, block_);
+        base_bytes_ += lin->weight_bytes();
+#endif
         lin->add_adapter(r_, alpha_, dropout_);
         applied_.push_back(name);
       }
     if (applied_.empty()) {
       std::string all;
       for (std::size_t i = 0; i < layers.size() && i < 8; ++i) all += (i ? ", " : "") + layers[i].first;
-      throw wick::Error("optim 'lora': target_modules matched none of the model's linear layers (" + all + ", ...)");
+      throw wick::Error(std::string(kName) + ": target_modules matched none of the model's linear layers (" + all + ", ...)");
     }
   }
 
@@ -65,7 +87,7 @@ class Lora : public wick::Transform {
       tensors.emplace_back(kPrefix + name + ".lora_A.weight", lin->lora_A->weight);
       tensors.emplace_back(kPrefix + name + ".lora_B.weight", lin->lora_B->weight);
     }
-    if (tensors.empty()) throw wick::Error("optim 'lora': no adapters to save (apply it to the model first)");
+    if (tensors.empty()) throw wick::Error(std::string(kName) + ": no adapters to save (apply it to the model first)");
     fs::create_directories(dir);
     wick::write_safetensors(fs::path(dir) / "adapter_model.safetensors", tensors, {{"format", "pt"}});
     nlohmann::json cfg = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", r_}, {"lora_alpha", alpha_},
@@ -77,17 +99,17 @@ class Lora : public wick::Transform {
 
   void load(wick::Model& model, const std::string& dir) override {
     std::ifstream in(fs::path(dir) / "adapter_config.json");
-    if (!in) throw wick::Error("optim 'lora': " + dir + " has no adapter_config.json");
+    if (!in) throw wick::Error(std::string(kName) + ": " + dir + " has no adapter_config.json");
     nlohmann::json cfg;
     try {
       cfg = nlohmann::json::parse(in);
     } catch (const std::exception& e) {
-      throw wick::Error("optim 'lora': " + dir + "/adapter_config.json is not valid JSON: " + e.what());
+      throw wick::Error(std::string(kName) + ": " + dir + "/adapter_config.json is not valid JSON: " + e.what());
     }
     if (cfg.value("peft_type", std::string("LORA")) != "LORA")
-      throw wick::Error("optim 'lora': " + dir + " holds a " + cfg.value("peft_type", std::string()) + " adapter, not LORA");
+      throw wick::Error(std::string(kName) + ": " + dir + " holds a " + cfg.value("peft_type", std::string()) + " adapter, not LORA");
     if (cfg.value("use_rslora", false) || cfg.value("use_dora", false))
-      throw wick::Error("optim 'lora': rsLoRA and DoRA adapters are not supported yet");
+      throw wick::Error(std::string(kName) + ": rsLoRA and DoRA adapters are not supported yet");
     if (applied_.empty()) {  // the adapter's own settings
       r_ = cfg.at("r").get<std::int64_t>();
       alpha_ = cfg.at("lora_alpha").get<double>();
@@ -109,15 +131,15 @@ class Lora : public wick::Transform {
       for (auto [suffix, w] : {std::pair<std::string, at::Tensor>{".lora_A.weight", lin->lora_A->weight},
                                {".lora_B.weight", lin->lora_B->weight}}) {
         auto it = given.find(name + suffix);
-        if (it == given.end()) throw wick::Error("optim 'lora': " + dir + " lacks " + kPrefix + name + suffix);
+        if (it == given.end()) throw wick::Error(std::string(kName) + ": " + dir + " lacks " + kPrefix + name + suffix);
         if (it->second.sizes() != w.sizes())
-          throw wick::Error("optim 'lora': " + name + suffix + " has another shape in " + dir);
+          throw wick::Error(std::string(kName) + ": " + name + suffix + " has another shape in " + dir);
         w.copy_(it->second);
         ++used;
       }
     }
     if (used != given.size())
-      throw wick::Error("optim 'lora': " + dir + " holds " + std::to_string(given.size() - used) +
+      throw wick::Error(std::string(kName) + ": " + dir + " holds " + std::to_string(given.size() - used) +
                         " tensors for layers the model has no adapter on");
   }
 
@@ -130,7 +152,17 @@ class Lora : public wick::Transform {
   std::map<std::string, wick::Value> attributes() const override {
     wick::List t;
     for (const auto& s : targets_) t.push_back(wick::Value(s));
-    return {{"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())}, {"target_modules", t}};
+    std::map<std::string, wick::Value> a{
+        {"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())}, {"target_modules", t}};
+#ifdef WICK_QLORA
+    // what the quantized base weights take: 4.127 bits each with double quantization
+    if (base_params_ > 0) {
+      a["bytes_per_param"] = static_cast<double>(base_bytes_) / static_cast<double>(base_params_);
+      a["base_bytes"] = base_bytes_;
+      a["base_bytes_before"] = float_bytes_;
+    }
+#endif
+    return a;
   }
 
  private:
@@ -138,10 +170,26 @@ class Lora : public wick::Transform {
   double alpha_, dropout_;
   std::vector<std::string> targets_;
   std::vector<std::string> applied_;
+#ifdef WICK_QLORA
+  at::ScalarType compute_ = at::kBFloat16;
+  std::int64_t block_ = 64, base_params_ = 0, base_bytes_ = 0, float_bytes_ = 0;
+#endif
 };
 
 }  // namespace
 
+#ifdef WICK_QLORA
+WICK_PLUGIN(wick::optim_plugin<Lora>(
+    "qlora", "QLoRA: LoRA adapters over 4-bit NF4 base weights (double-quantized constants); PEFT-compatible adapters",
+    {wick::opt_int("r", 8, "adapter rank").at_least(1),
+     wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
+     wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
+     wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
+               "module names or name suffixes (q_proj, ...), or all-linear (every linear layer but the output head)"),
+     wick::opt_string("bias", "none", "bias training").one_of({"none"}),
+     wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product").one_of({"bf16", "fp16", "fp32"}),
+     wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2)}))
+#else
 WICK_PLUGIN(wick::optim_plugin<Lora>(
     "lora", "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
     {wick::opt_int("r", 8, "adapter rank").at_least(1),
@@ -150,3 +198,4 @@ WICK_PLUGIN(wick::optim_plugin<Lora>(
      wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
                "module names or name suffixes (q_proj, ...), or all-linear (every linear layer but the output head)"),
      wick::opt_string("bias", "none", "bias training").one_of({"none"})}))
+#endif
