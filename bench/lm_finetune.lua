@@ -5,7 +5,7 @@
 --   wick run bench/lm_finetune.lua mode=full|lora|qlora [steps=4] [micro=4]
 local wick = require "wick"
 local a = wick.args
-local mode, steps, micro, seq = a.mode or "full", a.steps or 4, a.micro or 4, a.seq or 256
+local mode, steps, micro, seq = a.mode or "full", a.steps or 6, a.micro or 4, a.seq or 256
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local file = dofile(here .. "/random_tokens.lua")(steps * micro, seq)
 local data = wick.data("text", { file = file, max_length = seq })

@@ -10,7 +10,7 @@ import time
 import torch
 
 
-def main(mode, steps=4, micro=4, seq=256):
+def main(mode, steps=6, micro=4, seq=256):
     if mode == "qlora" and not torch.cuda.is_available():
         print("RESULT n/a n/a n/a")
         return
