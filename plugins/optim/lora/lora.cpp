@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -33,7 +34,8 @@ class Lora : public wick::Transform {
   explicit Lora(const wick::Options& o)
       : r_(o.get_int("r")), alpha_(o.get_double("alpha")), dropout_(o.get_double("dropout")) {
     for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
-    if (o.get_string("bias") != "none") throw wick::Error(std::string(kName) + ": bias '" + o.get_string("bias") + "' is not supported yet (none)");
+    bias_ = o.get_string("bias");
+    compile_patterns();
 #ifdef WICK_QLORA
     const std::string c = o.get_string("compute_dtype");
     compute_ = c == "fp32" ? at::kFloat : c == "fp16" ? at::kHalf : at::kBFloat16;
@@ -41,10 +43,41 @@ class Lora : public wick::Transform {
 #endif
   }
 
+  // "re:PATTERN" entries match whole module names as regular expressions
+  // (PEFT's string form); the others are names or name suffixes.
+  void compile_patterns() {
+    patterns_.clear();
+    for (const auto& t : targets_)
+      if (t.rfind("re:", 0) == 0) {
+        try {
+          patterns_.emplace_back(t.substr(3), std::regex::ECMAScript);
+        } catch (const std::regex_error& e) {
+          throw wick::Error(std::string(kName) + ": target_modules: '" + t + "' is not a valid regular expression: " + e.what());
+        }
+      }
+  }
+
   bool matches(const std::string& name) const {
+    for (const auto& re : patterns_)
+      if (std::regex_match(name, re)) return true;
     for (const auto& t : targets_)
       if (t == "all-linear" || name == t || (name.size() > t.size() && name.ends_with("." + t))) return true;
     return false;
+  }
+
+  // The biases `bias` trains: "all" every bias of the model, "lora_only" those
+  // of the adapted layers, "none" none (PEFT's choices).
+  std::vector<std::pair<std::string, at::Tensor>> trained_biases(wick::Model& model) const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    if (bias_ == "none") return out;
+    std::set<std::string> adapted_names(applied_.begin(), applied_.end());
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+      const std::string& n = p.key();
+      if (!(n == "bias" || n.ends_with(".bias"))) continue;
+      const std::string owner = n.size() > 5 ? n.substr(0, n.size() - 5) : "";
+      if (bias_ == "all" || adapted_names.count(owner)) out.emplace_back(n, p.value());
+    }
+    return out;
   }
 
   void apply(wick::Model& model) override {
@@ -66,6 +99,7 @@ class Lora : public wick::Transform {
         lin->add_adapter(r_, alpha_, dropout_);
         applied_.push_back(name);
       }
+    for (auto& [n, b] : trained_biases(model)) b.set_requires_grad(true);
     if (applied_.empty()) {
       std::string all;
       for (std::size_t i = 0; i < layers.size() && i < 8; ++i) all += (i ? ", " : "") + layers[i].first;
@@ -87,11 +121,17 @@ class Lora : public wick::Transform {
       tensors.emplace_back(kPrefix + name + ".lora_A.weight", lin->lora_A->weight);
       tensors.emplace_back(kPrefix + name + ".lora_B.weight", lin->lora_B->weight);
     }
+    // PEFT's names: an adapted layer's bias is its base layer's
+    std::set<std::string> adapted_names(applied_.begin(), applied_.end());
+    for (auto& [n, b] : trained_biases(model)) {
+      const std::string owner = n.substr(0, n.size() - 5);
+      tensors.emplace_back(kPrefix + (adapted_names.count(owner) ? owner + ".base_layer.bias" : n), b);
+    }
     if (tensors.empty()) throw wick::Error(std::string(kName) + ": no adapters to save (apply it to the model first)");
     fs::create_directories(dir);
     wick::write_safetensors(fs::path(dir) / "adapter_model.safetensors", tensors, {{"format", "pt"}});
     nlohmann::json cfg = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", r_}, {"lora_alpha", alpha_},
-                          {"lora_dropout", dropout_}, {"target_modules", targets_}, {"bias", "none"},
+                          {"lora_dropout", dropout_}, {"target_modules", peft_targets()}, {"bias", bias_},
                           {"fan_in_fan_out", false}, {"inference_mode", false}, {"use_rslora", false},
                           {"modules_to_save", nullptr}, {"base_model_name_or_path", nullptr}};
     wick::write_file_atomic(fs::path(dir) / "adapter_config.json", cfg.dump(2) + "\n");
@@ -114,8 +154,13 @@ class Lora : public wick::Transform {
       r_ = cfg.at("r").get<std::int64_t>();
       alpha_ = cfg.at("lora_alpha").get<double>();
       targets_.clear();
-      if (cfg.at("target_modules").is_string()) targets_.push_back(cfg["target_modules"].get<std::string>());
+      // PEFT: a string is a regular expression over whole names, a list holds names
+      if (cfg.at("target_modules").is_string()) targets_.push_back("re:" + cfg["target_modules"].get<std::string>());
       else for (const auto& t : cfg["target_modules"]) targets_.push_back(t.get<std::string>());
+      bias_ = cfg.value("bias", std::string("none"));
+      if (bias_ != "none" && bias_ != "all" && bias_ != "lora_only")
+        throw wick::Error(std::string(kName) + ": " + dir + "/adapter_config.json: bias '" + bias_ + "' is not none, all or lora_only");
+      compile_patterns();
       apply(model);
     }
     auto file = wick::read_safetensors(fs::path(dir) / "adapter_model.safetensors");
@@ -123,6 +168,7 @@ class Lora : public wick::Transform {
     for (auto& [name, t] : file.tensors) {
       std::string n = name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
       if (auto d = n.find(".default."); d != std::string::npos) n.erase(d, 8);
+      if (auto d = n.find(".base_layer."); d != std::string::npos) n.erase(d, 11);
       given[n] = t;
     }
     at::NoGradGuard no_grad;
@@ -137,6 +183,13 @@ class Lora : public wick::Transform {
         w.copy_(it->second);
         ++used;
       }
+    }
+    for (auto& [n, b] : trained_biases(model)) {
+      auto it = given.find(n);
+      if (it == given.end()) throw wick::Error(std::string(kName) + ": " + dir + " lacks the trained bias " + kPrefix + n);
+      if (it->second.sizes() != b.sizes()) throw wick::Error(std::string(kName) + ": " + n + " has another shape in " + dir);
+      b.copy_(it->second);
+      ++used;
     }
     if (used != given.size())
       throw wick::Error(std::string(kName) + ": " + dir + " holds " + std::to_string(given.size() - used) +
@@ -168,7 +221,15 @@ class Lora : public wick::Transform {
  private:
   std::int64_t r_;
   double alpha_, dropout_;
+  // PEFT's adapter_config form: one regular expression stays a string
+  nlohmann::json peft_targets() const {
+    if (targets_.size() == 1 && targets_[0].rfind("re:", 0) == 0) return targets_[0].substr(3);
+    return targets_;
+  }
+
   std::vector<std::string> targets_;
+  std::vector<std::regex> patterns_;
+  std::string bias_ = "none";
   std::vector<std::string> applied_;
 #ifdef WICK_QLORA
   at::ScalarType compute_ = at::kBFloat16;
@@ -185,8 +246,8 @@ WICK_PLUGIN(wick::optim_plugin<Lora>(
      wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
      wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
      wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
-               "module names or name suffixes (q_proj, ...), or all-linear (every linear layer but the output head)"),
-     wick::opt_string("bias", "none", "bias training").one_of({"none"}),
+               "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every linear layer but the output head)"),
+     wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)").one_of({"none", "all", "lora_only"}),
      wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product").one_of({"bf16", "fp16", "fp32"}),
      wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2)}))
 #else
@@ -196,6 +257,6 @@ WICK_PLUGIN(wick::optim_plugin<Lora>(
      wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
      wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
      wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
-               "module names or name suffixes (q_proj, ...), or all-linear (every linear layer but the output head)"),
-     wick::opt_string("bias", "none", "bias training").one_of({"none"})}))
+               "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every linear layer but the output head)"),
+     wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)").one_of({"none", "all", "lora_only"})}))
 #endif
