@@ -116,4 +116,4 @@ def test_a_bad_target_pattern_is_named(tmp_path, run_wick):
         'wick.optim("lora", { target_modules = { "re:(q|v" } })\n')
     p = run_wick("run", tmp_path / "r.lua", check=False)
     assert p.returncode == 1
-    assert "r.lua:2: optim 'lora': target_modules: 're:(q|v' is not a valid regular expression" in p.stderr, p.stderr
+    assert "r.lua:2:" in p.stderr and "target_modules: 're:(q|v' is not a valid regular expression" in p.stderr, p.stderr
