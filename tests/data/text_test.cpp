@@ -30,6 +30,39 @@ TEST(TextData, PromptsAreMaskedAndBatchesPaddedWithIgnoredLabels) {
   EXPECT_EQ(d->decode(d->encode("grüße")), "grüße");
 }
 
+TEST(TextData, TokenizedDocumentsAreCachedOnDiskUntilTheSourceChanges) {
+  test::TempDir dir;
+  const auto file = dir.path / "d.jsonl";
+  std::ofstream(file) << R"({"prompt": "Q:", "completion": "ab"})" "\n" << R"({"text": "hello"})" "\n";
+  const std::map<std::string, Value> opts{{"file", Value(file.string())}, {"cache_dir", Value((dir.path / "cache").string())}};
+  auto first = test::make<Dataset>("text", PluginKind::Data, opts);
+  EXPECT_FALSE(first->attributes().at("cached").as_bool());
+  const std::string cache = first->attributes().at("cache_file").as_string();
+  EXPECT_TRUE(std::filesystem::exists(cache)) << cache;
+  auto second = test::make<Dataset>("text", PluginKind::Data, opts);
+  EXPECT_TRUE(second->attributes().at("cached").as_bool());
+  for (std::int64_t i = 0; i < 2; ++i) {  // the same samples, prompt masks included
+    EXPECT_EQ(row(first->get(i).at("input_ids")), row(second->get(i).at("input_ids")));
+    EXPECT_EQ(row(first->get(i).at("labels")), row(second->get(i).at("labels")));
+  }
+  // another max_length reuses the tokens; a changed source does not
+  auto shorter = opts;
+  shorter["max_length"] = Value(3);
+  EXPECT_TRUE(test::make<Dataset>("text", PluginKind::Data, shorter)->attributes().at("cached").as_bool());
+  std::ofstream(file, std::ios::app) << R"({"text": "more"})" "\n";
+  auto changed = test::make<Dataset>("text", PluginKind::Data, opts);
+  EXPECT_FALSE(changed->attributes().at("cached").as_bool());
+  EXPECT_EQ(changed->size(), 3);
+  // a corrupt cache file is tokenized again, not an error
+  std::ofstream(changed->attributes().at("cache_file").as_string(), std::ios::trunc) << "garbage";
+  auto again = test::make<Dataset>("text", PluginKind::Data, opts);
+  EXPECT_FALSE(again->attributes().at("cached").as_bool());
+  EXPECT_EQ(again->size(), 3);
+  auto off = opts;
+  off["cache_dir"] = Value("none");
+  EXPECT_FALSE(test::make<Dataset>("text", PluginKind::Data, off)->attributes().at("cached").as_bool());
+}
+
 TEST(TextData, PackingCutsTheConcatenatedDocumentsIntoChunks) {
   test::TempDir dir;
   std::ofstream(dir.path / "a.txt") << "abcdefg";

@@ -12,10 +12,16 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <wick/safetensors.hpp>
+
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "tokenizer.hpp"
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -34,11 +40,24 @@ class Text : public wick::Dataset {
     eos_ = tokenizer_->token_id(eos);
     if (eos_ < 0) throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
     vocab_ = tokenizer_->vocab_size();
-    std::vector<Doc> docs;
-    if (o.has("files"))
-      for (const auto& f : o.at("files").as_list()) docs.push_back(text_doc(read_file(f.as_string())));
-    if (o.has("file")) read_jsonl(o.get_string("file"), docs);
     if (!o.has("files") && !o.has("file")) throw wick::Error("data 'text': give 'file' (JSONL) or 'files' (plain text)");
+    std::vector<std::string> sources;
+    if (o.has("files"))
+      for (const auto& f : o.at("files").as_list()) sources.push_back(f.as_string());
+    if (o.has("file")) sources.push_back(o.get_string("file"));
+    // Tokenized documents are cached on disk, keyed by the sources (path,
+    // size, modification time), the tokenizer and the end-of-text token: a
+    // second run reads them instead of tokenizing again.
+    const fs::path cache = cache_file(o, sources, tok, eos);
+    std::vector<Doc> docs;
+    if (!cache.empty() && read_cache(cache, docs)) {
+      cached_ = true;
+    } else {
+      if (o.has("files"))
+        for (const auto& f : o.at("files").as_list()) docs.push_back(text_doc(read_file(f.as_string())));
+      if (o.has("file")) read_jsonl(o.get_string("file"), docs);
+      if (!cache.empty()) write_cache(cache, docs);
+    }
     if (o.get_bool("pack")) {
       Doc all;
       for (auto& d : docs) {
@@ -90,7 +109,8 @@ class Text : public wick::Dataset {
   std::map<std::string, wick::Value> attributes() const override {
     std::int64_t tokens = 0;
     for (const auto& d : samples_) tokens += static_cast<std::int64_t>(d.ids.size());
-    return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_}};
+    return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_},
+            {"cached", cached_}, {"cache_file", cache_path_}};
   }
 
  private:
@@ -148,6 +168,77 @@ class Text : public wick::Dataset {
     }
   }
 
+  fs::path cache_file(const wick::Options& o, const std::vector<std::string>& sources, const std::string& tok,
+                      const std::string& eos) {
+    std::string dir = o.get_string("cache_dir");
+    if (dir == "none") return {};
+    if (dir.empty()) {
+      const char* c = std::getenv("WICK_CACHE_DIR");
+      const char* x = std::getenv("XDG_CACHE_HOME");
+      const char* h = std::getenv("HOME");
+      dir = c && *c ? std::string(c) : x && *x ? std::string(x) + "/wick" : h && *h ? std::string(h) + "/.cache/wick" : "";
+      if (dir.empty()) return {};
+      dir += "/tokens";
+    }
+    std::string key = "wick text tokens v1\n" + tok + "\n" + eos + "\n";
+    auto stamp = [&](const std::string& path) {
+      std::error_code ec;
+      const auto abs = fs::absolute(path, ec);
+      const auto size = fs::file_size(path, ec);
+      const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
+      key += abs.string() + " " + std::to_string(ec ? 0 : size) + " " + std::to_string(mtime) + "\n";
+    };
+    if (tok != "bytes") stamp(tok);
+    for (const auto& src : sources) stamp(src);
+    std::uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
+    for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ULL;
+    char name[40];
+    std::snprintf(name, sizeof name, "%016llx.safetensors", static_cast<unsigned long long>(h));
+    cache_path_ = (fs::path(dir) / name).string();
+    return cache_path_;
+  }
+
+  static bool read_cache(const fs::path& file, std::vector<Doc>& docs) {
+    std::error_code ec;
+    if (!fs::exists(file, ec)) return false;
+    try {
+      auto f = wick::read_safetensors(file);
+      const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
+      if (!ids || !labels || !offsets) return false;
+      const auto* pi = ids->data_ptr<std::int64_t>();
+      const auto* pl = labels->data_ptr<std::int64_t>();
+      const auto* po = offsets->data_ptr<std::int64_t>();
+      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
+        Doc doc;
+        doc.ids.assign(pi + po[d], pi + po[d + 1]);
+        doc.labels.assign(pl + po[d], pl + po[d + 1]);
+        docs.push_back(std::move(doc));
+      }
+      return true;
+    } catch (const std::exception&) {
+      docs.clear();  // unreadable: tokenize again and rewrite it
+      return false;
+    }
+  }
+
+  static void write_cache(const fs::path& file, const std::vector<Doc>& docs) {
+    std::vector<std::int64_t> ids, labels, offsets{0};
+    for (const auto& d : docs) {
+      ids.insert(ids.end(), d.ids.begin(), d.ids.end());
+      labels.insert(labels.end(), d.labels.begin(), d.labels.end());
+      offsets.push_back(static_cast<std::int64_t>(ids.size()));
+    }
+    try {
+      fs::create_directories(file.parent_path());
+      wick::write_safetensors(file, {{"ids", at::tensor(ids, at::kLong)}, {"labels", at::tensor(labels, at::kLong)},
+                                     {"offsets", at::tensor(offsets, at::kLong)}});
+    } catch (const std::exception&) {
+      // a cache that cannot be written is only slower next time
+    }
+  }
+
+  bool cached_ = false;
+  std::string cache_path_;
   std::int64_t max_length_;
   std::unique_ptr<wick::text::Tokenizer> tokenizer_;
   std::int64_t eos_ = 0, vocab_ = 0;
@@ -163,4 +254,5 @@ WICK_PLUGIN(wick::data_plugin<Text>(
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
      wick::opt_string("tokenizer", "bytes", "'bytes', or a Hugging Face tokenizer.json (byte-level BPE)"),
-     wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for BPE)").optional()}))
+     wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for BPE)").optional(),
+     wick::opt_string("cache_dir", "", "where tokenized documents are cached ('': $WICK_CACHE_DIR or ~/.cache/wick/tokens; 'none': no cache)")}))
