@@ -1,19 +1,27 @@
 #pragma once
 /// \file nf4.hpp
 /// 4-bit NormalFloat (NF4) weights with double quantization (Dettmers et al.,
-/// QLoRA, 2023). A weight is cut into blocks of 64 values; each block keeps its
-/// largest magnitude (absmax) and, per value, the index of the nearest of the
-/// 16 NF4 levels to value / absmax, two indices to a byte (the first in the
-/// high nibble, as bitsandbytes packs them). Double quantization stores the
-/// absmax constants themselves in 8 bits: their mean is subtracted, and each
-/// block of 256 constants keeps its own largest magnitude and, per constant, a
-/// signed 8-bit multiple of 1/127 of it. Storage per weight: 4 bits + 8 / 64 +
-/// 32 / (64 * 256) bits = 4.127 bits.
+/// QLoRA, 2023), in bitsandbytes' layout. A weight is cut into blocks of 64
+/// values; each block keeps its largest magnitude (absmax) and, per value, the
+/// index of the nearest of the 16 NF4 levels to value / absmax, two indices to
+/// a byte (the first in the high nibble). Double quantization stores the
+/// absmax constants in 8 bits: their mean (the offset) is subtracted, and each
+/// block of 256 constants keeps its largest magnitude in fp32 and, per
+/// constant, the index of the nearest of 256 values of bitsandbytes' signed
+/// dynamic map (create_dynamic_map: 7 exponent bits) to constant / that
+/// magnitude. Storage per weight: 4 bits + 8 / 64 + 32 / (64 * 256) bits =
+/// 4.127 bits. quantize_4bit(w, blocksize=64, quant_type="nf4",
+/// compress_statistics=True) gives the same bytes.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -41,9 +49,49 @@ inline const float* nf4_levels() {
   return levels;
 }
 
+/// bitsandbytes' signed dynamic 8-bit map (create_dynamic_map(signed=True,
+/// max_exponent_bits=7, total_bits=8)): 256 sorted values in [-1, 1], the same
+/// float32 arithmetic.
+inline at::Tensor dynamic_map() {
+  std::vector<at::Tensor> parts;
+  for (int i = 0; i < 7; ++i) {
+    const std::int64_t items = (std::int64_t{1} << i) + 1;
+    at::Tensor b = at::linspace(0.1, 1.0, items, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor means = (b.slice(0, 0, items - 1) + b.slice(0, 1)) / 2.0;
+    const double scale = std::pow(10.0, -6 + i);
+    parts.push_back(means * scale);
+    parts.push_back(means * -scale);
+  }
+  parts.push_back(at::zeros({1}, at::kFloat));
+  parts.push_back(at::ones({1}, at::kFloat));
+  return std::get<0>(at::cat(parts).sort());
+}
+
+/// The NF4 levels (kind 0) or the dynamic map (kind 1) on `device`, made once
+/// per device.
+inline const at::Tensor& nf4_table(int kind, const at::Device& device) {
+  static std::mutex mu;
+  // never destroyed: tensors on a GPU must not outlive its context at exit
+  static auto* tables = new std::map<std::pair<int, std::string>, at::Tensor>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& t = (*tables)[{kind, device.str()}];
+  if (!t.defined()) {
+    at::Tensor cpu = kind == 0 ? at::from_blob(const_cast<float*>(nf4_levels()), {16}, at::kFloat).clone() : dynamic_map();
+    t = cpu.to(device);
+  }
+  return t;
+}
+
+/// The index of the nearest entry of sorted `levels` to each value of `x`.
+inline at::Tensor nearest(const at::Tensor& x, const at::Tensor& levels) {
+  const auto n = levels.numel();
+  at::Tensor mids = (levels.slice(0, 1) + levels.slice(0, 0, n - 1)) / 2;
+  return at::bucketize(x, mids);
+}
+
 struct Nf4Weight {
   at::Tensor packed;        ///< uint8 [numel / 2]: two level indices per byte
-  at::Tensor absmax_q;      ///< int8 [blocks]: (absmax - offset) / scale * 127, rounded
+  at::Tensor absmax_q;      ///< uint8 [blocks]: index into dynamic_map() of (absmax - offset) / scale
   at::Tensor absmax_scale;  ///< float [ceil(blocks / 256)]: largest |absmax - offset| per 256 constants
   at::Tensor absmax_offset; ///< float []: the mean of the absmax constants
   std::vector<std::int64_t> shape;
@@ -73,10 +121,7 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   at::Tensor blocks = w.detach().to(at::kFloat).reshape({-1, block});
   at::Tensor absmax = blocks.abs().amax(1);
   at::Tensor normed = blocks / absmax.clamp_min(1e-12).unsqueeze(1);
-  // nearest level: the number of midpoints below the value
-  at::Tensor levels = at::from_blob(const_cast<float*>(nf4_levels()), {16}, at::kFloat).to(w.device());
-  at::Tensor mids = (levels.slice(0, 1) + levels.slice(0, 0, 15)) / 2;
-  at::Tensor idx = at::bucketize(normed.reshape({-1}), mids).to(at::kByte);
+  at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte);
   idx = idx.reshape({-1, 2});
   q.packed = (idx.select(1, 0).bitwise_left_shift(4)).bitwise_or(idx.select(1, 1)).contiguous();
   // double quantization of the constants
@@ -89,7 +134,7 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   at::Tensor scale = padded.reshape({groups, scale_block}).abs().amax(1);
   q.absmax_scale = scale;
   at::Tensor per = scale.clamp_min(1e-12).repeat_interleave(scale_block).slice(0, 0, nb);
-  q.absmax_q = (centred / per * 127).round().clamp(-127, 127).to(at::kChar);
+  q.absmax_q = nearest(centred / per, nf4_table(1, w.device())).to(at::kByte);
   return q;
 }
 
@@ -97,12 +142,12 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
 inline at::Tensor nf4_dequantize(const Nf4Weight& q, at::ScalarType dtype = at::kFloat) {
   at::NoGradGuard no_grad;
   const std::int64_t nb = q.absmax_q.numel();
-  at::Tensor absmax =
-      q.absmax_q.to(at::kFloat) / 127 * q.absmax_scale.repeat_interleave(q.scale_block).slice(0, 0, nb) + q.absmax_offset;
+  at::Tensor absmax = nf4_table(1, q.packed.device()).index_select(0, q.absmax_q.to(at::kLong)) *
+                           q.absmax_scale.repeat_interleave(q.scale_block).slice(0, 0, nb) +
+                       q.absmax_offset;
   at::Tensor hi = q.packed.bitwise_right_shift(4), lo = q.packed.bitwise_and(15);
   at::Tensor idx = at::stack({hi, lo}, 1).reshape({-1}).to(at::kLong);
-  at::Tensor levels = at::from_blob(const_cast<float*>(nf4_levels()), {16}, at::kFloat).to(q.packed.device());
-  at::Tensor w = levels.index_select(0, idx).reshape({-1, q.block}) * absmax.unsqueeze(1);
+  at::Tensor w = nf4_table(0, q.packed.device()).index_select(0, idx).reshape({-1, q.block}) * absmax.unsqueeze(1);
   return w.reshape(q.shape).to(dtype);
 }
 

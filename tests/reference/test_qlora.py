@@ -1,7 +1,11 @@
-"""QLoRA: wick's 4-bit NF4 weights with double quantization against an
-independent implementation of the paper's scheme (Dettmers et al. 2023, the
-NF4 levels bitsandbytes ships), the storage it reports, a quantized forward
-equal to the dequantized model's, and QLoRA training that lowers the loss."""
+"""QLoRA: wick's 4-bit NF4 weights with double quantization, byte for byte
+against the scheme written out here from the paper (Dettmers et al. 2023)
+and bitsandbytes' dynamic map, and against bitsandbytes' own quantize_4bit
+where it runs on the CPU (scripts/setup installs it): the same 4-bit codes,
+scales and offset, the 8-bit constants equal or one step apart where its CPU
+kernel rounds a near-midpoint value the other way; the storage it reports, a
+quantized forward equal to the dequantized model's, and QLoRA training that
+lowers the loss."""
 import re
 
 import torch
@@ -55,8 +59,19 @@ def token_file(path, n=24, length=32):
     return path
 
 
+def dynamic_map():
+    """bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8), written out."""
+    data = []
+    for i in range(7):
+        b = torch.linspace(0.1, 1, 2 ** i + 1, dtype=torch.float32)
+        means = (b[:-1] + b[1:]) / 2.0
+        data += ((10 ** (-6 + i)) * means).tolist() + (-(10 ** (-6 + i)) * means).tolist()
+    return torch.tensor(sorted(data + [0.0, 1.0]))
+
+
 def reference(w, block=64, scale_block=256):
-    """Quantize and dequantize w as the paper describes, independently of wick."""
+    """Quantize and dequantize w as the paper and bitsandbytes describe, independently of wick:
+    the packed codes, the 8-bit constants, their per-256 scales and offset, and the weight back."""
     blocks = w.float().reshape(-1, block)
     absmax = blocks.abs().amax(1)
     idx = (blocks / absmax[:, None]).unsqueeze(-1).sub(NF4).abs().argmin(-1)
@@ -66,9 +81,23 @@ def reference(w, block=64, scale_block=256):
     pad = (-len(c)) % scale_block
     groups = torch.cat([c, torch.zeros(pad)]).reshape(-1, scale_block)
     scale = groups.abs().amax(1)
-    q = torch.round(groups / scale[:, None] * 127).clamp(-127, 127)
-    absmax_deq = (q / 127 * scale[:, None]).reshape(-1)[: len(c)] + offset
-    return packed, (NF4[idx] * absmax_deq[:, None]).reshape(w.shape)
+    code = dynamic_map()
+    q = (groups / scale[:, None]).unsqueeze(-1).sub(code).abs().argmin(-1).reshape(-1)[: len(c)]
+    absmax_deq = code[q] * scale.repeat_interleave(scale_block)[: len(c)] + offset
+    return {"packed": packed, "absmax_q": q.to(torch.uint8), "absmax_scale": scale, "absmax_offset": offset,
+            "weight": (NF4[idx] * absmax_deq[:, None]).reshape(w.shape)}
+
+
+def bitsandbytes_reference(w):
+    """The same from bitsandbytes itself, where it runs on this machine's CPU (None elsewhere)."""
+    try:
+        import bitsandbytes.functional as F
+        q, st = F.quantize_4bit(w.float().contiguous(), blocksize=64, quant_type="nf4", compress_statistics=True)
+        deq = F.dequantize_4bit(q, st)
+    except Exception:  # not installed, or no CPU backend in this version
+        return None
+    return {"packed": q.reshape(-1), "absmax_q": st.absmax.reshape(-1), "absmax_scale": st.state2.absmax,
+            "absmax_offset": st.offset, "weight": deq.reshape(w.shape)}
 
 
 def test_nf4_with_double_quantization_matches_the_paper(tmp_path, run_wick):
@@ -81,14 +110,39 @@ def test_nf4_with_double_quantization_matches_the_paper(tmp_path, run_wick):
     assert len(names) == 2 * 7  # q, k, v, o, gate, up, down in each layer; not the head
     assert "lm_head.weight" in quantized and not any(k.startswith("lm_head.nf4") for k in quantized)
     total_params = total_err = 0
+    checked_against_bitsandbytes = []
+    mismatched_constants = [0, 0]
     for n in names:
         w = before[n + ".weight"]
         assert n + ".weight" not in quantized, "the float weight is gone"
-        packed, deq = reference(w)
-        assert torch.equal(quantized[n + ".nf4.packed"], packed), n
-        torch.testing.assert_close(merged[n + ".weight"], deq, rtol=0, atol=1e-6, msg=n)
+        ref = reference(w)
+        assert torch.equal(quantized[n + ".nf4.packed"], ref["packed"]), n
+        assert torch.equal(quantized[n + ".nf4.absmax_q"], ref["absmax_q"]), n
+        torch.testing.assert_close(quantized[n + ".nf4.absmax_scale"], ref["absmax_scale"], rtol=0, atol=0, msg=n)
+        torch.testing.assert_close(quantized[n + ".nf4.absmax_offset"], ref["absmax_offset"].reshape(()),
+                                   rtol=1e-7, atol=0, msg=n)
+        torch.testing.assert_close(merged[n + ".weight"], ref["weight"], rtol=0, atol=1e-6, msg=n)
+        deq = ref["weight"]
+        bnb = bitsandbytes_reference(w)
+        if bnb is not None:
+            checked_against_bitsandbytes.append(n)
+            # the same 4-bit codes, the same scales and offset, byte for byte
+            assert torch.equal(quantized[n + ".nf4.packed"], bnb["packed"]), n
+            torch.testing.assert_close(quantized[n + ".nf4.absmax_scale"], bnb["absmax_scale"], rtol=0, atol=0, msg=n)
+            torch.testing.assert_close(quantized[n + ".nf4.absmax_offset"], bnb["absmax_offset"].reshape(()),
+                                       rtol=1e-7, atol=0, msg=n)
+            # bitsandbytes' CPU kernel does not always pick the nearest entry of
+            # the dynamic map: near midpoints it may take the neighbour
+            step = (quantized[n + ".nf4.absmax_q"].int() - bnb["absmax_q"].int()).abs()
+            assert step.max() <= 1 and (step > 0).float().mean() < 0.02, (n, int((step > 0).sum()))
+            same = (step == 0).repeat_interleave(64).reshape(w.shape)
+            torch.testing.assert_close(merged[n + ".weight"][same], bnb["weight"][same], rtol=0, atol=1e-6, msg=n)
+            mismatched_constants[0] += int((step > 0).sum())
+            mismatched_constants[1] += step.numel()
         total_params += w.numel()
         total_err += ((deq - w) ** 2).sum().item() / (w ** 2).mean().item()
+    print(f"{len(checked_against_bitsandbytes)} of {len(names)} layers also checked against bitsandbytes; "
+          f"{mismatched_constants[0]} of {mismatched_constants[1]} 8-bit constants one step apart")
     # 4 bits per weight: about a tenth of the weights' scale as error, not more
     assert (total_err / total_params) ** 0.5 < 0.15
     m = re.search(r"bytes_per_param ([\d.]+) base_bytes (\d+) before (\d+) layers (\d+)", p.stdout)
