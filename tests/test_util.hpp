@@ -11,6 +11,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <future>
+
+#include "dist/group.hpp"
 #include "plugin/registry.hpp"
 
 namespace wick::test {
@@ -48,6 +51,25 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+/// Two ranks as two threads of this process, over gloo on loopback: body(group)
+/// runs on each.
+template <class F>
+void two_ranks(F&& body) {
+  const int port = free_port();
+  auto run = [&](int rank) {
+    DistEnv env;
+    env.rank = rank;
+    env.world_size = 2;
+    env.local_rank = rank;
+    env.local_world_size = 2;
+    env.master_port = port;
+    body(std::make_shared<Group>(env, "gloo"));
+  };
+  auto other = std::async(std::launch::async, run, 1);
+  run(0);
+  other.get();
 }
 
 /// Runs f and returns the wick::Error message it throws ("" if none).

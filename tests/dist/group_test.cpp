@@ -67,25 +67,7 @@ TEST(DistEnv, InconsistentValuesAreErrors) {
 }
 
 using test::free_port;
-
-// Two ranks as two threads of this process, over gloo on loopback.
-template <class F>
-void two_ranks(F&& body) {
-  const int port = free_port();
-  auto run = [&](int rank) {
-    DistEnv env;
-    env.rank = rank;
-    env.world_size = 2;
-    env.local_rank = rank;
-    env.local_world_size = 2;
-    env.master_port = port;
-    auto g = std::make_shared<Group>(env, "gloo");
-    body(g);
-  };
-  auto other = std::async(std::launch::async, run, 1);
-  run(0);
-  other.get();
-}
+using test::two_ranks;
 
 TEST(Group, SumsBroadcastsAndChecksAgreement) {
   two_ranks([](std::shared_ptr<Group> g) {

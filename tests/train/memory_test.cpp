@@ -454,17 +454,10 @@ class Greedy : public Model {
 };
 
 std::vector<at::Tensor> two_rank_run(std::int64_t limit) {
-  const int port = test::free_port();
   std::vector<at::Tensor> result(2);
   std::vector<std::int64_t> splits(2);
-  auto run = [&](int rank) {
-    DistEnv env;
-    env.rank = rank;
-    env.world_size = 2;
-    env.local_rank = rank;
-    env.local_world_size = 2;
-    env.master_port = port;
-    auto g = std::make_shared<Group>(env, "gloo");
+  test::two_ranks([&](std::shared_ptr<Group> g) {
+    const int rank = g->rank();
     auto model = std::make_shared<Greedy>(rank, limit);
     auto opt = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.5)}});
     Trainer t(model, opt, nullptr, {.group = g});
@@ -476,10 +469,7 @@ std::vector<at::Tensor> two_rank_run(std::int64_t limit) {
     }
     splits[rank] = t.split();
     result[rank] = model->w_.detach().clone();
-  };
-  auto other = std::async(std::launch::async, run, 1);
-  run(0);
-  other.get();
+  });
   EXPECT_EQ(splits[0], splits[1]) << "the ranks split differently";
   EXPECT_EQ(splits[0], limit >= 4 ? 1 : 2);
   EXPECT_TRUE(at::equal(result[0], result[1]));

@@ -239,24 +239,31 @@ class Lora : public wick::Transform {
 
 }  // namespace
 
+// The adapter options both plugins take.
+static wick::OptionSchema adapter_options() {
+  return {wick::opt_int("r", 8, "adapter rank").at_least(1),
+          wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
+          wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
+          wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
+                    "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every "
+                    "linear layer but the output head)"),
+          wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)")
+              .one_of({"none", "all", "lora_only"})};
+}
+
 #ifdef WICK_QLORA
+static wick::OptionSchema qlora_options() {
+  auto o = adapter_options();
+  o.push_back(wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product")
+                  .one_of({"bf16", "fp16", "fp32"}));
+  o.push_back(wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2));
+  return o;
+}
+
 WICK_PLUGIN(wick::optim_plugin<Lora>(
     "qlora", "QLoRA: LoRA adapters over 4-bit NF4 base weights (double-quantized constants); PEFT-compatible adapters",
-    {wick::opt_int("r", 8, "adapter rank").at_least(1),
-     wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
-     wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
-     wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
-               "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every linear layer but the output head)"),
-     wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)").one_of({"none", "all", "lora_only"}),
-     wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product").one_of({"bf16", "fp16", "fp32"}),
-     wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2)}))
+    qlora_options()))
 #else
 WICK_PLUGIN(wick::optim_plugin<Lora>(
-    "lora", "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
-    {wick::opt_int("r", 8, "adapter rank").at_least(1),
-     wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
-     wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
-     wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
-               "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every linear layer but the output head)"),
-     wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)").one_of({"none", "all", "lora_only"})}))
+    "lora", "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge", adapter_options()))
 #endif
