@@ -124,12 +124,17 @@ std::int64_t cuda_total_memory(int device) {
 
 int cuda_device_count() {
 #ifdef WICK_WITH_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  // asked once: the training loop checks it every step (peak resets), and the
+  // devices a process sees do not change while it runs
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
 #else
   return 0;
 #endif
