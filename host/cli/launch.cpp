@@ -84,13 +84,17 @@ void drain(Child& c, int& fd, std::string& buf, FILE* to, bool flush_all) {
     }
     break;
   }
+  // Rank 0 may be drawing its progress line in place on this terminal: clear
+  // that line first, so another rank's line never lands in the middle of it
+  // (rank 0 redraws on its next step).
+  const char* clear = ::isatty(::fileno(to)) ? "\r\033[K" : "";
   std::size_t pos;
   while ((pos = buf.find('\n')) != std::string::npos) {
-    std::fprintf(to, "[rank %d] %s\n", c.rank, buf.substr(0, pos).c_str());
+    std::fprintf(to, "%s[rank %d] %s\n", clear, c.rank, buf.substr(0, pos).c_str());
     buf.erase(0, pos + 1);
   }
   if (flush_all && !buf.empty()) {
-    std::fprintf(to, "[rank %d] %s\n", c.rank, buf.c_str());
+    std::fprintf(to, "%s[rank %d] %s\n", clear, c.rank, buf.c_str());
     buf.clear();
   }
   std::fflush(to);

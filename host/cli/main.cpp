@@ -31,6 +31,9 @@ commands:
                                measure the recipe's memory for each knob (one
                                step each, nothing saved) and suggest settings
                                that fit SIZE (8GiB, 12GB, ...)
+  report RUN_DIR [-o FILE]     one self-contained HTML file with the run's plots
+                               (default RUN_DIR/report.html)
+  runs [DIR] [--json]          a table of the runs under DIR (default runs/)
   describe NAME                show a plugin's options (or 'train' for wick.train's)
   version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
   --help                       this text
@@ -149,6 +152,39 @@ int cmd_generate(const std::vector<std::string>& args) {
   return 0;
 }
 
+// wick report RUN_DIR [-o FILE]
+int cmd_report(const std::vector<std::string>& args) {
+  std::string dir, out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-o" || args[i] == "--output") {
+      if (i + 1 >= args.size()) return usage_error(args[i] + " needs a file name");
+      out = args[++i];
+    } else if (dir.empty() && args[i].rfind('-', 0) != 0) {
+      dir = args[i];
+    } else {
+      return usage_error("unexpected argument '" + args[i] + "' to report");
+    }
+  }
+  if (dir.empty()) return usage_error("'wick report' needs a run folder");
+  wick::LuaRuntime rt;
+  rt.call("wick.report", "main", {dir, out});
+  return 0;
+}
+
+// wick runs [DIR] [--json]
+int cmd_runs(const std::vector<std::string>& args) {
+  std::string dir = "runs", json = "";
+  bool dir_given = false;
+  for (const auto& a : args) {
+    if (a == "--json") json = "json";
+    else if (!dir_given && a.rfind('-', 0) != 0) dir = a, dir_given = true;
+    else return usage_error("unexpected argument '" + a + "' to runs");
+  }
+  wick::LuaRuntime rt;
+  rt.call("wick.runs", "main", {dir, json});
+  return 0;
+}
+
 int cmd_run(const std::vector<std::string>& args) {
   if (args.empty()) return usage_error("'wick run' needs a recipe file");
   std::vector<std::pair<std::string, std::string>> kv;
@@ -209,6 +245,8 @@ int main(int argc, char** argv) {
     if (cmd == "plan") return cmd_plan(args);
     if (cmd == "launch") return wick::launch(args);
     if (cmd == "generate") return cmd_generate(args);
+    if (cmd == "report") return cmd_report(args);
+    if (cmd == "runs") return cmd_runs(args);
     if (cmd == "plugins") {
       if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");
       return cmd_plugins(!args.empty());

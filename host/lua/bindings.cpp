@@ -13,11 +13,17 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <sys/ioctl.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
 
 #include "lua/runtime.hpp"
 #include "wick/safetensors.hpp"
 #include "dist/group.hpp"
+#include "observe/events.hpp"
 #include "plugin/registry.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
@@ -35,6 +41,7 @@ constexpr const char* kOptimMt = "wick.Optim";
 constexpr const char* kLoaderMt = "wick.Loader";
 constexpr const char* kWindowMt = "wick.Window";
 constexpr const char* kTrainerMt = "wick.Trainer";
+constexpr const char* kEventsMt = "wick.EventWriter";
 constexpr const char* kPackageDirKey = "wick.package_dir";
 
 // ---- locations and errors ----
@@ -895,6 +902,110 @@ int core_write_file(lua_State* L) {
   return 0;
 }
 
+// ---- run folders: TensorBoard events, listing, processes, terminals ----
+
+int core_event_writer(lua_State* L) {
+  push_box<EventWriter>(L, std::make_shared<EventWriter>(check_string(L, 1, "event_writer")), kEventsMt);
+  return 1;
+}
+
+double wall_time_arg(lua_State* L, int i) {
+  return lua_isnoneornil(L, i) ? wall_time_now() : luaL_checknumber(L, i);
+}
+
+// writer:scalars(step, {tag = number, ...} [, wall_time]): tags in sorted order
+int events_scalars(lua_State* L) {
+  auto& w = check_box<EventWriter>(L, 1, kEventsMt, "scalars");
+  const auto step = static_cast<std::int64_t>(luaL_checknumber(L, 2));
+  luaL_checktype(L, 3, LUA_TTABLE);
+  std::vector<std::pair<std::string, double>> values;
+  lua_pushnil(L);
+  while (lua_next(L, 3) != 0) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_type(L, -1) == LUA_TNUMBER)
+      values.emplace_back(lua_tostring(L, -2), lua_tonumber(L, -1));
+    lua_pop(L, 1);
+  }
+  std::sort(values.begin(), values.end());
+  w->scalars(step, values, wall_time_arg(L, 4));
+  return 0;
+}
+
+int events_text(lua_State* L) {
+  auto& w = check_box<EventWriter>(L, 1, kEventsMt, "text");
+  w->text(static_cast<std::int64_t>(luaL_checknumber(L, 2)), check_string(L, 3, "text"), check_string(L, 4, "text"),
+          wall_time_arg(L, 5));
+  return 0;
+}
+
+int events_close(lua_State* L) {
+  check_box<EventWriter>(L, 1, kEventsMt, "close")->close();
+  return 0;
+}
+
+int events_path(lua_State* L) {
+  lua_pushstring(L, check_box<EventWriter>(L, 1, kEventsMt, "path")->path().c_str());
+  return 1;
+}
+
+// core.list_dir(path) -> { {name=, dir=bool, size=, mtime=}, ... } sorted by
+// name, or nil and the reason
+int core_list_dir(lua_State* L) {
+  const std::string p = check_string(L, 1, "list_dir");
+  std::error_code ec;
+  std::vector<fs::directory_entry> entries;
+  for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(*it);
+  if (ec) {
+    lua_pushnil(L);
+    lua_pushstring(L, (p + ": " + ec.message()).c_str());
+    return 2;
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.path().filename() < b.path().filename(); });
+  lua_createtable(L, static_cast<int>(entries.size()), 0);
+  int i = 0;
+  for (const auto& e : entries) {
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, e.path().filename().c_str());
+    lua_setfield(L, -2, "name");
+    lua_pushboolean(L, e.is_directory(ec));
+    lua_setfield(L, -2, "dir");
+    const auto size = e.is_regular_file(ec) ? e.file_size(ec) : 0;
+    set_number(L, "size", static_cast<double>(ec ? 0 : size));
+    const auto mt = e.last_write_time(ec);
+    // file_clock is system time shifted by a fixed offset (libstdc++: 2174 - 1970)
+    const auto secs = std::chrono::duration<double>(std::chrono::file_clock::to_sys(mt).time_since_epoch()).count();
+    set_number(L, "mtime", ec ? 0.0 : secs);
+    lua_rawseti(L, -2, ++i);
+  }
+  return 1;
+}
+
+// core.process() -> { pid =, host = }
+int core_process(lua_State* L) {
+  lua_createtable(L, 0, 2);
+  set_number(L, "pid", static_cast<double>(::getpid()));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  lua_pushstring(L, host);
+  lua_setfield(L, -2, "host");
+  return 1;
+}
+
+// core.pid_alive(pid): a process with this id exists on this machine
+int core_pid_alive(lua_State* L) {
+  const auto pid = static_cast<pid_t>(luaL_checknumber(L, 1));
+  lua_pushboolean(L, pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM));
+  return 1;
+}
+
+// core.term_width(fd): the terminal's columns, or 0 when fd is not a terminal
+int core_term_width(lua_State* L) {
+  winsize ws{};
+  const int fd = static_cast<int>(luaL_checknumber(L, 1));
+  lua_pushnumber(L, ::ioctl(fd, TIOCGWINSZ, &ws) == 0 ? ws.ws_col : 0);
+  return 1;
+}
+
 // Reads a safetensors file and writes it again: tensors and metadata as read.
 int core_copy_tensors(lua_State* L) {
   auto f = read_safetensors(check_string(L, 1, "copy_tensors"));
@@ -1057,6 +1168,12 @@ int luaopen_wick_core(lua_State* L) {
   new_metatable<Object>(L, kOptimMt, optim_methods, object_index);
   new_metatable<Loader>(L, kLoaderMt, loader_methods);
   new_metatable<Trainer>(L, kTrainerMt, trainer_methods);
+  static const luaL_Reg events_methods[] = {{"scalars", G(events_scalars)},
+                                            {"text", G(events_text)},
+                                            {"close", G(events_close)},
+                                            {"path", G(events_path)},
+                                            {nullptr, nullptr}};
+  new_metatable<EventWriter>(L, kEventsMt, events_methods);
   static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {nullptr, nullptr}};
   new_metatable<std::vector<Batch>>(L, kWindowMt, window_methods);
   luaL_getmetatable(L, kWindowMt);
@@ -1082,6 +1199,11 @@ int luaopen_wick_core(lua_State* L) {
                                   {"where", G(core_where)},
                                   {"mkdirs", G(core_mkdirs)},
                                   {"write_file", G(core_write_file)},
+                                  {"event_writer", G(core_event_writer)},
+                                  {"list_dir", G(core_list_dir)},
+                                  {"process", G(core_process)},
+                                  {"pid_alive", G(core_pid_alive)},
+                                  {"term_width", G(core_term_width)},
                                   {"plugins", G(core_plugins)},
                                   {"args", G(core_args)},
                                   {"dist", G(core_dist)},

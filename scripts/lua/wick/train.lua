@@ -1,5 +1,6 @@
 -- wick.train: the standard loop, written with the step-level primitives.
 local core = require "wick.core"
+local runlog = require "wick.runlog"
 
 local M = {}
 
@@ -230,7 +231,9 @@ local function fingerprint(c)
   local keys = {}
   for _, o in ipairs(M.options) do
     local v = c[o[1]]
-    if type(v) ~= "userdata" and type(v) ~= "table" and o[1] ~= "device" and v ~= nil then
+    -- device, quiet and log_every differ between ranks by design (only rank 0 prints)
+    local local_only = o[1] == "device" or o[1] == "quiet" or o[1] == "log_every"
+    if type(v) ~= "userdata" and type(v) ~= "table" and not local_only and v ~= nil then
       keys[#keys + 1] = o[1] .. "=" .. tostring(v)
     end
   end
@@ -512,9 +515,21 @@ function M.train(cfg)
     end
   end
 
-  local metrics_file
+  local log  -- the run folder's metrics.jsonl, event file and run.json (rank 0)
   if c.out and c.rank0 then
-    metrics_file = assert(io.open(c.out .. "/metrics.jsonl", trainer:steps() > 0 and "a" or "w"))
+    local opts = {}
+    for _, o in ipairs(M.options) do
+      local v = c[o[1]]
+      if v ~= nil and type(v) ~= "userdata" then
+        opts[o[1]] = type(v) == "table" and core.json(v) or v
+      end
+    end
+    opts.micro_batch, opts.accumulate = c.micro_batch, c.accumulate
+    opts.parameters, opts.samples, opts.world_size = c.model:parameters(), c.data:size(), world
+    log = runlog.open(c.out, {
+      recipe = arg and arg[0], options = opts, total_steps = total, start_step = trainer:steps(),
+      extra = { device = c.device, precision = c.precision, world_size = world, item_name = c.model:item_name() },
+    })
   end
   local run = { steps = trainer:steps(), skipped_steps = 0, history = {}, out = c.out, status = "running" }
   local tty = core.isatty(2)
@@ -536,29 +551,46 @@ function M.train(cfg)
     r.step = trainer:steps()
     r.eval = true
     run.eval = r
-    if metrics_file then metrics_file:write(core.json(r), "\n"); metrics_file:flush() end
+    if log then log:record(r) end
     if not c.quiet then
       local extra = r.accuracy and string.format(" | accuracy %.4f", r.accuracy) or ""
       io.stderr:write(string.format("%seval @ step %d | loss %.4f%s\n", tty and "\r\27[K" or "", r.step, r.loss, extra))
     end
   end
 
+  -- On a terminal: one line, redrawn in place each step and cut to the
+  -- terminal's width (fields dropped from the right), so it never wraps. Not
+  -- on a terminal: a plain line every log_every steps. Only rank 0 prints.
+  local last_logged
   local function progress(rec, final)
     if c.quiet then return end
     local done = trainer:steps() - steps_at_start
     local elapsed = core.now() - t_start
     local rate = items_seen / math.max(elapsed, 1e-9)
     local eta = done > 0 and (total - trainer:steps()) * elapsed / done or 0
-      local mem = rec.mem_allocated and string.format("mem %s (peak %s, reserved %s)", fmt_bytes(rec.mem_allocated),
+    local mem = rec.mem_allocated and string.format("mem %s (peak %s, reserved %s)", fmt_bytes(rec.mem_allocated),
       fmt_bytes(rec.mem_peak), fmt_bytes(rec.mem_reserved))
       or string.format("mem %s (peak %s, tensors %s)", fmt_bytes(rec.mem_resident), fmt_bytes(rec.mem_peak_resident),
         fmt_bytes(rec.mem_tensors))
-    local line = string.format("step %d/%d | %.1f %s/s | ETA %s | loss %.4f | lr %.2e | gnorm %.3g | %s",
-      rec.step, total, rate, c.model:item_name(), fmt_time(eta), rec.loss, rec.lr, rec.grad_norm, mem)
+    local parts = {
+      string.format("step %d/%d", rec.step, total), string.format("%.1f %s/s", rate, c.model:item_name()),
+      (final and "took " .. fmt_time(elapsed) or "ETA " .. fmt_time(eta)), string.format("loss %.4f", rec.loss),
+      string.format("lr %.2e", rec.lr), mem, string.format("gnorm %.3g", rec.grad_norm),
+    }
+    if rec.loss_scale then parts[#parts + 1] = string.format("scale %g", rec.loss_scale) end
     if tty then
+      local width = core.term_width(2)
+      local line = parts[1]
+      for i = 2, #parts do
+        local longer = line .. " | " .. parts[i]
+        if width > 0 and #longer >= width then break end
+        line = longer
+      end
+      if width > 0 and #line >= width then line = line:sub(1, width - 1) end
       io.stderr:write("\r\27[K", line, final and "\n" or "")
-    elseif final or rec.step % c.log_every == 0 or rec.step == 1 then
-      io.stderr:write(line, "\n")
+    elseif (final and rec.step ~= last_logged) or (not final and (rec.step % c.log_every == 0 or rec.step == 1)) then
+      last_logged = rec.step
+      io.stderr:write(table.concat(parts, " | "), "\n")
     end
   end
 
@@ -573,6 +605,10 @@ function M.train(cfg)
   local interrupted, signal = false, 0
   local step_peak = 0  -- the most tensors held during any step
   local last
+  -- An error from here on (out of memory with on_oom = "fail", a broken
+  -- sample, a lost rank) marks the run folder's run.json failed, then ends
+  -- the recipe as before.
+  local ok, err = pcall(function()
   while trainer:steps() < total and epoch < c.epochs do
     loader:start_epoch(epoch, first_window)
     first_window = 0
@@ -587,9 +623,10 @@ function M.train(cfg)
       rec.stop = nil
       rec.epoch = epoch
       items_seen = items_seen + rec.items
+      rec.skipped = rec.skipped or false
+      rec.items_per_s = rec.items / math.max(rec.seconds, 1e-9)
+      rec.time = core.now() - t_start
       local m, p = memory_now(cuda)
-      rec.memory = m.cuda_allocated or m.resident
-      rec.peak_memory = p
       add_memory(rec, m)
       if p > peak then peak = p end
       if peak_of(m) > step_peak then step_peak = peak_of(m) end
@@ -604,7 +641,7 @@ function M.train(cfg)
           tty and "\r\27[K" or "", rec.step, rec.loss_scale or 0))
       end
       run.history[#run.history + 1] = rec
-      if metrics_file then metrics_file:write(core.json(rec), "\n"); metrics_file:flush() end
+      if log then log:record(rec) end
       last = rec
       progress(rec, false)
       -- agreed over all ranks inside trainer:step, so every rank stops after the same step
@@ -634,7 +671,14 @@ function M.train(cfg)
     save("end")
     run.status = "finished"
   end
-  if metrics_file then metrics_file:close() end
+  end)
+  if not ok then
+    if log then
+      log:finish { status = "failed", error = tostring(err), steps = trainer:steps(), final_loss = last and last.loss,
+        seconds = core.now() - t_start }
+    end
+    error(err, 0)
+  end
 
   run.steps = trainer:steps()
   run.skipped_steps = trainer:skipped_steps()
@@ -663,15 +707,18 @@ function M.train(cfg)
   run.interrupted = interrupted
   local comm1 = trainer:comm()
   run.comm = { collectives = comm1.collectives - comm0.collectives, bytes = comm1.bytes - comm0.bytes }
-  if c.out and c.rank0 then
-    core.write_file(c.out .. "/run.json", core.json {
-      status = run.status, steps = run.steps, final_loss = run.final_loss, peak_memory = run.peak_memory,
-      seconds = run.seconds, eval = run.eval, checkpoint = run.checkpoint, recipe = arg and arg[0],
-      micro_batch = run.micro_batch, accumulate = run.accumulate, epochs = c.epochs, seed = c.seed, device = c.device,
-      world_size = world, precision = c.precision,
+  if log then
+    local best
+    for _, r in ipairs(run.history) do
+      if not r.skipped and (not best or r.loss < best) then best = r.loss end
+    end
+    log:finish {
+      status = run.status, steps = run.steps, final_loss = run.final_loss, best_loss = best,
+      peak_memory = run.peak_memory, seconds = run.seconds, eval = run.eval, checkpoint = run.checkpoint,
+      micro_batch = run.micro_batch, accumulate = run.accumulate, epochs = c.epochs, seed = c.seed,
       checkpointing = #trainer:checkpointed_blocks() > 0 and trainer:checkpointed_blocks() or false,
       skipped_steps = run.skipped_steps, loss_scale = run.loss_scale, memory = run.memory, split = run.split,
-    } .. "\n")
+    }
   end
   if not c.quiet then
     local ev = run.eval and run.eval.accuracy and string.format(", eval accuracy %.4f", run.eval.accuracy)

@@ -1,0 +1,75 @@
+// TFRecord framing of TensorBoard event files: CRC-32C against its published
+// check values, and a written file walked record by record.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "observe/events.hpp"
+
+namespace fs = std::filesystem;
+
+TEST(Crc32c, KnownValues) {
+  // RFC 3720 (iSCSI) B.4 and the CRC catalogue's check value
+  EXPECT_EQ(wick::crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(wick::crc32c(std::string(32, '\0')), 0x8A9136AAu);
+  EXPECT_EQ(wick::crc32c(std::string(32, '\xff')), 0x62A8AB43u);
+  std::string inc;
+  for (int i = 0; i < 32; ++i) inc.push_back(static_cast<char>(i));
+  EXPECT_EQ(wick::crc32c(inc), 0x46DD794Eu);
+  EXPECT_EQ(wick::crc32c(""), 0u);
+  // the mask TFRecord applies: rotate right by 15, add a constant
+  const std::uint32_t c = wick::crc32c("123456789");
+  EXPECT_EQ(wick::masked_crc32c("123456789"), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+TEST(EventWriter, WritesWholeFramedRecords) {
+  const auto dir = fs::temp_directory_path() / ("wick-events-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  fs::remove_all(dir);
+  std::string path;
+  {
+    wick::EventWriter w(dir.string());
+    path = w.path();
+    EXPECT_NE(fs::path(path).filename().string().find("events.out.tfevents."), std::string::npos);
+    w.scalars(1, {{"train/loss", 0.5}, {"train/lr", 1e-3}}, 100.0);
+    w.text(0, "recipe", "hello", 100.0);
+    w.scalars(2, {}, 101.0);  // nothing: no record
+    w.close();
+    EXPECT_THROW(w.scalars(3, {{"x", 1.0}}, 102.0), std::runtime_error);
+  }
+  std::ifstream f(path, std::ios::binary);
+  const std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::size_t pos = 0;
+  int records = 0;
+  auto u32 = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(data[at + i]);
+    return v;
+  };
+  while (pos < data.size()) {
+    ASSERT_LE(pos + 12, data.size());
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(data[pos + i]);
+    EXPECT_EQ(u32(pos + 8), wick::masked_crc32c(std::string_view(data).substr(pos, 8)));
+    ASSERT_LE(pos + 16 + n, data.size());
+    EXPECT_EQ(u32(pos + 12 + n), wick::masked_crc32c(std::string_view(data).substr(pos + 12, n)));
+    pos += 16 + n;
+    ++records;
+  }
+  EXPECT_EQ(records, 3);  // file version, scalars of step 1, text
+  EXPECT_NE(data.find("brain.Event:2"), std::string::npos);
+  EXPECT_NE(data.find("train/loss"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(EventWriter, UnwritableFolderIsAnError) {
+  try {
+    wick::EventWriter w("/proc/wick-cannot-write-here");
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("wick-cannot-write-here"), std::string::npos) << e.what();
+  }
+}
