@@ -4,11 +4,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <climits>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "cli/launch.hpp"
+#include "media/make_clips.hpp"
 #include "lua/runtime.hpp"
 #include "util/memory.hpp"
 #include "plugin/registry.hpp"
@@ -34,6 +37,11 @@ commands:
   report RUN_DIR [-o FILE]     one self-contained HTML file with the run's plots
                                (default RUN_DIR/report.html)
   runs [DIR] [--json]          a table of the runs under DIR (default runs/)
+  make-clips DIR [--classes N] [--per-class N] [--size WxH] [--seconds S] [--fps F]
+             [--seed S] [--no-extras] [--no-images]
+                               write a toy video data set (moving shapes, one
+                               class per shape) with manifest.csv, for trying
+                               and testing video data plugins
   describe NAME                show a plugin's options (or 'train' for wick.train's)
   version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
   --help                       this text
@@ -226,6 +234,82 @@ int cmd_plan(std::vector<std::string> args) {
   return rc == 0 ? 1 : rc;
 }
 
+// wick make-clips DIR [--classes N] [--per-class N] [--size WxH] [--seconds S]
+//                 [--fps F] [--seed S] [--no-extras] [--no-images]
+int cmd_make_clips(const std::vector<std::string>& args) {
+  wick::ClipSetOptions o;
+  std::string dir;
+  auto whole_int = [](const std::string& v, long long lo, long long hi, long long& out) {
+    std::size_t used = 0;
+    try {
+      out = std::stoll(v, &used);
+    } catch (const std::exception&) {
+      return false;
+    }
+    return used == v.size() && out >= lo && out <= hi;
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--no-extras") { o.extras = false; continue; }
+    if (a == "--no-images") { o.images = false; continue; }
+    if (a.rfind("--", 0) != 0) {
+      if (!dir.empty()) return usage_error("unexpected argument '" + a + "' to make-clips (the folder is '" + dir + "')");
+      dir = a;
+      continue;
+    }
+    if (a != "--classes" && a != "--per-class" && a != "--size" && a != "--seconds" && a != "--fps" && a != "--seed")
+      return usage_error("unknown option '" + a + "' to make-clips");
+    if (i + 1 >= args.size()) return usage_error(a + " needs a value");
+    const std::string& v = args[++i];
+    long long n = 0;
+    if (a == "--classes") {
+      if (!whole_int(v, 1, 6, n)) return usage_error("--classes expects a whole number from 1 to 6, not '" + v + "'");
+      o.classes = static_cast<int>(n);
+    } else if (a == "--per-class") {
+      if (!whole_int(v, 1, 100000, n)) return usage_error("--per-class expects a whole number of at least 1, not '" + v + "'");
+      o.per_class = static_cast<int>(n);
+    } else if (a == "--fps") {
+      if (!whole_int(v, 1, 1000, n)) return usage_error("--fps expects a whole number from 1 to 1000, not '" + v + "'");
+      o.fps = static_cast<int>(n);
+    } else if (a == "--seed") {
+      if (v.empty() || v[0] == '-' || !whole_int(v, 0, LLONG_MAX, n))
+        return usage_error("--seed expects a whole number of at least 0, not '" + v + "'");
+      o.seed = static_cast<std::uint64_t>(n);
+    } else if (a == "--seconds") {
+      std::size_t used = 0;
+      double d = 0;
+      try {
+        d = std::stod(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || !(d > 0) || d > 3600)
+        return usage_error("--seconds expects a length in seconds above 0 and at most 3600, not '" + v + "'");
+      o.seconds = d;
+    } else {  // --size
+      const auto x = v.find('x');
+      long long w = 0, h = 0;
+      if (x == std::string::npos || !whole_int(v.substr(0, x), 64, 8192, w) || !whole_int(v.substr(x + 1), 48, 8192, h) ||
+          w % 2 || h % 2)
+        return usage_error("--size expects WIDTHxHEIGHT, even numbers from 64x48 to 8192x8192, not '" + v + "'");
+      o.width = static_cast<int>(w);
+      o.height = static_cast<int>(h);
+    }
+  }
+  if (dir.empty()) return usage_error("'wick make-clips' needs a folder");
+  wick::quiet_media_logs();
+  wick::ClipSetReport rep;
+  try {
+    rep = wick::make_clip_set(dir, o);
+  } catch (const std::invalid_argument& e) {
+    return usage_error(e.what());
+  }
+  const std::string manifest = (std::filesystem::path(dir) / "manifest.csv").string();
+  std::printf("wick make-clips: %d clips, %d images, %d extras in %s (manifest %s)\n", rep.clips, rep.images,
+              rep.extras, dir.c_str(), manifest.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -246,6 +330,7 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return wick::launch(args);
     if (cmd == "generate") return cmd_generate(args);
     if (cmd == "report") return cmd_report(args);
+    if (cmd == "make-clips") return cmd_make_clips(args);
     if (cmd == "runs") return cmd_runs(args);
     if (cmd == "plugins") {
       if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");

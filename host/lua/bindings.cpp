@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -595,6 +596,17 @@ int window_free(lua_State* L) {
   return 0;
 }
 
+// window:save(path): its micro-batches as safetensors "<k>.<name>" (k from 0),
+// to see what the loader gives
+int window_save(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "save");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (std::size_t k = 0; k < w->size(); ++k)
+    for (const auto& [name, t] : (*w)[k]) out.emplace_back(std::to_string(k) + "." + name, t.cpu().contiguous());
+  write_safetensors(check_string(L, 2, "save"), out);
+  return 0;
+}
+
 int window_len(lua_State* L) {
   auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "__len");
   lua_pushnumber(L, static_cast<double>(w->size()));
@@ -1052,6 +1064,32 @@ int core_predict(lua_State* L) {
   return 0;
 }
 
+// core.save_samples(data, {i, ...}, path [, epoch, seed]): samples as the
+// loader would read them in that epoch, written as safetensors "<i>.<name>"
+int core_save_samples(lua_State* L) {
+  auto d = check_data(L, 1, "save_samples");
+  luaL_checktype(L, 2, LUA_TTABLE);
+  const std::string path = check_string(L, 3, "save_samples");
+  const auto epoch = static_cast<std::int64_t>(luaL_optnumber(L, 4, 0));
+  const auto seed = static_cast<std::uint64_t>(luaL_optnumber(L, 5, 0));
+  d->set_epoch(epoch, seed);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<std::int64_t> written;  // an index given twice is read twice, written once
+  const int n = static_cast<int>(lua_objlen(L, 2));
+  for (int k = 1; k <= n; ++k) {
+    lua_rawgeti(L, 2, k);
+    const auto i = static_cast<std::int64_t>(luaL_checknumber(L, -1));
+    lua_pop(L, 1);
+    if (i < 0 || i >= d->size())
+      throw Error("save_samples: index " + std::to_string(i) + " outside the data set's 0.." + std::to_string(d->size() - 1));
+    auto sample = d->get(i);
+    if (!written.insert(i).second) continue;
+    for (auto& [name, t] : sample) out.emplace_back(std::to_string(i) + "." + name, t.contiguous());
+  }
+  write_safetensors(path, out);
+  return 0;
+}
+
 // the loss (sum / items) of the batch in a file and every parameter's
 // gradient of it, written as safetensors ("loss", "items", "grad.<name>")
 int core_gradients(lua_State* L) {
@@ -1174,7 +1212,7 @@ int luaopen_wick_core(lua_State* L) {
                                             {"path", G(events_path)},
                                             {nullptr, nullptr}};
   new_metatable<EventWriter>(L, kEventsMt, events_methods);
-  static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {nullptr, nullptr}};
+  static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {"save", G(window_save)}, {nullptr, nullptr}};
   new_metatable<std::vector<Batch>>(L, kWindowMt, window_methods);
   luaL_getmetatable(L, kWindowMt);
   lua_pushcfunction(L, G(window_len));
@@ -1200,6 +1238,7 @@ int luaopen_wick_core(lua_State* L) {
                                   {"mkdirs", G(core_mkdirs)},
                                   {"write_file", G(core_write_file)},
                                   {"event_writer", G(core_event_writer)},
+                                  {"save_samples", G(core_save_samples)},
                                   {"list_dir", G(core_list_dir)},
                                   {"process", G(core_process)},
                                   {"pid_alive", G(core_pid_alive)},

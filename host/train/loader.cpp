@@ -63,6 +63,7 @@ void Loader::stop_workers() {
 void Loader::start_epoch(std::int64_t epoch, std::int64_t first_window) {
   stop_workers();
   epoch_ = epoch;
+  data_->set_epoch(epoch, cfg_.seed);
   order_ = epoch_order(data_->size(), cfg_, epoch);
   micro_.clear();
   for (std::size_t i = 0; i < order_.size(); i += cfg_.micro_batch) {

@@ -48,6 +48,17 @@ class Dataset : public Object {
     throw Error("this data set has no tokenizer");
   }
 
+  /// Optional: called by the loader before each epoch's samples are read, with
+  /// the epoch and the run's seed. Data sets with random augmentation (crops,
+  /// flips, frame sampling) draw sample i's randomness from (seed, epoch, i),
+  /// so the same seed gives the same samples whatever the worker threads do.
+  /// Const because the host holds data sets as const: keep the two numbers in
+  /// mutable atomics.
+  virtual void set_epoch(std::int64_t epoch, std::uint64_t seed) const {
+    (void)epoch;
+    (void)seed;
+  }
+
   /// Optional: samples to a batch. Default stacks each named tensor.
   virtual Batch collate(const std::vector<Sample>& samples) const {
     Batch out;

@@ -28,7 +28,7 @@ describe("recipe errors", function()
 
   it("an unknown plugin lists the known ones", function()
     fails_with("local wick = require 'wick'\n\nwick.model('mpl', {})\n",
-      { "recipe.lua:3: unknown plugin 'mpl'", "known plugins: adamw, decoder_lm, lora, mlp, qlora, schedule, sgd, synthetic, tensors, text" })
+      { "recipe.lua:3: unknown plugin 'mpl'", "known plugins: adamw, decoder_lm, image_folder, lora, mlp, qlora, schedule, sgd, synthetic, tensors, text, video_folder" })
   end)
 
   it("an unknown option names plugin and key and lists the options", function()
@@ -55,7 +55,7 @@ describe("recipe errors", function()
 
   it("a plugin built for another ABI is refused with both versions", function()
     fails_with("local wick = require 'wick'\nwick.model('bad_abi', {})\n",
-      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 2" },
+      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 3" },
       nil, "WICK_PLUGIN_PATH=" .. H.test_plugins)
   end)
 

@@ -42,6 +42,13 @@ wick.memory = core.memory
 wick.plugins = core.plugins
 wick.json = core.json
 
+--- Samples as the loader reads them in an epoch, written as safetensors
+-- ("<i>.<name>"): wick.save_samples(data, {0, 1, 2}, "s.safetensors", {epoch = 0, seed = 0}).
+function wick.save_samples(data, indices, path, opts)
+  opts = opts or {}
+  core.save_samples(data, indices, path, opts.epoch or 0, opts.seed or 0)
+end
+
 --- true (and the signal number) once SIGINT or SIGTERM arrived.
 function wick.interrupted() return core.interrupted() end
 

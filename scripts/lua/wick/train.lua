@@ -701,6 +701,9 @@ function M.train(cfg)
       resident_peak = m.peak_resident,
     }
   end
+  -- media data sets count the files they skipped (each named once when it happened)
+  local skipped_files = c.data.skipped_files
+  if type(skipped_files) == "number" and skipped_files > 0 then run.skipped_files = skipped_files end
   run.final_loss = last and last.loss
   run.peak_memory = peak
   run.seconds = core.now() - t_start
@@ -718,6 +721,7 @@ function M.train(cfg)
       micro_batch = run.micro_batch, accumulate = run.accumulate, epochs = c.epochs, seed = c.seed,
       checkpointing = #trainer:checkpointed_blocks() > 0 and trainer:checkpointed_blocks() or false,
       skipped_steps = run.skipped_steps, loss_scale = run.loss_scale, memory = run.memory, split = run.split,
+      skipped_files = run.skipped_files,
     }
   end
   if not c.quiet then
@@ -732,6 +736,10 @@ function M.train(cfg)
       fmt_bytes(mm.gradients), fmt_bytes(mm.optimizer), cuda and "" or ("data buffers " .. fmt_bytes(mm.data) .. " + "),
       fmt_bytes(mm.activations), fmt_bytes(mm.other),
       cuda and (" (data buffers in host memory: " .. fmt_bytes(mm.data) .. ")") or " (other: data sets and tensors held before the first step)"))
+    if run.skipped_files then
+      io.stderr:write(string.format("wick: %d data files could not be decoded and were skipped (named above)\n",
+        run.skipped_files))
+    end
     if run.skipped_steps > 0 then
       io.stderr:write(string.format("wick: %d of %d steps skipped for inf/nan gradients (fp16 loss scale now %g)\n",
         run.skipped_steps, run.steps, run.loss_scale or 0))
