@@ -6,6 +6,7 @@
 -- breakdown; the options and the recipe.
 local core = require "wick.core"
 local runlog = require "wick.runlog"
+local fmt_bytes, fmt_time = runlog.fmt_bytes, runlog.fmt_time
 
 local M = {}
 local NULL = 0 / 0  -- core.json writes NaN as null: a step without the field
@@ -14,20 +15,6 @@ local function fail(msg) error("wick report: " .. msg, 0) end
 
 local function esc(s)
   return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
-end
-
-local function fmt_bytes(n)
-  if type(n) ~= "number" then return "-" end
-  if n >= 2 ^ 30 then return string.format("%.2f GiB", n / 2 ^ 30) end
-  if n >= 2 ^ 20 then return string.format("%.1f MiB", n / 2 ^ 20) end
-  return string.format("%.0f KiB", n / 2 ^ 10)
-end
-
-local function fmt_time(s)
-  if type(s) ~= "number" then return "-" end
-  s = math.max(0, math.floor(s + 0.5))
-  if s >= 3600 then return string.format("%d:%02d:%02d", s / 3600, (s % 3600) / 60, s % 60) end
-  return string.format("%d:%02d", s / 60, s % 60)
 end
 
 --- Reads a run folder: { meta = run.json or {}, steps = {records}, evals = {records}, recipe = text }.

@@ -32,6 +32,22 @@ function M.scalar_tags(rec)
   return out
 end
 
+--- 1.5 GiB, 12.3 MiB, 800 KiB ("-" for no number).
+function M.fmt_bytes(n)
+  if type(n) ~= "number" then return "-" end
+  if n >= 2 ^ 30 then return string.format("%.2f GiB", n / 2 ^ 30) end
+  if n >= 2 ^ 20 then return string.format("%.1f MiB", n / 2 ^ 20) end
+  return string.format("%.0f KiB", n / 2 ^ 10)
+end
+
+--- m:ss or h:mm:ss ("-" for no number).
+function M.fmt_time(s)
+  if type(s) ~= "number" then return "-" end
+  s = math.max(0, math.floor(s + 0.5))
+  if s >= 3600 then return string.format("%d:%02d:%02d", s / 3600, (s % 3600) / 60, s % 60) end
+  return string.format("%d:%02d", s / 60, s % 60)
+end
+
 local function read_file(path)
   local f = io.open(path, "rb")
   if not f then return nil end

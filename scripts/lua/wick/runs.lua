@@ -6,23 +6,10 @@
 -- ending (killed, crashed) shows as failed.
 local core = require "wick.core"
 local runlog = require "wick.runlog"
+local fmt_bytes, fmt_time = runlog.fmt_bytes, runlog.fmt_time
 local report = require "wick.report"
 
 local M = {}
-
-local function fmt_bytes(n)
-  if type(n) ~= "number" or n <= 0 then return "-" end
-  if n >= 2 ^ 30 then return string.format("%.2f GiB", n / 2 ^ 30) end
-  if n >= 2 ^ 20 then return string.format("%.1f MiB", n / 2 ^ 20) end
-  return string.format("%.0f KiB", n / 2 ^ 10)
-end
-
-local function fmt_time(s)
-  if type(s) ~= "number" then return "-" end
-  s = math.max(0, math.floor(s + 0.5))
-  if s >= 3600 then return string.format("%d:%02d:%02d", s / 3600, (s % 3600) / 60, s % 60) end
-  return string.format("%d:%02d", s / 60, s % 60)
-end
 
 local function find_runs(dir, depth, out)
   local entries = core.list_dir(dir)

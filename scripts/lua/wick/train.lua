@@ -1,6 +1,7 @@
 -- wick.train: the standard loop, written with the step-level primitives.
 local core = require "wick.core"
 local runlog = require "wick.runlog"
+local fmt_bytes, fmt_time, read_json = runlog.fmt_bytes, runlog.fmt_time, runlog.read_json
 
 local M = {}
 
@@ -183,19 +184,6 @@ local function resolve(cfg)
   return c
 end
 
-local function fmt_bytes(n)
-  if not n then return "?" end
-  if n >= 2 ^ 30 then return string.format("%.2f GiB", n / 2 ^ 30) end
-  if n >= 2 ^ 20 then return string.format("%.1f MiB", n / 2 ^ 20) end
-  return string.format("%.0f KiB", n / 2 ^ 10)
-end
-
-local function fmt_time(s)
-  s = math.max(0, math.floor(s + 0.5))
-  if s >= 3600 then return string.format("%d:%02d:%02d", s / 3600, (s % 3600) / 60, s % 60) end
-  return string.format("%d:%02d", s / 60, s % 60)
-end
-
 local function memory_now(cuda)
   local m = core.memory(cuda)
   return m, (m.cuda_allocated and m.cuda_peak) or m.peak_resident
@@ -286,14 +274,6 @@ function M.fit_micro_batch(trainer, c, per_rank)
   end
   fail("micro_batch = 'auto': not even one sample fits in " .. fmt_bytes(avail) .. " on " .. c.device .. " (" ..
     table.concat(tried, ", ") .. "); try precision = 'bf16-mixed' or checkpointing = true")
-end
-
-local function read_json(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return core.json_decode(s)
 end
 
 --- `wick plan`: the recipe's wick.train call measures instead of training.
