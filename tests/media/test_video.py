@@ -123,12 +123,12 @@ def test_stride_and_random_segment(clips, tmp_path, clip):
     c = samples(tmp_path, opts, epoch=1)
     np.testing.assert_array_equal(a["0.video"], b["0.video"])
     assert not np.array_equal(a["0.frame_times"], c["0.frame_times"])
-    for times in (a["0.frame_times"], c["0.frame_times"]):
+    for s_, times in ((a, a["0.frame_times"]), (c, c["0.frame_times"])):
         for k, t in enumerate(times):
             seg0, seg1 = start + k * dur / 5, start + (k + 1) * dur / 5
             # the frame on screen at a time inside the segment: it starts before the segment ends
             assert t < seg1 + 1e-9 and (t >= seg0 - 1e-9 or [p for p in pts if p <= seg0 + 1e-9][-1] == t)
-        ref = ffmpeg_frame(path, times[2], "scale=64:64:flags=bilinear", 64, 64)
+        close(s_["0.video"][2], ffmpeg_frame(path, times[2], "scale=64:64:flags=bilinear", 64, 64), f"{clip} segment 2")
 
 
 def test_crop_and_resize_modes(clips, tmp_path):
