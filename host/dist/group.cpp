@@ -214,6 +214,27 @@ std::int64_t Group::sum(std::int64_t v, const std::string& what) {
   return t[0].item<std::int64_t>();
 }
 
+std::pair<at::Tensor, std::int64_t> Group::all_gather_rows(const at::Tensor& t, std::int64_t width,
+                                                           const std::string& what) {
+  const auto cpu_long = at::TensorOptions().dtype(at::kLong).device(device_);
+  std::vector<at::Tensor> rows{at::zeros({env_.world_size}, cpu_long)};
+  const std::int64_t mine = t.defined() ? t.size(0) : 0;
+  rows[0][env_.rank] = mine;
+  all_reduce(rows, "the row counts of " + what);
+  const at::Tensor counts = rows[0].cpu();
+  std::int64_t offset = 0, total = 0;
+  for (int r = 0; r < env_.world_size; ++r) {
+    if (r == env_.rank) offset = total;
+    total += counts[r].item<std::int64_t>();
+  }
+  // x + 0 == x: the sum of zero buffers, each holding one rank's rows, is
+  // their concatenation exactly, whatever the ranks' row counts.
+  std::vector<at::Tensor> buf{at::zeros({total, width}, at::TensorOptions().dtype(at::kFloat).device(device_))};
+  if (mine) buf[0].narrow(0, offset, mine).copy_(t.reshape({mine, width}));
+  all_reduce(buf, what);
+  return {buf[0], offset};
+}
+
 void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what) {
   for (auto& t : tensors) {
     std::vector<at::Tensor> one{t};

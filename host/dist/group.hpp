@@ -65,6 +65,11 @@ class Group {
   /// Waits for `work`, naming `what` in a failure.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
   std::int64_t sum(std::int64_t v, const std::string& what);
+  /// Every rank's rows of `t` ([rows, width], rows may differ and be 0),
+  /// concatenated in rank order, on every rank; also the row offset of this
+  /// rank's rows. Floating tensors only (returned in float32). Two small
+  /// all-reduces: the row counts, then the rows placed in a zero buffer.
+  std::pair<at::Tensor, std::int64_t> all_gather_rows(const at::Tensor& t, std::int64_t width, const std::string& what);
   /// Copies rank 0's tensors to every rank, in place.
   void broadcast(std::vector<at::Tensor>& tensors, const std::string& what);
   void barrier(const std::string& what);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <sys/ioctl.h>
@@ -359,6 +360,14 @@ int model_item_name(lua_State* L) {
   return 1;
 }
 
+// model:window_coupled(): whether the model's loss couples the samples of a
+// window (contrastive), so the trainer computes it over the whole window.
+int model_window_coupled(lua_State* L) {
+  auto m = check_model(L, 1, "window_coupled");
+  lua_pushboolean(L, m->window_coupled());
+  return 1;
+}
+
 // Reads an optional field of the table at index t.
 template <class T>
 T field(lua_State* L, int t, const char* key, T def) {
@@ -401,10 +410,22 @@ void push_ids(lua_State* L, const std::vector<std::int64_t>& ids) {
   }
 }
 
-// model:generate(prompt_ids, {max_new_tokens, temperature, top_k, top_p, eos_id, seed}) -> ids
+// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, seed}) -> ids
+// prompt: token ids {1, 2, ...}, or a batch whose first sample is the prompt
+// (Model::generate_from): a window (data:window(i, 1)) or a safetensors file.
 int model_generate(lua_State* L) {
   auto m = check_model(L, 1, "generate");
-  auto prompt = check_ids(L, 2, "generate");
+  std::optional<Batch> batch;
+  std::vector<std::int64_t> prompt;
+  if (auto* w = test_box<std::vector<Batch>>(L, 2, kWindowMt)) {
+    if (!w->ptr || w->ptr->empty()) throw Error("generate: the window given as prompt is empty (freed?)");
+    batch = w->ptr->front();
+  } else if (lua_type(L, 2) == LUA_TSTRING) {
+    auto f = read_safetensors(lua_tostring(L, 2));
+    batch = Batch(f.tensors.begin(), f.tensors.end());
+  } else {
+    prompt = check_ids(L, 2, "generate");
+  }
   GenerateOptions g;
   if (!lua_isnoneornil(L, 3)) {
     check_table(L, 3, "generate");
@@ -417,7 +438,7 @@ int model_generate(lua_State* L) {
   }
   if (g.max_new_tokens < 0 || g.temperature < 0 || g.top_k < 0 || g.top_p <= 0 || g.top_p > 1)
     throw Error("generate: expected max_new_tokens >= 0, temperature >= 0, top_k >= 0, top_p in (0, 1]");
-  push_ids(L, m->generate(prompt, g));
+  push_ids(L, batch ? m->generate_from(*batch, g) : m->generate(prompt, g));
   return 1;
 }
 
@@ -1175,6 +1196,7 @@ int luaopen_wick_core(lua_State* L) {
                                            {"parameters", G(model_parameters)},
                                            {"blocks", G(model_blocks)},
                                            {"item_name", G(model_item_name)},
+                                           {"window_coupled", G(model_window_coupled)},
                                            {"generate", G(model_generate)},
                                            {nullptr, nullptr}};
   static const luaL_Reg data_methods[] = {

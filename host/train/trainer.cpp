@@ -8,6 +8,7 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/linalg_vector_norm.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -289,6 +290,11 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   bool agreed = false;
   std::size_t i = 0;
   try {
+    if (model_->window_coupled() && (group || pieces.size() > 1)) {
+      if (!run_coupled(pieces, s, loss_sum, metric_sums, i, agree ? &agreed : nullptr)) return false;
+      s.micro_batches = static_cast<std::int64_t>(pieces.size());
+      return true;
+    }
     if (agree && pieces.empty()) {
       agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
@@ -350,6 +356,138 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
     return false;
   }
   s.micro_batches = static_cast<std::int64_t>(pieces.size());
+  return true;
+}
+
+// A loss over the whole window (contrastive), exactly, in three passes
+// (GradCache): embeddings of every micro-batch without a graph; the loss over
+// all of them (every rank's, gathered) and its gradient with respect to each
+// embedding; then each micro-batch's embeddings again, with the graph and the
+// random state of the first pass, backpropagating those gradients. Memory
+// holds one micro-batch's graph at a time plus the window's embeddings.
+bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Tensor& loss_sum,
+                          std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed) {
+  Group* group = cfg_.group.get();
+  const at::Device device(cfg_.device);
+  const std::string where = "step " + std::to_string(step_ + 1);
+  const int world = group ? group->size() : 1;
+  // 1. embeddings, no graph; the random state before each micro-batch
+  std::vector<std::vector<std::pair<at::Generator, at::Tensor>>> states(pieces.size());
+  std::vector<std::vector<at::Tensor>> emb(pieces.size());
+  std::vector<std::int64_t> rows(pieces.size());
+  for (i = 0; i < pieces.size(); ++i) {
+    for (auto& [name, gen] : generators(device)) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      states[i].emplace_back(gen, gen.get_state());
+    }
+    rows[i] = model_->count_items(pieces[i]);
+    at::NoGradGuard no_grad;
+    AutocastScope autocast(cfg_.precision, device);
+    emb[i] = model_->embed(to_device(pieces[i], device));
+    if (emb[i].empty() || (i > 0 && emb[i].size() != emb[0].size()))
+      throw Error(where + ": the model's embed() must give the same number (at least one) of embeddings for every "
+                  "micro-batch");
+    for (const auto& e : emb[i])
+      if (e.dim() != 2 || e.size(0) != rows[i])
+        throw Error(where + ": the model's embed() must give [items, width] tensors with one row per item (" +
+                    std::to_string(rows[i]) + " items), got " + c10::str(e.sizes()));
+  }
+  // The number of embeddings and their widths: from this rank's data, or, on
+  // a rank whose window is empty, from the others' (one small all-reduce).
+  std::vector<std::int64_t> widths;
+  if (!emb.empty())
+    for (const auto& e : emb[0]) widths.push_back(e.size(1));
+  if (group) {
+    constexpr std::int64_t kMax = 16;
+    if (static_cast<std::int64_t>(widths.size()) > kMax) throw Error(where + ": embed() gave more than 16 embeddings");
+    std::vector<at::Tensor> meta{at::zeros({world, kMax + 1}, at::TensorOptions().dtype(at::kLong).device(group->device()))};
+    if (!emb.empty()) {
+      meta[0][group->rank()][0] = static_cast<std::int64_t>(widths.size());
+      for (std::size_t k = 0; k < widths.size(); ++k) meta[0][group->rank()][static_cast<std::int64_t>(k) + 1] = widths[k];
+    }
+    group->all_reduce(meta, "the embedding sizes of " + where);
+    const at::Tensor m = meta[0].cpu();
+    for (int r = 0; r < world; ++r) {
+      const auto n = m[r][0].item<std::int64_t>();
+      if (n == 0) continue;
+      std::vector<std::int64_t> theirs;
+      for (std::int64_t k = 0; k < n; ++k) theirs.push_back(m[r][k + 1].item<std::int64_t>());
+      if (widths.empty()) widths = theirs;
+      else if (widths != theirs)
+        throw Error(where + ": rank " + std::to_string(r) + "'s embeddings differ in number or width from rank " +
+                    std::to_string(group->rank()) + "'s");
+    }
+  }
+  // 2. the loss over the window on every rank; gradients of the embeddings
+  std::vector<at::Tensor> all;
+  std::int64_t offset = 0;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (std::size_t k = 0; k < widths.size(); ++k) {
+    std::vector<at::Tensor> parts;
+    for (const auto& e : emb) parts.push_back(e[k].to(at::kFloat));
+    at::Tensor local = parts.empty() ? at::zeros({0, widths[k]}, f32) : at::cat(parts);
+    if (group) std::tie(local, offset) = group->all_gather_rows(local, widths[k], "the embeddings of " + where);
+    all.push_back(local.detach().requires_grad_(true));
+  }
+  for (auto& e : emb) e.clear();  // only the rows in `all` are needed now
+  ForwardResult r = model_->window_loss(all);
+  if (r.items != s.items)
+    throw Error(where + ": the model's window_loss() counted " + std::to_string(r.items) + " items, the window holds " +
+                std::to_string(s.items));
+  if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
+    throw Error("the model's window_loss() must return a one-element loss sum");
+  // Every rank computes the same loss: its gradient for the parameters the
+  // loss uses directly (a temperature) is divided by the rank count, as the
+  // all-reduce sums it; the embeddings' gradients are taken whole.
+  at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(s.items) / world);
+  if (scaling()) l = l * scale_;
+  l.backward();
+  std::vector<at::Tensor> grads;
+  for (auto& a : all) grads.push_back(a.grad() * static_cast<double>(world));
+  all.clear();
+  if (!group || group->rank() == 0) {  // the window's loss, counted once over the ranks
+    loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
+    for (auto& [k, v] : r.metrics) metric_sums[k] = v.detach().to(at::kDouble).sum();
+  } else {
+    for (auto& [k, v] : r.metrics) metric_sums[k] = at::zeros({}, loss_sum.options());
+  }
+  r = ForwardResult();
+  // 3. each micro-batch again, with its graph, taking the cached gradients
+  std::int64_t row = offset;
+  for (i = 0; i < pieces.size(); ++i) {
+    for (auto& [gen, state] : states[i]) {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+    std::vector<at::Tensor> e;
+    {
+      AutocastScope autocast(cfg_.precision, device);
+      e = model_->embed(to_device(pieces[i], device));
+    }
+    std::vector<at::Tensor> g;
+    for (std::size_t k = 0; k < e.size(); ++k) g.push_back(grads[k].narrow(0, row, rows[i]).to(e[k].scalar_type()));
+    row += rows[i];
+    const bool last = i + 1 == pieces.size();
+    if (last && agreed) {
+      *agreed = true;
+      if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+    }
+    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();
+    torch::autograd::backward(e, g);
+    if (group && !last && cfg_.sync_every_micro_batch) {
+      reducer_->finish(step_ + 1);
+      at::NoGradGuard no_grad;
+      for (auto& [name, p] : params_)
+        if (p.grad().defined()) p.mutable_grad().div_(group->size());
+    }
+  }
+  if (group && pieces.empty()) {  // at the point where the others check before their last backward
+    if (agreed) {
+      *agreed = true;
+      if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+    }
+    reducer_->arm();  // nothing to backpropagate: this rank sends zeros (and its temperature's share)
+  }
   return true;
 }
 

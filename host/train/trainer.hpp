@@ -134,6 +134,12 @@ class Trainer {
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
                   std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message);
+  /// The same for a model whose loss couples the window (Model::window_coupled):
+  /// embeddings, the loss over all of them, then backward micro-batch by
+  /// micro-batch. `i` tracks the micro-batch for error messages; `agreed`,
+  /// when given, is set once the ranks agreed that none ran out of memory.
+  bool run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Tensor& loss_sum,
+                   std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed);
   /// After the window: unscale, agree on flags across ranks, clip, step.
   void finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums);
   bool scaling() const;

@@ -70,6 +70,33 @@ class Model : public Object, public torch::nn::Module {
   /// Optional: what the model counts as an item ("samples", "tokens").
   virtual std::string item_name() const { return "samples"; }
 
+  /// Optional, for losses that couple the samples of a window (contrastive
+  /// losses, whose negatives are the other samples): true makes the host
+  /// compute the loss over the whole window on all ranks at once, exactly as
+  /// one large batch would, in two passes (GradCache, Gao et al. 2021):
+  ///  1. embed() every micro-batch without a graph, and gather the
+  ///     embeddings of all ranks;
+  ///  2. window_loss() over them, whose backward gives each embedding's
+  ///     gradient (and the gradients of parameters window_loss uses itself,
+  ///     such as a temperature);
+  ///  3. embed() each micro-batch again with the graph (same random state)
+  ///     and backpropagate the cached gradients into it.
+  /// forward() still computes the loss of one micro-batch alone (evaluation,
+  /// probing, and models that choose the plain, per-micro-batch form).
+  virtual bool window_coupled() const { return false; }
+  /// The micro-batch's embeddings, each with the samples as first dimension.
+  virtual std::vector<at::Tensor> embed(const Batch& batch) {
+    (void)batch;
+    throw Error("this model does not implement embed()");
+  }
+  /// Loss over the embeddings of a whole window: embeddings[k] is the
+  /// concatenation of every micro-batch's (and every rank's, in rank order)
+  /// embed()[k]. items must equal the count_items() sum over the same batches.
+  virtual ForwardResult window_loss(const std::vector<at::Tensor>& embeddings) {
+    (void)embeddings;
+    throw Error("this model does not implement window_loss()");
+  }
+
   /// Optional: names of submodules (LoRA targets) and of repeated blocks
   /// (checkpointing units).
   virtual std::vector<std::string> targets() const { return {}; }
@@ -77,6 +104,20 @@ class Model : public Object, public torch::nn::Module {
   /// (for a language model: every linear layer but the output head).
   virtual std::vector<std::pair<std::string, Linear>> linear_layers() { return {}; }
   virtual std::vector<std::string> blocks() const { return {}; }
+
+  /// Optional: continue the first sample of a batch (models whose prompt is
+  /// more than token ids: a vision-language model's picture and prompt).
+  /// Default: generate() from the batch's input_ids row 0 (its
+  /// attention_mask's real tokens when it has one).
+  virtual std::vector<std::int64_t> generate_from(const Batch& inputs, const GenerateOptions& opts) {
+    auto it = inputs.find("input_ids");
+    if (it == inputs.end()) throw Error("generate: the batch has no input_ids");
+    at::Tensor row = it->second.select(0, 0).cpu();
+    if (auto m = inputs.find("attention_mask"); m != inputs.end())
+      row = row.masked_select(m->second.select(0, 0).cpu().to(at::kBool));
+    const auto* p = row.contiguous().data_ptr<std::int64_t>();
+    return generate(std::vector<std::int64_t>(p, p + row.numel()), opts);
+  }
 
   /// Runs block `name` (one of blocks()) on `inputs`: a plain call, or, when
   /// the recipe checkpoints this block, through the host's checkpointing (see

@@ -52,7 +52,7 @@
 #include "wick/options.hpp"
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 3
+#define WICK_ABI_VERSION 4
 #define WICK_VERSION_STRING "0.1.0"
 
 namespace wick {

@@ -472,6 +472,13 @@ function M.train(cfg)
     io.stderr:write("wick.train: empty_cache_every and memory_fraction act on CUDA memory; on " .. c.device ..
       " they have no effect\n")
   end
+  local coupled = c.model:window_coupled()
+  if coupled and not c.quiet and c.rank0 then
+    -- say which form of a contrastive loss this run uses
+    io.stderr:write(string.format("wick.train: the model's loss couples the samples of a window: computed exactly " ..
+      "over each window of micro_batch x accumulate x %d ranks, embeddings first, then backward per micro-batch " ..
+      "(two forward passes each)\n", world))
+  end
   if auto then
     c.micro_batch, c.accumulate = M.fit_micro_batch(trainer, c, per_rank_batch)
     c.eval_micro_batch = c.eval_micro_batch or c.micro_batch
@@ -508,7 +515,8 @@ function M.train(cfg)
     opts.parameters, opts.samples, opts.world_size = c.model:parameters(), c.data:size(), world
     log = runlog.open(c.out, {
       recipe = arg and arg[0], options = opts, total_steps = total, start_step = trainer:steps(),
-      extra = { device = c.device, precision = c.precision, world_size = world, item_name = c.model:item_name() },
+      extra = { device = c.device, precision = c.precision, world_size = world, item_name = c.model:item_name(),
+                loss_scope = coupled and "window" or "micro_batch" },
     })
   end
   local run = { steps = trainer:steps(), skipped_steps = 0, history = {}, out = c.out, status = "running" }
