@@ -10,6 +10,12 @@
 // A file that cannot be decoded is, with on_error = "skip", named once on
 // stderr, counted (the `skipped_files` attribute) and replaced by the next
 // readable sample; with "fail" it ends the run with the file's name.
+//
+// Text columns (image-text and video-text pairs): with a `tokenizer`, each
+// sample also gets input_ids = encode(prompt) + encode(text) + [end of text]
+// (truncated to text_length), attention_mask (1 = real token) and labels
+// (-100 on the prompt, else the ids), int64; collate pads to the longest
+// sequence of the batch with the end-of-text id (labels -100, mask 0).
 
 #include <wick/data.hpp>
 
@@ -21,11 +27,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include "media/decode.hpp"
+#include "text/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -41,10 +49,13 @@ constexpr const char* kName = "video_folder";
 constexpr const char* kKey = "video";
 #endif
 
+constexpr std::int64_t kIgnore = -100;
+
 struct Item {
   std::string path;
   std::int64_t label = -1;
   std::string text;
+  std::vector<std::int64_t> ids, labels;  // with a tokenizer
 };
 
 std::string lower(std::string s) {
@@ -123,6 +134,16 @@ class MediaFolder : public wick::Dataset {
     if (items_.empty())
       throw wick::Error(std::string(kName) + ": no " + (kVideo ? "clips" : "images") + " found in " +
                         (root.empty() ? manifest : root) + " (extensions searched: " + join(exts) + ")");
+    if (o.has("tokenizer")) tokenize(o);
+  }
+
+  std::vector<std::int64_t> encode(const std::string& s) const override {
+    if (!tokenizer_) return Dataset::encode(s);
+    return tokenizer_->encode(s);
+  }
+  std::string decode(const std::vector<std::int64_t>& ids) const override {
+    if (!tokenizer_) return Dataset::decode(ids);
+    return tokenizer_->decode(ids);
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(items_.size()); }
@@ -156,10 +177,46 @@ class MediaFolder : public wick::Dataset {
           throw wick::Error(std::string(kName) + ": resize = 'shorter_side' with crop = 'none' gives pictures of "
                             "different shapes that do not stack into a batch; use crop = 'center' or micro_batch = 1");
     }
-    return Dataset::collate(samples);
+    if (!tokenizer_) return Dataset::collate(samples);
+    // the token columns: padded to the longest of the batch
+    std::vector<wick::Sample> rest;
+    std::int64_t T = 0;
+    for (const auto& s : samples) {
+      T = std::max(T, s.at("input_ids").size(0));
+      wick::Sample r = s;
+      r.erase("input_ids"), r.erase("labels"), r.erase("attention_mask");
+      rest.push_back(std::move(r));
+    }
+    wick::Batch out = Dataset::collate(rest);
+    const auto B = static_cast<std::int64_t>(samples.size());
+    at::Tensor ids = at::full({B, T}, eos_, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
+    at::Tensor mask = at::zeros({B, T}, at::kLong);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto& s = samples[static_cast<std::size_t>(b)];
+      const auto n = s.at("input_ids").size(0);
+      ids[b].narrow(0, 0, n).copy_(s.at("input_ids"));
+      labels[b].narrow(0, 0, n).copy_(s.at("labels"));
+      mask[b].narrow(0, 0, n).fill_(1);
+    }
+    out["input_ids"] = ids;
+    out["labels"] = labels;
+    out["attention_mask"] = mask;
+    return out;
   }
 
   std::map<std::string, wick::Value> attributes() const override {
+    auto a = base_attributes();
+    if (tokenizer_) {
+      a["vocab_size"] = tokenizer_->vocab_size();
+      a["eos_id"] = eos_;
+      a["image_token_id"] = image_token_id_;
+      a["text_length"] = text_length_;
+    }
+    return a;
+  }
+
+ private:
+  std::map<std::string, wick::Value> base_attributes() const {
     return {{"size", size()},
             {"num_classes", static_cast<std::int64_t>(classes_.size())},
             {"classes", join(classes_)},
@@ -173,7 +230,42 @@ class MediaFolder : public wick::Dataset {
             {"sample_bytes", static_cast<std::int64_t>(3LL * req_.max_frames * req_.height * req_.width)}};
   }
 
- private:
+  // Tokenizes every item's text once, here: get() only copies the ids.
+  void tokenize(const wick::Options& o) {
+    const std::string tok = o.get_string("tokenizer");
+    const std::string image_token = o.get_string("image_token");
+    const std::string where = std::string(kName) + ": tokenizer '" + tok + "'";
+    try {
+      if (tok == "bytes") tokenizer_ = wick::text::byte_tokenizer(image_token.empty() ? std::vector<std::string>{}
+                                                                                       : std::vector<std::string>{image_token});
+      else tokenizer_ = wick::text::bpe_tokenizer(tok);
+    } catch (const std::exception& e) {
+      throw wick::Error(where + ": " + e.what() + " (expected 'bytes' or a Hugging Face tokenizer.json)");
+    }
+    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : tok == "bytes" ? "<eos>" : "<|endoftext|>";
+    eos_ = tokenizer_->token_id(eos);
+    if (eos_ < 0) throw wick::Error(where + " has no end-of-text token '" + eos + "' (set eos_token)");
+    image_token_id_ = image_token.empty() ? -1 : tokenizer_->token_id(image_token);
+    text_length_ = o.get_int("text_length");
+    const std::string prompt = o.get_string("prompt");
+    const auto prompt_ids = tokenizer_->encode(prompt);
+    for (auto& it : items_) {
+      if (image_token_id_ < 0 && !image_token.empty() &&
+          (prompt.find(image_token) != std::string::npos || it.text.find(image_token) != std::string::npos))
+        throw wick::Error(where + " has no token '" + image_token + "' (the image_token in prompt or text): add it "
+                          "to the tokenizer's added_tokens or set image_token");
+      it.ids = prompt_ids;
+      it.labels.assign(prompt_ids.size(), kIgnore);
+      for (auto id : tokenizer_->encode(it.text)) it.ids.push_back(id), it.labels.push_back(id);
+      it.ids.push_back(eos_);
+      it.labels.push_back(eos_);
+      if (static_cast<std::int64_t>(it.ids.size()) > text_length_) {
+        it.ids.resize(static_cast<std::size_t>(text_length_));
+        it.labels.resize(static_cast<std::size_t>(text_length_));
+      }
+    }
+  }
+
   static std::string join(const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -277,6 +369,11 @@ class MediaFolder : public wick::Dataset {
     std::memcpy(t.data_ptr(), f.data.data(), f.data.size());
     wick::Sample s{{kKey, t}, {"label", at::scalar_tensor(it.label, at::kLong)}, {"index", at::scalar_tensor(j, at::kLong)}};
     if (kVideo) s["frame_times"] = at::tensor(f.times, at::kDouble);
+    if (tokenizer_) {
+      s["input_ids"] = at::tensor(it.ids, at::kLong);
+      s["labels"] = at::tensor(it.labels, at::kLong);
+      s["attention_mask"] = at::ones({static_cast<std::int64_t>(it.ids.size())}, at::kLong);
+    }
     return s;
   }
 
@@ -289,6 +386,8 @@ class MediaFolder : public wick::Dataset {
   }
 
   std::uint64_t seed_;
+  std::unique_ptr<wick::text::Tokenizer> tokenizer_;
+  std::int64_t eos_ = -1, image_token_id_ = -1, text_length_ = 0;
   wick::media::Request req_;
   bool flip_ = false, fail_ = false, variable_size_ = false;
   std::vector<Item> items_;
@@ -323,6 +422,13 @@ wick::OptionSchema schema() {
       wick::opt_float("time_limit", 30.0, "seconds one file may take to decode (0: no limit)").at_least(0),
       wick::opt_int("max_pixels", std::int64_t{8192} * 8192, "refuse frames larger than this many pixels before decoding").at_least(1),
       wick::opt_int("seed", 0, "seed for random frames, crops and flips (with the run's seed and the epoch)"),
+      wick::opt_string("tokenizer", wick::Value(),
+                       "text column as tokens: 'bytes' (UTF-8 bytes, end of text 256, image_token 257) or a Hugging "
+                       "Face tokenizer.json (unset: no text)").optional(),
+      wick::opt_int("text_length", 64, "tokens per sample at most (prompt + text + end of text; longer is cut)").at_least(2),
+      wick::opt_string("prompt", "", "text put before each sample's text, excluded from the labels (may hold image_token)"),
+      wick::opt_string("image_token", "<image>", "the token standing for the picture's visual tokens ('' : none)"),
+      wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for a tokenizer.json)").optional(),
   };
   if (kVideo) {
     s.push_back(wick::opt_int("max_frames", 16, "frames per clip (T)").range(1, 4096));

@@ -17,20 +17,39 @@ namespace {
 
 class Bytes : public Tokenizer {
  public:
+  explicit Bytes(std::vector<std::string> specials) : specials_(std::move(specials)) {}
   std::vector<std::int64_t> encode(const std::string& s) const override {
     std::vector<std::int64_t> ids;
     ids.reserve(s.size());
-    for (unsigned char c : s) ids.push_back(c);
+    for (std::size_t i = 0; i < s.size();) {
+      bool special = false;
+      for (std::size_t k = 0; k < specials_.size() && !special; ++k)
+        if (!specials_[k].empty() && s.compare(i, specials_[k].size(), specials_[k]) == 0) {
+          ids.push_back(257 + static_cast<std::int64_t>(k));
+          i += specials_[k].size();
+          special = true;
+        }
+      if (!special) ids.push_back(static_cast<unsigned char>(s[i++]));
+    }
     return ids;
   }
   std::string decode(const std::vector<std::int64_t>& ids) const override {
     std::string s;
     for (auto id : ids)
       if (id >= 0 && id < 256) s.push_back(static_cast<char>(id));
+      else if (id >= 257 && id < vocab_size()) s += specials_[static_cast<std::size_t>(id - 257)];
     return s;
   }
-  std::int64_t vocab_size() const override { return 257; }
-  std::int64_t token_id(const std::string& t) const override { return t == "<eos>" ? 256 : -1; }
+  std::int64_t vocab_size() const override { return 257 + static_cast<std::int64_t>(specials_.size()); }
+  std::int64_t token_id(const std::string& t) const override {
+    if (t == "<eos>") return 256;
+    for (std::size_t k = 0; k < specials_.size(); ++k)
+      if (specials_[k] == t) return 257 + static_cast<std::int64_t>(k);
+    return -1;
+  }
+
+ private:
+  std::vector<std::string> specials_;
 };
 
 void append_utf8(std::string& out, std::uint32_t cp) {
@@ -332,7 +351,9 @@ class Bpe : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<Bytes>(); }
+std::unique_ptr<Tokenizer> byte_tokenizer(const std::vector<std::string>& specials) {
+  return std::make_unique<Bytes>(specials);
+}
 std::unique_ptr<Tokenizer> bpe_tokenizer(const std::string& path) { return std::make_unique<Bpe>(path); }
 
 }  // namespace wick::text

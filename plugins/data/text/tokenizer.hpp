@@ -23,8 +23,10 @@ class Tokenizer {
   virtual std::int64_t token_id(const std::string& token) const = 0;
 };
 
-/// UTF-8 bytes 0-255, and 256 for the end of a text.
-std::unique_ptr<Tokenizer> byte_tokenizer();
+/// UTF-8 bytes 0-255, and 256 for the end of a text ("<eos>"). `specials`
+/// (such as "<image>") get the ids 257, 258, ... in order, and encode() gives
+/// their id where the text holds them; vocab_size() is 257 + their number.
+std::unique_ptr<Tokenizer> byte_tokenizer(const std::vector<std::string>& specials = {});
 
 /// Byte-level BPE from a tokenizer.json; errors name the file and what it
 /// holds that is not supported.

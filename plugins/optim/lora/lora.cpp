@@ -2,7 +2,10 @@
 // y = W x + (alpha / r) B A dropout(x), the base frozen, A and B trained.
 // Adapters save and load as PEFT does (adapter_model.safetensors with
 // base_model.model.<module>.lora_{A,B}.weight, adapter_config.json) and can
-// be merged into the base weights.
+// be merged into the base weights. modules_to_save (PEFT's option) keeps
+// whole modules trainable beside the adapters (a VLM's projector, a new
+// head) and saves them with the adapter as PEFT does:
+// base_model.model.<module>.<parameter>.
 // Built a second time with WICK_QLORA as optim `qlora` (Dettmers et al.): the
 // same adapters over base weights stored as 4-bit NF4 with double-quantized
 // block constants (wick/nf4.hpp), dequantized to compute_dtype per product.
@@ -35,6 +38,7 @@ class Lora : public wick::Transform {
       : r_(o.get_int("r")), alpha_(o.get_double("alpha")), dropout_(o.get_double("dropout")) {
     for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
     bias_ = o.get_string("bias");
+    for (const auto& t : o.at("modules_to_save").as_list()) save_modules_.push_back(t.as_string());
     compile_patterns();
 #ifdef WICK_QLORA
     const std::string c = o.get_string("compute_dtype");
@@ -80,6 +84,29 @@ class Lora : public wick::Transform {
     return out;
   }
 
+  // The parameters of modules_to_save: those of a module whose name is an
+  // entry or ends with "." + entry (PEFT's rule), or starts with the entry.
+  std::vector<std::pair<std::string, at::Tensor>> saved_modules(wick::Model& model) const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    if (save_modules_.empty()) return out;
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+      const std::string& n = p.key();
+      bool hit = false;
+      for (std::size_t dot = n.find('.'); dot != std::string::npos && !hit; dot = n.find('.', dot + 1)) {
+        const std::string m = n.substr(0, dot);
+        for (const auto& e : save_modules_)
+          if (m == e || (m.size() > e.size() && m.ends_with("." + e))) hit = true;
+      }
+      // an adapter's own weights stay the adapter's, trained biases are saved as such
+      if (hit && n.find(".lora_A.") == std::string::npos && n.find(".lora_B.") == std::string::npos)
+        out.emplace_back(n, p.value());
+    }
+    std::set<std::string> biases;
+    for (auto& [n, b] : trained_biases(model)) biases.insert(n);
+    std::erase_if(out, [&](const auto& x) { return biases.count(x.first) > 0; });
+    return out;
+  }
+
   void apply(wick::Model& model) override {
     if (!applied_.empty()) throw wick::Error(std::string(kName) + ": already applied to a model");
     auto layers = model.linear_layers();
@@ -100,6 +127,16 @@ class Lora : public wick::Transform {
         applied_.push_back(name);
       }
     for (auto& [n, b] : trained_biases(model)) b.set_requires_grad(true);
+    if (!save_modules_.empty()) {
+      auto kept = saved_modules(model);
+      if (kept.empty()) {
+        std::string all;
+        for (const auto& c : model.named_children()) all += (all.empty() ? "" : ", ") + c.key();
+        throw wick::Error(std::string(kName) + ": modules_to_save matched no module of the model (its top-level "
+                          "modules: " + all + ")");
+      }
+      for (auto& [n, t] : kept) t.set_requires_grad(true);
+    }
     if (applied_.empty()) {
       std::string all;
       for (std::size_t i = 0; i < layers.size() && i < 8; ++i) all += (i ? ", " : "") + layers[i].first;
@@ -127,13 +164,15 @@ class Lora : public wick::Transform {
       const std::string owner = n.substr(0, n.size() - 5);
       tensors.emplace_back(kPrefix + (adapted_names.count(owner) ? owner + ".base_layer.bias" : n), b);
     }
+    for (auto& [n, t] : saved_modules(model)) tensors.emplace_back(kPrefix + n, t);
     if (tensors.empty()) throw wick::Error(std::string(kName) + ": no adapters to save (apply it to the model first)");
     fs::create_directories(dir);
     wick::write_safetensors(fs::path(dir) / "adapter_model.safetensors", tensors, {{"format", "pt"}});
     nlohmann::json cfg = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", r_}, {"lora_alpha", alpha_},
                           {"lora_dropout", dropout_}, {"target_modules", peft_targets()}, {"bias", bias_},
                           {"fan_in_fan_out", false}, {"inference_mode", false}, {"use_rslora", false},
-                          {"modules_to_save", nullptr}, {"base_model_name_or_path", nullptr}};
+                          {"modules_to_save", save_modules_.empty() ? nlohmann::json(nullptr) : nlohmann::json(save_modules_)},
+                          {"base_model_name_or_path", nullptr}};
     wick::write_file_atomic(fs::path(dir) / "adapter_config.json", cfg.dump(2) + "\n");
   }
 
@@ -158,6 +197,9 @@ class Lora : public wick::Transform {
       if (cfg.at("target_modules").is_string()) targets_.push_back("re:" + cfg["target_modules"].get<std::string>());
       else for (const auto& t : cfg["target_modules"]) targets_.push_back(t.get<std::string>());
       bias_ = cfg.value("bias", std::string("none"));
+      save_modules_.clear();
+      if (cfg.contains("modules_to_save") && cfg["modules_to_save"].is_array())
+        for (const auto& m : cfg["modules_to_save"]) save_modules_.push_back(m.get<std::string>());
       if (bias_ != "none" && bias_ != "all" && bias_ != "lora_only")
         throw wick::Error(std::string(kName) + ": " + dir + "/adapter_config.json: bias '" + bias_ + "' is not none, all or lora_only");
       compile_patterns();
@@ -191,6 +233,13 @@ class Lora : public wick::Transform {
       b.copy_(it->second);
       ++used;
     }
+    for (auto& [n, t] : saved_modules(model)) {
+      auto it = given.find(n);
+      if (it == given.end()) throw wick::Error(std::string(kName) + ": " + dir + " lacks " + kPrefix + n + " (modules_to_save)");
+      if (it->second.sizes() != t.sizes()) throw wick::Error(std::string(kName) + ": " + n + " has another shape in " + dir);
+      t.copy_(it->second);
+      ++used;
+    }
     if (used != given.size())
       throw wick::Error(std::string(kName) + ": " + dir + " holds " + std::to_string(given.size() - used) +
                         " tensors for layers the model has no adapter on");
@@ -205,8 +254,10 @@ class Lora : public wick::Transform {
   std::map<std::string, wick::Value> attributes() const override {
     wick::List t;
     for (const auto& s : targets_) t.push_back(wick::Value(s));
-    std::map<std::string, wick::Value> a{
-        {"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())}, {"target_modules", t}};
+    wick::List m;
+    for (const auto& s : save_modules_) m.push_back(wick::Value(s));
+    std::map<std::string, wick::Value> a{{"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())},
+                                         {"target_modules", t}, {"modules_to_save", m}};
 #ifdef WICK_QLORA
     // what the quantized base weights take: 4.127 bits each with double quantization
     if (base_params_ > 0) {
@@ -230,6 +281,7 @@ class Lora : public wick::Transform {
   std::vector<std::string> targets_;
   std::vector<std::regex> patterns_;
   std::string bias_ = "none";
+  std::vector<std::string> save_modules_;
   std::vector<std::string> applied_;
 #ifdef WICK_QLORA
   at::ScalarType compute_ = at::kBFloat16;
@@ -248,7 +300,10 @@ static wick::OptionSchema adapter_options() {
                     "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every "
                     "linear layer but the output head)"),
           wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)")
-              .one_of({"none", "all", "lora_only"})};
+              .one_of({"none", "all", "lora_only"}),
+          wick::opt("modules_to_save", wick::OptionType::StringList, wick::List{},
+                    "modules kept trainable beside the adapters and saved with them (PEFT's modules_to_save): a "
+                    "module name, a name suffix (multi_modal_projector, lm_head) or a name prefix")};
 }
 
 #ifdef WICK_QLORA

@@ -1,0 +1,171 @@
+#pragma once
+// The LLaMA / Qwen2 decoder shared by the `decoder_lm` and `vlm` plugins
+// (built once into the static library wick_decoder): token embedding,
+// RMSNorm, rotary position embeddings, grouped-query attention through
+// LibTorch's scaled-dot-product attention with a causal mask, SwiGLU MLP,
+// optional q/k/v bias, tied or separate output head, with Hugging Face's
+// parameter names.
+//
+// The owner (a wick::Model) registers the parts under the names it wants:
+// decoder_lm as `model` and `lm_head` (LlamaForCausalLM), the VLM as
+// `model.language_model` and `lm_head` (LlavaForConditionalGeneration), and
+// gives Decoder the block prefix its layers run under (run_block).
+
+#include <wick/model.hpp>
+#include <wick/options.hpp>
+#include <wick/weights.hpp>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <filesystem>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace wick::decoder {
+
+constexpr std::int64_t kIgnore = -100;
+
+struct Config {
+  std::string family = "llama";
+  std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
+  double rope_theta = 10000, eps = 1e-6;
+  bool tie = false, qkv_bias = false;
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(std::int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const Config& c);
+  /// cache: this layer's keys and values of earlier positions, extended in place
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr);
+  wick::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  Config c_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const Config& c);
+  at::Tensor forward(const at::Tensor& x);
+  wick::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class LayerImpl : public torch::nn::Module {
+ public:
+  explicit LayerImpl(const Config& c);
+  at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr);
+  Attention self_attn{nullptr};
+  Mlp mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(Layer);
+
+/// LlamaModel: embed_tokens, layers, norm.
+class BodyImpl : public torch::nn::Module {
+ public:
+  explicit BodyImpl(const Config& c);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(Body);
+
+nlohmann::json read_json(const std::filesystem::path& p);
+
+/// A Hugging Face config.json (llama or qwen2); `where` names it in errors.
+Config config_from_hf(const nlohmann::json& j, const std::string& where = "decoder_lm");
+/// decoder_lm's size options (family, vocab_size, hidden_size, ...).
+Config config_from_options(const wick::Options& o);
+/// Fills head_dim and checks the head counts; `who` names the plugin in errors.
+void finish_config(Config& c, const std::string& who);
+/// The options config_from_options reads.
+wick::OptionSchema size_options();
+/// The config.json that transformers reads for this decoder.
+nlohmann::json hf_config(const Config& c);
+
+/// The tensors of a Hugging Face folder: model.safetensors or the shards of
+/// model.safetensors.index.json, with their names in the file.
+wick::NamedTensorList read_folder(const std::filesystem::path& dir, const std::string& who);
+
+/// Sampling of the next token from the last position's logits (greedy when
+/// temperature is 0).
+std::int64_t pick_token(const at::Tensor& logits, const wick::GenerateOptions& g, at::Generator& gen);
+
+/// Body + head + rotary tables, run on behalf of `owner` (whose run_block
+/// checkpoints the layers when the recipe asks).
+class Decoder {
+ public:
+  using Cache = std::vector<std::pair<at::Tensor, at::Tensor>>;
+
+  /// body_prefix: the owner's name of the body ("model" or
+  /// "model.language_model"); the layers run as blocks "<body_prefix>.layers.N".
+  Decoder(const Config& c, std::string body_prefix);
+
+  /// Registers the body and (untied) head with the owner's modules: the body
+  /// as `body_name` under `body_parent`, the head as "lm_head" under `owner`.
+  void register_with(torch::nn::Module& body_parent, const std::string& body_name, torch::nn::Module& owner);
+
+  at::Tensor embed(const at::Tensor& ids) { return body->embed_tokens->forward(ids); }
+  /// The layers and the final norm over input embeddings x [B, T, hidden] at
+  /// positions offset, offset + 1, ...; with a cache, the keys and values of
+  /// the positions before are reused and these appended (no blocks then).
+  at::Tensor hidden(at::Tensor x, wick::Model* owner, Cache* cache = nullptr, std::int64_t offset = 0);
+  at::Tensor head(const at::Tensor& h);
+  at::Tensor logits_from_embeds(const at::Tensor& x, wick::Model* owner, Cache* cache = nullptr,
+                                std::int64_t offset = 0) {
+    return head(hidden(x, owner, cache, offset));
+  }
+  at::Tensor logits(const at::Tensor& ids, wick::Model* owner, Cache* cache = nullptr, std::int64_t offset = 0) {
+    return logits_from_embeds(embed(ids), owner, cache, offset);
+  }
+  /// Summed cross-entropy of logits [B, T, V] against labels [B, T] shifted by
+  /// one (Hugging Face's convention), items, and the number right.
+  static wick::ForwardResult loss(const at::Tensor& logits, const at::Tensor& labels);
+
+  /// Continues from input embeddings [1, T, hidden] (a prompt, maybe with
+  /// visual tokens), then one token id at a time, with a key/value cache.
+  std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g);
+  std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g,
+                                     const std::string& who);
+
+  std::vector<std::string> blocks() const;
+  /// Every linear layer of the layers, named "<body_prefix>.layers.N.self_attn.q_proj", ...
+  std::vector<std::pair<std::string, wick::Linear>> linear_layers();
+  std::vector<std::string> targets() const;
+  /// The file names of the tied head that a folder may still carry.
+  std::set<std::string> ignored_on_load() const;
+
+  const Config& config() const { return c_; }
+  at::Device device() const { return body->embed_tokens->weight.device(); }
+
+  Body body{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  Config c_;
+  std::string prefix_;
+  at::Tensor inv_freq_;
+};
+
+}  // namespace wick::decoder

@@ -1,0 +1,406 @@
+// model `vlm`: a LLaVA-style vision-language model: a Vision Transformer
+// (vision/vit.hpp), a projector (LLaVA's multi_modal_projector: linear_1,
+// gelu, linear_2; or linear_1 alone) and the LLaMA / Qwen2 decoder
+// (decoder_lm/decoder.hpp), with the parameter names of transformers 5's
+// LlavaForConditionalGeneration (model.vision_tower.embeddings...,
+// model.multi_modal_projector..., model.language_model..., lm_head), so a
+// LLaVA folder loads unchanged and wick's weights load back.
+//
+// Batches: input_ids [B, L] with exactly one image token per sample, labels
+// [B, L] (-100 = ignored), and the picture: image [B, 3, H, W] (uint8, as
+// image_folder gives it; normalised here), video [B, T, 3, H, W] (every
+// frame's patches become visual tokens, frame after frame: T * patches
+// tokens), or pixel_values (floating, already normalised). The image token
+// is replaced by the projected visual tokens; their positions carry no loss.
+// Items are the answer tokens (labels other than -100).
+
+#include <wick/model.hpp>
+#include <wick/weights.hpp>
+
+#include "decoder_lm/decoder.hpp"
+#include "vision/vit.hpp"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/modules/linear.h>
+
+#include <filesystem>
+#include <memory>
+
+namespace fs = std::filesystem;
+namespace dec = wick::decoder;
+namespace vis = wick::vision;
+
+namespace {
+
+constexpr const char* kWho = "vlm";
+
+class ProjectorImpl : public torch::nn::Module {
+ public:
+  ProjectorImpl(std::int64_t in, std::int64_t out, bool mlp, bool bias) {
+    linear_1 = register_module("linear_1", torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+    if (mlp) linear_2 = register_module("linear_2", torch::nn::Linear(torch::nn::LinearOptions(out, out).bias(bias)));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = linear_1->forward(x);
+    return linear_2 ? linear_2->forward(at::gelu(h)) : h;
+  }
+  torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+};
+TORCH_MODULE(Projector);
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+class Vlm : public wick::Model {
+ public:
+  explicit Vlm(const wick::Options& o) {
+    vis::VitConfig vc;
+    dec::Config lc;
+    std::string projector = o.get_string("projector");
+    bool projector_bias = true;
+    image_token_id_ = o.get_int("image_token_id");
+    layer_ = static_cast<int>(o.get_int("vision_feature_layer"));
+    select_ = o.get_string("vision_feature_select");
+    std::string llava, vision_dir, language_dir;
+    if (o.has("path")) {  // a LLaVA folder: its config fixes the parts and how they meet
+      llava = o.get_string("path");
+      const auto file = (fs::path(llava) / "config.json").string();
+      const nlohmann::json j = vis::read_json_file(file);
+      if (!j.contains("vision_config") || !j.contains("text_config"))
+        throw wick::Error(std::string(kWho) + ": " + file + " is not a LLaVA config (expected vision_config and text_config)");
+      vc = vis::config_from_hf(j["vision_config"], file);
+      lc = dec::config_from_hf(j["text_config"], file);
+      projector = j.value("projector_hidden_act", std::string("gelu")) == "gelu" ? "mlp2x_gelu" : "";
+      if (projector.empty())
+        throw wick::Error(std::string(kWho) + ": " + file + ": projector_hidden_act '" +
+                          j.value("projector_hidden_act", std::string()) + "' is not supported (gelu)");
+      projector_bias = j.value("multimodal_projector_bias", true);
+      image_token_id_ = j.contains("image_token_id") ? j["image_token_id"].get<std::int64_t>()
+                                                     : j.value("image_token_index", image_token_id_);
+      if (j.contains("vision_feature_layer")) {
+        if (!j["vision_feature_layer"].is_number_integer())
+          throw wick::Error(std::string(kWho) + ": " + file + ": a list of vision_feature_layer is not supported");
+        layer_ = j["vision_feature_layer"].get<int>();
+      }
+      select_ = j.value("vision_feature_select_strategy", std::string("default"));
+    } else {
+      if (o.has("vision_path")) {
+        vision_dir = o.get_string("vision_path");
+        vc = vis::config_from_hf(vis::read_json_file((fs::path(vision_dir) / "config.json").string()), vision_dir);
+      } else {
+        vc.style = o.get_string("vision_style");
+        vc.image_size = o.get_int("image_size");
+        vc.patch_size = o.get_int("patch_size");
+        vc.hidden = o.get_int("vision_hidden_size");
+        vc.intermediate = o.get_int("vision_intermediate_size");
+        vc.layers = o.get_int("vision_layers");
+        vc.heads = o.get_int("vision_heads");
+        vc.eps = vc.style == "clip" ? 1e-5 : 1e-12;
+        vc.act = vc.style == "clip" ? "quick_gelu" : "gelu";
+      }
+      if (o.has("language_path")) {
+        language_dir = o.get_string("language_path");
+        lc = dec::config_from_hf(dec::read_json(fs::path(language_dir) / "config.json"), language_dir);
+      } else {
+        lc = dec::config_from_options(o);
+        dec::finish_config(lc, kWho);
+      }
+    }
+    if (select_ != "default" && select_ != "full")
+      throw wick::Error(std::string(kWho) + ": vision_feature_select '" + select_ + "' is not default or full");
+    if (image_token_id_ < 0 || image_token_id_ >= lc.vocab)
+      throw wick::Error(std::string(kWho) + ": image_token_id " + str(image_token_id_) +
+                        " is outside the language model's vocabulary of " + str(lc.vocab) +
+                        " (give the data's image_token_id and vocab_size)");
+
+    // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
+    auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
+    // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
+    vit_ = inner->register_module("vision_tower", vis::Vit(vc));
+    vision_prefix_ = "model.vision_tower";
+    projector_ = inner->register_module("multi_modal_projector",
+                                        Projector(vc.hidden, lc.hidden, projector == "mlp2x_gelu", projector_bias));
+    dec_ = std::make_unique<dec::Decoder>(lc, "model.language_model");
+    dec_->register_with(*inner, "language_model", *this);
+
+    stats_ = vis::default_pixel_stats(vc.style);
+    if (!llava.empty()) {
+      stats_ = vis::pixel_stats_from_folder(llava, stats_);
+      load_llava(llava);
+    }
+    if (!vision_dir.empty()) {
+      stats_ = vis::pixel_stats_from_folder(vision_dir, stats_);
+      auto t = vis::read_hf_weights(vision_dir, kWho);
+      vis::load_vit_weights(*vit_, t, vis::find_vit_prefix(t, vc.style, vision_dir), vision_dir);
+    }
+    if (!language_dir.empty()) load_language(language_dir);
+    if (o.has("image_mean")) stats_.mean = o.get_double_list("image_mean");
+    if (o.has("image_std")) stats_.std = o.get_double_list("image_std");
+    if (stats_.mean.size() != 3 || stats_.std.size() != 3)
+      throw wick::Error(std::string(kWho) + ": image_mean and image_std need 3 numbers each");
+
+    if (o.get_bool("freeze_vision"))
+      for (auto& p : vit_->parameters()) p.set_requires_grad(false);
+    if (o.get_bool("freeze_language")) {
+      for (auto& p : dec_->body->parameters()) p.set_requires_grad(false);
+      if (dec_->lm_head)
+        for (auto& p : dec_->lm_head->parameters()) p.set_requires_grad(false);
+    }
+    if (o.get_bool("freeze_projector"))
+      for (auto& p : projector_->parameters()) p.set_requires_grad(false);
+    const std::string dtype = o.get_string("dtype");
+    if (dtype == "bf16") to(at::kBFloat16);
+    else if (dtype == "fp16") to(at::kHalf);
+  }
+
+  // A LLaMA / Qwen2 folder: model.* -> model.language_model.*, lm_head.weight.
+  void load_language(const std::string& dir) { load_language_tensors(dec::read_folder(dir, kWho), "model.", "lm_head.weight", dir); }
+
+  void load_language_tensors(const wick::NamedTensorList& all, const std::string& body_prefix,
+                             const std::string& head_name, const std::string& dir) {
+    wick::NamedTensorList body, head;
+    for (const auto& [n, t] : all) {
+      if (n.rfind(body_prefix, 0) == 0) body.emplace_back(n.substr(body_prefix.size()), t);
+      else if (n == head_name) head.emplace_back("weight", t);
+    }
+    wick::load_state(*dec_->body, body, dir + " (language model under " + body_prefix + ")");
+    if (dec_->lm_head) wick::load_state(*dec_->lm_head, head, dir + " (" + head_name + ")");
+  }
+
+  // A LLaVA folder, in transformers 5's names (model.vision_tower.*,
+  // model.multi_modal_projector.*, model.language_model.*, lm_head.weight) or
+  // the ones save_pretrained writes (vision_tower.*, multi_modal_projector.*,
+  // language_model.model.*, language_model.lm_head.weight).
+  void load_llava(const std::string& dir) {
+    const auto all = vis::read_hf_weights(dir, kWho);
+    vis::load_vit_weights(*vit_, all, vis::find_vit_prefix(all, vit_->config().style, dir), dir);
+    wick::NamedTensorList proj;
+    bool transformers5 = false;
+    for (const auto& [n, t] : all) {
+      const auto at = n.find("multi_modal_projector.");
+      if (at != std::string::npos) proj.emplace_back(n.substr(at + 22), t);
+      if (n.rfind("model.language_model.", 0) == 0) transformers5 = true;
+    }
+    wick::load_state(*projector_, proj, dir + " (multi_modal_projector)");
+    if (transformers5) load_language_tensors(all, "model.language_model.", "lm_head.weight", dir);
+    else load_language_tensors(all, "language_model.model.", "language_model.lm_head.weight", dir);
+  }
+
+  // [N, visual tokens, text hidden] for the batch's pictures.
+  at::Tensor visual_tokens(const wick::Batch& b) {
+    at::Tensor pix;
+    std::int64_t frames = 1;
+    const auto dtype = projector_->linear_1->weight.scalar_type();
+    if (auto it = b.find("video"); it != b.end()) {
+      const auto& v = it->second;
+      if (v.dim() != 5) throw wick::Error(std::string(kWho) + ": video must be [N, T, 3, H, W], got " + c10::str(v.sizes()));
+      frames = v.size(1);
+      pix = vis::normalize_pixels(v.flatten(0, 1), stats_.mean, stats_.std, dtype);
+    } else if (auto it = b.find("image"); it != b.end()) {
+      pix = vis::normalize_pixels(it->second, stats_.mean, stats_.std, dtype);
+    } else if (auto it = b.find("pixel_values"); it != b.end()) {
+      pix = it->second.to(dtype);
+    } else {
+      throw wick::Error(std::string(kWho) + ": the batch has no image, video or pixel_values");
+    }
+    bool vision_trains = false;
+    for (const auto& p : vit_->parameters()) vision_trains = vision_trains || p.requires_grad();
+    at::Tensor feats;
+    {
+      // a frozen tower keeps no activations for backward
+      std::unique_ptr<at::NoGradGuard> guard;
+      if (!vision_trains) guard = std::make_unique<at::NoGradGuard>();
+      feats = vit_->forward(pix, this, vision_prefix_, layer_);
+    }
+    if (select_ == "default") feats = feats.narrow(1, 1, feats.size(1) - 1);  // drop the class token
+    feats = feats.reshape({feats.size(0) / frames, frames * feats.size(1), feats.size(2)});
+    return projector_->forward(feats.to(dtype));
+  }
+
+  // The position of each row's image token; exactly one per row.
+  std::vector<std::int64_t> image_positions(const at::Tensor& ids) const {
+    at::Tensor hits = ids.eq(image_token_id_).cpu();
+    std::vector<std::int64_t> out;
+    for (std::int64_t r = 0; r < ids.size(0); ++r) {
+      at::Tensor at_r = hits[r].nonzero();
+      if (at_r.size(0) != 1)
+        throw wick::Error(std::string(kWho) + ": sample " + str(r) + " of the batch has " + str(at_r.size(0)) +
+                          " image tokens (id " + str(image_token_id_) + "); expected exactly one (put image_token in "
+                          "the data's prompt)");
+      out.push_back(at_r[0][0].item<std::int64_t>());
+    }
+    return out;
+  }
+
+  // Labels with the image token widened to V ignored positions.
+  static at::Tensor expand_labels(const at::Tensor& labels, const std::vector<std::int64_t>& pos, std::int64_t V) {
+    std::vector<at::Tensor> rows;
+    for (std::int64_t r = 0; r < labels.size(0); ++r) {
+      const auto p = pos[static_cast<std::size_t>(r)];
+      const auto L = labels.size(1);
+      rows.push_back(at::cat({labels[r].narrow(0, 0, p), at::full({V}, dec::kIgnore, labels.options()),
+                              labels[r].narrow(0, p + 1, L - p - 1)}));
+    }
+    return at::stack(rows);
+  }
+
+  std::int64_t tokens_per_picture(const wick::Batch& b) const {
+    const auto& c = vit_->config();
+    std::int64_t V = vit_->num_patches() + (select_ == "full" ? 1 : 0);
+    if (auto it = b.find("video"); it != b.end()) V *= it->second.size(1);
+    (void)c;
+    return V;
+  }
+
+  // Input embeddings with the visual tokens in place of the image token.
+  at::Tensor merged_embeds(const at::Tensor& ids, const std::vector<std::int64_t>& pos, const at::Tensor& feats) {
+    at::Tensor emb = dec_->embed(ids.masked_fill(ids.eq(image_token_id_), 0));
+    std::vector<at::Tensor> rows;
+    const auto L = ids.size(1);
+    for (std::int64_t r = 0; r < ids.size(0); ++r) {
+      const auto p = pos[static_cast<std::size_t>(r)];
+      rows.push_back(at::cat({emb[r].narrow(0, 0, p), feats[r].to(emb.scalar_type()), emb[r].narrow(0, p + 1, L - p - 1)}));
+    }
+    return at::stack(rows);
+  }
+
+  static at::Tensor labels_of(const wick::Batch& b) {
+    auto it = b.find("labels");
+    return it != b.end() ? it->second : b.at("input_ids");
+  }
+
+  std::int64_t count_items(const wick::Batch& b) const override {
+    const at::Tensor ids = b.at("input_ids").cpu();
+    at::Tensor l = expand_labels(labels_of(b).cpu(), image_positions(ids), tokens_per_picture(b));
+    return l.narrow(1, 1, l.size(1) - 1).ne(dec::kIgnore).sum().item<std::int64_t>();
+  }
+
+  at::Tensor logits(const wick::Batch& b, std::vector<std::int64_t>* pos_out = nullptr) {
+    const at::Tensor& ids = b.at("input_ids");
+    auto pos = image_positions(ids);
+    at::Tensor feats = visual_tokens(b);
+    if (feats.size(0) != ids.size(0))
+      throw wick::Error(std::string(kWho) + ": " + str(feats.size(0)) + " pictures for " + str(ids.size(0)) +
+                        " token rows");
+    if (pos_out) *pos_out = pos;
+    return dec_->logits_from_embeds(merged_embeds(ids, pos, feats), this);
+  }
+
+  wick::ForwardResult forward(const wick::Batch& b) override {
+    std::vector<std::int64_t> pos;
+    at::Tensor out = logits(b, &pos);
+    const auto V = out.size(1) - b.at("input_ids").size(1) + 1;
+    return dec::Decoder::loss(out, expand_labels(labels_of(b), pos, V));
+  }
+
+  at::Tensor predict(const wick::Batch& b) override { return logits(b); }
+
+  // Text-only generation: the language model alone.
+  std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g) override {
+    const bool was_training = is_training();
+    train(false);
+    auto out = dec_->generate(prompt, g, kWho);
+    train(was_training);
+    return out;
+  }
+
+  // The first sample's picture and prompt: its tokens before the first label
+  // (the answer), else its attention_mask's tokens, else all of them.
+  std::vector<std::int64_t> generate_from(const wick::Batch& in, const wick::GenerateOptions& g) override {
+    const auto dev = dec_->device();
+    wick::Batch b;
+    for (const auto& [k, t] : in) b[k] = t.narrow(0, 0, 1).to(dev);
+    at::Tensor ids = b.at("input_ids").cpu();
+    std::int64_t n = ids.size(1);
+    if (auto it = b.find("labels"); it != b.end()) {
+      at::Tensor answer = it->second.cpu()[0].ne(dec::kIgnore).nonzero();
+      if (answer.size(0) > 0) n = answer[0][0].item<std::int64_t>();
+    } else if (auto m = b.find("attention_mask"); m != b.end()) {
+      n = m->second.cpu()[0].sum().item<std::int64_t>();
+    }
+    b["input_ids"] = b["input_ids"].narrow(1, 0, n);
+    const bool was_training = is_training();
+    train(false);
+    std::vector<std::int64_t> out;
+    {
+      at::NoGradGuard no_grad;
+      const auto pos = image_positions(b["input_ids"]);
+      at::Tensor emb = merged_embeds(b["input_ids"], pos, visual_tokens(b));
+      out = dec_->generate_from_embeds(emb, g);
+    }
+    train(was_training);
+    return out;
+  }
+
+  std::string item_name() const override { return "tokens"; }
+
+  std::vector<std::string> blocks() const override {
+    auto out = vit_->block_names(vision_prefix_);
+    for (auto& n : dec_->blocks()) out.push_back(n);
+    return out;
+  }
+  // The language model's linear layers: lora / qlora adapt the LM only.
+  std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
+  std::vector<std::string> targets() const override { return dec_->targets(); }
+
+  std::map<std::string, wick::Value> attributes() const override {
+    const auto& c = dec_->config();
+    const auto& v = vit_->config();
+    return {{"vocab_size", c.vocab},
+            {"hidden_size", c.hidden},
+            {"layers", c.layers},
+            {"vision_hidden_size", v.hidden},
+            {"vision_layers", v.layers},
+            {"image_size", v.image_size},
+            {"image_token_id", image_token_id_},
+            {"visual_tokens", vit_->num_patches() + (select_ == "full" ? 1 : 0)},
+            {"vision_feature_layer", static_cast<std::int64_t>(layer_)}};
+  }
+
+ private:
+  vis::Vit vit_{nullptr};
+  Projector projector_{nullptr};
+  std::unique_ptr<dec::Decoder> dec_;
+  std::string vision_prefix_, select_;
+  vis::PixelStats stats_;
+  std::int64_t image_token_id_ = 0;
+  int layer_ = -2;
+};
+
+wick::OptionSchema schema() {
+  wick::OptionSchema s = {
+      wick::opt_string("path", wick::Value(), "a LLaVA folder (config.json with vision_config and text_config, "
+                                              "safetensors): all parts and how they meet").optional(),
+      wick::opt_string("vision_path", wick::Value(), "vision tower: a CLIP, CLIPVision or ViT folder (else the vision_* sizes)").optional(),
+      wick::opt_string("language_path", wick::Value(), "language model: a LLaMA or Qwen2 folder (else the sizes below)").optional(),
+      wick::opt_string("projector", "mlp2x_gelu", "linear (linear_1) or mlp2x_gelu (linear_1, gelu, linear_2, as LLaVA)")
+          .one_of({"linear", "mlp2x_gelu"}),
+      wick::opt_int("vision_feature_layer", -2, "the vision block whose tokens become visual tokens (-1: the last)"),
+      wick::opt_string("vision_feature_select", "default", "default (patch tokens only) or full (with the class token)")
+          .one_of({"default", "full"}),
+      wick::opt_int("image_token_id", 257, "the token the visual tokens replace (the data's image_token_id; 257 for bytes)").at_least(0),
+      wick::opt_bool("freeze_vision", true, "keep the vision tower's weights fixed (it then keeps no activations)"),
+      wick::opt_bool("freeze_language", false, "keep the language model's weights fixed"),
+      wick::opt_bool("freeze_projector", false, "keep the projector's weights fixed"),
+      wick::opt(std::string("image_mean"), wick::OptionType::FloatList, wick::Value(),
+                "per-channel mean of the 0..1 pixels (default: the folder's preprocessor_config.json, else CLIP's or 0.5)").optional(),
+      wick::opt(std::string("image_std"), wick::OptionType::FloatList, wick::Value(),
+                "per-channel std of the 0..1 pixels (default: as image_mean)").optional(),
+      wick::opt_string("vision_style", "clip", "vision tower without a folder: clip or vit names").one_of({"clip", "vit"}),
+      wick::opt_int("image_size", 224, "vision tower without a folder: image side").at_least(1),
+      wick::opt_int("patch_size", 16, "vision tower without a folder: patch side").at_least(1),
+      wick::opt_int("vision_hidden_size", 192, "vision tower without a folder: width").at_least(1),
+      wick::opt_int("vision_intermediate_size", 768, "vision tower without a folder: MLP width").at_least(1),
+      wick::opt_int("vision_layers", 4, "vision tower without a folder: blocks").at_least(1),
+      wick::opt_int("vision_heads", 3, "vision tower without a folder: attention heads").at_least(1),
+  };
+  for (auto& o : dec::size_options()) s.push_back(o);
+  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  return s;
+}
+
+}  // namespace
+
+WICK_PLUGIN(wick::model_plugin<Vlm>("vlm",
+                                    "LLaVA-style vision-language model: ViT, projector, LLaMA/Qwen2 decoder (Hugging Face names)",
+                                    schema()))

@@ -1,0 +1,104 @@
+"""vlm against transformers' LlavaForConditionalGeneration on a tiny random
+config (CLIP vision tower, LLaMA language model) saved by transformers: logits,
+loss and every gradient in fp32, with the image token widened to the visual
+tokens as LLaVA's processor does; wick's weights load back into transformers;
+a sample with two image tokens is an error naming it."""
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, IMAGE = 61, 60
+RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local model = wick.model("vlm", { path = a.path, freeze_vision = false })
+wick.core.predict(model, a.batch, a.logits)
+wick.core.gradients(model, a.batch, a.grads)
+model:save(a.saved)
+"""
+
+
+def tiny(layer, strategy):
+    vision = transformers.CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=3, num_attention_heads=4)
+    text = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                                    num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                                    rms_norm_eps=1e-5, tie_word_embeddings=False)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE,
+                                   vision_feature_layer=layer, vision_feature_select_strategy=strategy,
+                                   projector_hidden_act="gelu")
+    return transformers.LlavaForConditionalGeneration(cfg).float().eval()
+
+
+@pytest.mark.parametrize("layer,strategy", [(-2, "default"), (-1, "full")])
+def test_vlm_matches_llava(tmp_path, run_wick, layer, strategy):
+    torch.manual_seed(0)
+    ref = tiny(layer, strategy)
+    with torch.no_grad():  # some spread in every norm and bias
+        for n, p in ref.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    V = 16 + (strategy == "full")
+    B, L = 2, 9
+    ids = torch.randint(0, IMAGE, (B, L))
+    ids[0, 2] = IMAGE  # the image token: after a short prefix ...
+    ids[1, 0] = IMAGE  # ... and first
+    labels = ids.clone()
+    labels[ids == IMAGE] = -100
+    labels[0, :2] = -100  # a masked prompt
+    pixels = torch.randn(B, 3, 32, 32)
+    save_file({"input_ids": ids, "labels": labels, "pixel_values": pixels}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
+             f"saved={tmp_path / 'wick.safetensors'}")
+
+    # LLaVA's processor: one image token per visual token
+    def widen(x, fill):
+        rows = []
+        for r in range(B):
+            p = int((ids[r] == IMAGE).nonzero())
+            rows.append(torch.cat([x[r, :p], torch.full((V,), fill, dtype=x.dtype), x[r, p + 1:]]))
+        return torch.stack(rows)
+
+    out = ref(input_ids=widen(ids, IMAGE), pixel_values=pixels, labels=widen(labels, -100))
+    out.loss.backward()
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert logits.shape == out.logits.shape
+    assert (logits - out.logits.detach()).abs().max().item() < 1e-4
+    g = load_file(tmp_path / "grads.safetensors")
+    assert abs(g["loss"].item() - out.loss.item()) < 1e-5
+    assert g["items"].item() == int((widen(labels, -100)[:, 1:] != -100).sum())
+    checked = 0
+    for n, p in ref.named_parameters():
+        if p.grad is None or p.grad.abs().max() == 0:
+            continue
+        torch.testing.assert_close(g["grad." + n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        checked += 1
+    assert checked > 40 and any(k.startswith("grad.model.vision_tower.") for k in g)
+
+    # wick's weights are LLaVA's: they load back (strict) and give the same logits
+    back = tiny(layer, strategy)
+    back.load_state_dict(load_file(tmp_path / "wick.safetensors"), strict=True)
+    with torch.no_grad():
+        again = back(input_ids=widen(ids, IMAGE), pixel_values=pixels).logits
+    assert (again - out.logits.detach()).abs().max().item() < 1e-5
+
+
+def test_two_image_tokens_is_an_error(tmp_path, run_wick):
+    torch.manual_seed(1)
+    tiny(-2, "default").save_pretrained(tmp_path / "hf", safe_serialization=True)
+    ids = torch.randint(0, IMAGE, (2, 6))
+    ids[0, 0] = IMAGE
+    ids[1, 0] = ids[1, 3] = IMAGE
+    save_file({"input_ids": ids, "pixel_values": torch.randn(2, 3, 32, 32)}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text('local wick = require "wick"\n'
+                                    'local m = wick.model("vlm", { path = wick.args.path })\n'
+                                    'wick.core.predict(m, wick.args.batch, wick.args.out)\n')
+    p = run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+                 f"out={tmp_path / 'o.safetensors'}", check=False)
+    assert p.returncode != 0
+    assert "sample 1" in p.stderr and "2 image tokens" in p.stderr
