@@ -1,21 +1,26 @@
 -- A LLaVA-style vision-language model learns to caption wick's toy images
 -- ("a red circle"), in the usual stages, each its own wick.train call with
 -- its own memory settings:
---   0. the language model learns the captions' language (decoder_lm, saved as
---      a Hugging Face folder), unless language=DIR gives one;
+--   0. the parts a real run downloads, made here unless vision=DIR and
+--      language=DIR give them: a vision tower (a ViT that learned to tell the
+--      shapes apart, saved as a Hugging Face ViT folder) and a language model
+--      that learned the captions' language (decoder_lm, saved the same way);
 --   1. the projector alone learns to map the vision tower's tokens into the
 --      language model (vision tower and language model frozen);
 --   2. LoRA on the language model, the projector still training
 --      (lora's modules_to_save), with activation checkpointing, bf16 autocast
 --      and gradient accumulation.
 -- It ends by captioning held-out images and scoring the shape word.
---   wick make-clips clips --per-class 64 --size 64x48 --seconds 0.2 --no-extras
+--   wick make-clips clips --per-class 512 --size 96x96 --seconds 0.2 --no-extras
 --   wick run configs/vlm.lua [clips=clips] [vision=CLIP_DIR] [language=LLAMA_DIR] [epochs=N] [out=runs/vlm]
 local wick = require "wick"
 local a = wick.args
 local root = a.clips or "clips"
 local out = a.out or "runs/vlm"
 local epochs = tonumber(a.epochs or 12)
+-- bf16 autocast where the hardware has bf16 arithmetic (CUDA); CPUs without it
+-- run bf16 several times slower than fp32, so there fp32 unless precision=bf16-mixed
+local precision = a.precision or (wick.device() == "cuda" and "bf16-mixed" or "fp32")
 
 -- held-out images: every 8th row of the manifest
 local f = io.open(root .. "/images/manifest.csv")
@@ -34,7 +39,7 @@ local function write(name, rows)
   wick.core.write_file(root .. "/images/" .. name, header .. "\n" .. table.concat(rows, "\n") .. "\n")
   return root .. "/images/" .. name
 end
-local size = 32
+local size = tonumber(a.image_size) or 48
 local function images(manifest)
   return wick.data("image_folder", { manifest = manifest, image_size = size, resize = "exact", tokenizer = "bytes",
     prompt = "<image>", text_length = 32 })
@@ -62,14 +67,24 @@ if not language then
   print(string.format("stage 0: language model on the captions, loss %.3f", r.final_loss))
 end
 
--- the model: vision tower (a folder, or a small random one), projector, language model
-local opts = { language_path = language, image_token_id = train.image_token_id, projector = "mlp2x_gelu",
-  freeze_vision = true, freeze_language = true, vision_feature_layer = -1 }
-if a.vision then opts.vision_path = a.vision
-else
-  opts.image_size, opts.patch_size, opts.vision_hidden_size, opts.vision_intermediate_size = size, 4, 64, 128
-  opts.vision_layers, opts.vision_heads = 2, 4
+-- 0. the vision tower: a small ViT trained to name the shapes (the labels of the same training images)
+local vision = a.vision
+if not vision then
+  local shapes = wick.data("image_folder", { manifest = root .. "/images/vlm_train.csv", image_size = size,
+    resize = "exact", flip = true })
+  local vit = wick.model("vit", { classes = shapes.num_classes, image_size = size, patch_size = 8, hidden_size = 64,
+    intermediate_size = 128, layers = 2, heads = 4 })
+  wick.seed(1)
+  local r = wick.train { model = vit, data = shapes, optim = wick.optim("adamw", { lr = 1e-3, weight_decay = 0 }),
+    micro_batch = 16, epochs = tonumber(a.vision_epochs or 20), quiet = true, seed = 1 }
+  vision = out .. "/vision_tower"
+  wick.save_pretrained(vit, vision)
+  print(string.format("stage 0: vision tower on the shapes, loss %.3f", r.final_loss))
 end
+
+-- the model: vision tower, projector, language model
+local opts = { vision_path = vision, language_path = language, image_token_id = train.image_token_id,
+  projector = "mlp2x_gelu", freeze_vision = true, freeze_language = true, vision_feature_layer = -1 }
 wick.seed(1)
 local model = wick.model("vlm", opts)
 local total, trainable = model:parameters()
@@ -94,14 +109,14 @@ local r1 = wick.train { model = model, data = train, optim = wick.optim("adamw",
 print(string.format("stage 1: loss %.3f, held-out shape accuracy %.0f%%", r1.final_loss, 100 * caption_accuracy(false)))
 
 -- 2. LoRA on the language model, the projector kept training; checkpointing,
--- bf16 autocast and accumulation, as a larger model would need
+-- bf16 autocast (on CUDA) and accumulation, as a larger model would need
 local lora = wick.optim("lora", { r = 8, alpha = 16, target_modules = { "all-linear" },
   modules_to_save = { "multi_modal_projector" } })
 lora:apply(model)
 total, trainable = model:parameters()
 print(string.format("stage 2: LoRA on %d layers + projector (%d of %d parameters train)", lora.layers, trainable, total))
 local r2 = wick.train { model = model, data = train, optim = wick.optim("adamw", { lr = 2e-3, weight_decay = 0 }),
-  micro_batch = 8, accumulate = 4, precision = "bf16-mixed", checkpointing = true, epochs = epochs,
+  micro_batch = 8, accumulate = 4, precision = precision, checkpointing = true, epochs = epochs,
   out = out .. "/stage2", quiet = true, seed = 2 }
 lora:save(model, out .. "/adapter")
 print(string.format("stage 2: loss %.3f, peak memory %.0f MB", r2.final_loss, (tonumber(r2.peak_memory) or 0) / 2^20))

@@ -154,6 +154,37 @@ describe("language model recipe", function()
   end)
 end)
 
+describe("vision recipes", function()
+  -- a few clips and images: the recipes run end to end in seconds (how well
+  -- they learn, with the data their headers give, is in the README)
+  it("video.lua trains the video classifier on made clips and reports held-out accuracy", function()
+    for _, part in ipairs({ { "train", 4, 1 }, { "held_out", 2, 7 } }) do
+      local code, _, err = H.run(string.format("make-clips %s/vclips/%s --classes 3 --per-class %d --size 64x48 " ..
+        "--seconds 0.5 --seed %d --no-extras --no-images", dir, part[1], part[2], part[3]))
+      assert.are.equal(0, code, err)
+    end
+    local code, out, err = H.run("run " .. H.source .. "/configs/video.lua clips=" .. dir .. "/vclips epochs=2 out=" ..
+      dir .. "/video")
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("max_frames 4, image_size 48: final loss [%d.]+, held%-out accuracy [%d.]+, %d+ steps"), out)
+    assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"accuracy"', 1, true))
+  end)
+
+  it("vlm.lua runs its stages and captions held-out images", function()
+    local code, _, err = H.run("make-clips " .. dir .. "/iclips --classes 3 --per-class 32 --size 64x48 --seconds 0.2 --no-extras")
+    assert.are.equal(0, code, err)
+    local out
+    code, out, err = H.run("run " .. H.source .. "/configs/vlm.lua clips=" .. dir .. "/iclips epochs=1 image_size=32 out=" ..
+      dir .. "/vlm")
+    assert.are.equal(0, code, err)
+    for _, want in ipairs({ "stage 0: vision tower", "stage 0: language model", "stage 1: projector alone",
+                            "stage 2: LoRA on %d+ layers %+ projector", "shape accuracy on %d+ held%-out images" }) do
+      assert.truthy(out:find(want), want .. " not in:\n" .. out)
+    end
+    assert.truthy(H.read(dir .. "/vlm/adapter/adapter_config.json"):find("multi_modal_projector", 1, true))
+  end)
+end)
+
 -- Memory knobs from a recipe: a CPU tensor cap (WICK_CPU_MEMORY_LIMIT) makes
 -- allocations fail as a full GPU does, through the same recovery code.
 local MEMORY_RECIPE = [[

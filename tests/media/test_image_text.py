@@ -138,3 +138,27 @@ wick.data("image_folder", {{ manifest = "{manifest}", tokenizer = "{tmp_path}/mi
 wick.data("image_folder", {{ manifest = "{manifest}", tokenizer = "{bad}", prompt = "<image> x" }})
 """, check=False)
     assert p.returncode != 0 and "<image>" in p.stderr and "image_folder" in p.stderr
+
+
+def test_video_text_pairs(tmp_path, images):
+    """video_folder takes the same text columns: the clips of the top-level
+    manifest (path, label, text) with their captions as tokens, beside the frames."""
+    manifest, _ = images
+    videos = manifest.parent.parent / "manifest.csv"
+    with open(videos) as f:
+        rows = list(csv.DictReader(f))
+    out = tmp_path / "w.safetensors"
+    run_lua(tmp_path, f"""
+local d = wick.data("video_folder", {{ manifest = "{videos}", max_frames = 4, image_size = 32, tokenizer = "bytes",
+  prompt = "{PROMPT}" }})
+assert(d.image_token_id == 257 and d.eos_id == 256 and d.vocab_size == 258)
+d:window(0, 3):save("{out}")
+""")
+    w = load_file(out)
+    assert w["0.video"].shape == (3, 4, 3, 32, 32)
+    P = len(byte_ids(PROMPT))
+    for b in range(3):
+        seq = byte_ids(PROMPT) + byte_ids(rows[b]["text"]) + [256]
+        assert "moving" in rows[b]["text"]  # a video's caption, not an image's
+        assert list(w["0.input_ids"][b, :len(seq)]) == seq
+        assert all(w["0.labels"][b, :P] == -100) and list(w["0.labels"][b, P:len(seq)]) == seq[P:]

@@ -102,3 +102,39 @@ def test_two_image_tokens_is_an_error(tmp_path, run_wick):
                  f"out={tmp_path / 'o.safetensors'}", check=False)
     assert p.returncode != 0
     assert "sample 1" in p.stderr and "2 image tokens" in p.stderr
+
+
+def test_video_frames_become_visual_tokens_frame_after_frame(tmp_path, run_wick):
+    """A video batch [N, T, 3, H, W]: every frame's patch tokens, in frame
+    order, stand at the image token. LLaVA given the N x T frames as images
+    and T x V image tokens in a row computes the same (its image features fill
+    the image tokens in order)."""
+    torch.manual_seed(2)
+    ref = tiny(-2, "default")
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    B, T, L, V = 2, 3, 7, 16
+    ids = torch.randint(0, IMAGE, (B, L))
+    ids[0, 1] = IMAGE
+    ids[1, 3] = IMAGE
+    labels = ids.clone()
+    labels[ids == IMAGE] = -100
+    video = torch.randn(B, T, 3, 32, 32)  # floating: taken as normalised
+    save_file({"input_ids": ids, "labels": labels, "video": video}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
+             f"saved={tmp_path / 'wick.safetensors'}")
+
+    def widen(x, fill):
+        rows = []
+        for r in range(B):
+            p = int((ids[r] == IMAGE).nonzero())
+            rows.append(torch.cat([x[r, :p], torch.full((T * V,), fill, dtype=x.dtype), x[r, p + 1:]]))
+        return torch.stack(rows)
+
+    out = ref(input_ids=widen(ids, IMAGE), pixel_values=video.flatten(0, 1), labels=widen(labels, -100))
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert logits.shape == out.logits.shape == (B, L - 1 + T * V, VOCAB)
+    assert (logits - out.logits.detach()).abs().max().item() < 1e-4
+    g = load_file(tmp_path / "grads.safetensors")
+    assert abs(g["loss"].item() - out.loss.item()) < 1e-5
