@@ -170,6 +170,31 @@ describe("vision recipes", function()
     assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"accuracy"', 1, true))
   end)
 
+  it("qlora on a vlm adapts the language model's layers only and trains", function()
+    local code, _, err = H.run("make-clips " .. dir .. "/qclips --classes 2 --per-class 8 --size 64x48 --seconds 0.2 --no-extras")
+    assert.are.equal(0, code, err)
+    local out
+    code, out, err = H.recipe(dir, "qlora_vlm.lua", [[
+local wick = require "wick"
+local d = wick.data("image_folder", { manifest = wick.args.m, image_size = 32, resize = "exact", tokenizer = "bytes",
+  prompt = "<image>" })
+local m = wick.model("vlm", { image_token_id = d.image_token_id, vocab_size = d.vocab_size, image_size = 32,
+  patch_size = 8, vision_hidden_size = 32, vision_intermediate_size = 64, vision_layers = 2, vision_heads = 2,
+  hidden_size = 64, intermediate_size = 128, layers = 2, heads = 4 })
+local q = wick.optim("qlora", { r = 4, target_modules = { "all-linear" }, modules_to_save = { "multi_modal_projector" },
+  compute_dtype = "fp32" })
+q:apply(m)
+local r = wick.train { model = m, data = d, optim = wick.optim("adamw", { lr = 3e-3 }), micro_batch = 8, epochs = 8,
+  quiet = true }
+print(q.layers, r.history[1].loss, r.history[#r.history].loss)
+]], "m=" .. dir .. "/qclips/images/manifest.csv")
+    assert.are.equal(0, code, err)
+    local layers, first, last = out:match("^(%d+)\t(%S+)\t(%S+)")
+    -- 2 decoder layers x 7 linear layers; the vision tower's 2 x 6 are not adapted
+    assert.are.equal("14", layers, out)
+    assert.truthy(tonumber(last) < tonumber(first), out)
+  end)
+
   it("vlm.lua runs its stages and captions held-out images", function()
     local code, _, err = H.run("make-clips " .. dir .. "/iclips --classes 3 --per-class 32 --size 64x48 --seconds 0.2 --no-extras")
     assert.are.equal(0, code, err)
