@@ -42,4 +42,15 @@ inline at::Tensor checked_labels(const wick::Batch& b, std::int64_t classes, con
   return y;
 }
 
+/// Summed cross-entropy of logits [N, classes] against labels [N], with the
+/// count of right answers as the accuracy metric.
+inline wick::ForwardResult classification(const at::Tensor& logits, const at::Tensor& labels) {
+  at::Tensor l = logits.to(at::kFloat);
+  wick::ForwardResult r;
+  r.loss_sum = at::cross_entropy_loss(l, labels, {}, at::Reduction::Sum);
+  r.items = labels.size(0);
+  r.metrics["accuracy"] = l.argmax(-1).eq(labels).sum();
+  return r;
+}
+
 }  // namespace wick::vision

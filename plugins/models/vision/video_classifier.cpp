@@ -108,12 +108,7 @@ class VideoClassifier : public wick::Model {
 
   wick::ForwardResult forward(const wick::Batch& b) override {
     at::Tensor y = checked_labels(b, classes_, "video_classifier");
-    at::Tensor l = logits(b).to(at::kFloat);
-    wick::ForwardResult r;
-    r.loss_sum = at::cross_entropy_loss(l, y, {}, at::Reduction::Sum);
-    r.items = y.size(0);
-    r.metrics["accuracy"] = l.argmax(-1).eq(y).sum();
-    return r;
+    return classification(logits(b), y);
   }
 
   at::Tensor predict(const wick::Batch& b) override { return logits(b); }

@@ -344,18 +344,18 @@ std::vector<wick::OptionSpec> vit_options() {
   };
 }
 
-VitConfig config_from_options(const wick::Options& o) {
+VitConfig config_from_options(const wick::Options& o, const std::string& prefix) {
   VitConfig c;
-  c.style = o.get_string("style");
+  c.style = o.get_string(prefix + "style");
   c.image_size = o.get_int("image_size");
   c.patch_size = o.get_int("patch_size");
-  c.hidden = o.get_int("hidden_size");
-  c.intermediate = o.get_int("intermediate_size");
-  c.layers = o.get_int("layers");
-  c.heads = o.get_int("heads");
-  c.eps = o.has("layer_norm_eps") ? o.get_double("layer_norm_eps") : (c.style == "clip" ? 1e-5 : 1e-12);
-  c.act = o.has("act") ? o.get_string("act") : (c.style == "clip" ? "quick_gelu" : "gelu");
-  c.pool = o.get_string("pool");
+  c.hidden = o.get_int(prefix + "hidden_size");
+  c.intermediate = o.get_int(prefix + "intermediate_size");
+  c.layers = o.get_int(prefix + "layers");
+  c.heads = o.get_int(prefix + "heads");
+  c.eps = o.has(prefix + "layer_norm_eps") ? o.get_double(prefix + "layer_norm_eps") : (c.style == "clip" ? 1e-5 : 1e-12);
+  c.act = o.has(prefix + "act") ? o.get_string(prefix + "act") : (c.style == "clip" ? "quick_gelu" : "gelu");
+  if (o.has(prefix + "pool")) c.pool = o.get_string(prefix + "pool");
   check_sizes(c, "vit options");
   return c;
 }

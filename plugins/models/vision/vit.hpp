@@ -47,7 +47,10 @@ VitConfig config_from_hf(const nlohmann::json& config, const std::string& where)
 /// The options every vision plugin shares for its encoder (sizes, style,
 /// pooling, image normalisation) and the config they describe.
 std::vector<wick::OptionSpec> vit_options();
-VitConfig config_from_options(const wick::Options& o);
+/// `prefix` names the size options of a model with other parts (the vlm's
+/// "vision_": vision_style, vision_hidden_size, ...; image_size and
+/// patch_size keep their names).
+VitConfig config_from_options(const wick::Options& o, const std::string& prefix = "");
 
 /// One pre-norm transformer block, in either naming style:
 ///   vit:  ViTLayer (layernorm_before, attention.attention.{query,key,value},

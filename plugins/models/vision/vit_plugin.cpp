@@ -78,12 +78,7 @@ class VitModel : public wick::Model {
       throw wick::Error("vit: this model has no classification head (classes = 0): set classes to train it, or use "
                         "predict() for its features");
     at::Tensor y = checked_labels(b, classes_, "vit");
-    at::Tensor l = logits(b).to(at::kFloat);
-    wick::ForwardResult r;
-    r.loss_sum = at::cross_entropy_loss(l, y, {}, at::Reduction::Sum);
-    r.items = y.size(0);
-    r.metrics["accuracy"] = l.argmax(-1).eq(y).sum();
-    return r;
+    return classification(logits(b), y);
   }
 
   at::Tensor predict(const wick::Batch& b) override {

@@ -88,15 +88,7 @@ class Vlm : public wick::Model {
         vision_dir = o.get_string("vision_path");
         vc = vis::config_from_hf(vis::read_json_file((fs::path(vision_dir) / "config.json").string()), vision_dir);
       } else {
-        vc.style = o.get_string("vision_style");
-        vc.image_size = o.get_int("image_size");
-        vc.patch_size = o.get_int("patch_size");
-        vc.hidden = o.get_int("vision_hidden_size");
-        vc.intermediate = o.get_int("vision_intermediate_size");
-        vc.layers = o.get_int("vision_layers");
-        vc.heads = o.get_int("vision_heads");
-        vc.eps = vc.style == "clip" ? 1e-5 : 1e-12;
-        vc.act = vc.style == "clip" ? "quick_gelu" : "gelu";
+        vc = vis::config_from_options(o, "vision_");
       }
       if (o.has("language_path")) {
         language_dir = o.get_string("language_path");
