@@ -6,14 +6,14 @@
 -- checkpointing of every block, accumulation (micro 4 x 4 = batch 16).
 -- bf16 autocast is the default on CUDA; on a CPU the default is fp32, since
 -- CPUs without bf16 arithmetic run it ~5x slower (precision=bf16-mixed forces it).
--- On 2 CPU cores: about 2.5 minutes to ~0.7 held-out accuracy over 3 classes
--- (chance 0.33); a ViT learns shapes from 768 clips only so far.
+-- On 2 CPU cores: 1920 steps in about 4 minutes to held-out accuracy 1.0 over
+-- 3 classes (0.71 after 20 epochs: a ViT from scratch needs the steps).
 --
 -- Make the clips once (a training and a held-out set, different seeds):
 --   wick make-clips data/clips/train --classes 3 --per-class 256 --size 96x96 --seconds 1.28 --no-extras --no-images
 --   wick make-clips data/clips/held_out --classes 3 --per-class 32 --size 96x96 --seconds 1.28 --seed 7 --no-extras --no-images
 -- then:
---   wick run configs/video.lua [clips=data/clips] [max_frames=4] [image_size=48] [epochs=20] [lr=1e-3]
+--   wick run configs/video.lua [clips=data/clips] [max_frames=4] [image_size=48] [epochs=40] [lr=1e-3]
 --                              [precision=fp32|bf16-mixed] [pool=cls|mean] [out=DIR]
 local wick = require "wick"
 local a = wick.args
@@ -48,7 +48,7 @@ local out = a.out or "runs/video"
 local run = wick.train {
   model = model, data = train, optim = wick.optim("adamw", { lr = tonumber(a.lr) or 1e-3, weight_decay = 0.05 }),
   schedule = "cosine", warmup_steps = 5,
-  micro_batch = 4, accumulate = 4, epochs = tonumber(a.epochs) or 20,
+  micro_batch = 4, accumulate = 4, epochs = tonumber(a.epochs) or 40,
   precision = a.precision or (wick.device() == "cuda" and "bf16-mixed" or "fp32"), checkpointing = true, clip_grad_norm = 1.0,
   eval_data = held_out, eval_every = 0, workers = 2,
   out = out, seed = 1,
