@@ -29,5 +29,5 @@ for model in video vlm; do
     [ "$p_tensors" != n/a ] && echo "               python CUDA max allocated: $p_tensors MiB"
   done
 done
-echo "ms: milliseconds per training step (AdamW, fp32) after the first; tensors: wick's tensor peak; RSS: peak"
+echo "ms: median milliseconds per training step (AdamW, fp32) over 10 after the first; tensors: wick's tensor peak; RSS: peak"
 echo "resident memory of the process (wick's includes LuaJIT and the plugins, Python's the interpreter and transformers)."
