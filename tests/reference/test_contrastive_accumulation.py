@@ -7,6 +7,7 @@ same weights and data (transformers' CLIPModel, its loss with return_loss):
 - accumulation = "plain" (each micro-batch its own loss, fewer negatives):
   ends where PyTorch's naive accumulation ends, and measurably away from the
   full batch. The test expects that difference."""
+import json
 import subprocess
 
 import pytest
@@ -87,6 +88,9 @@ def run(d, tag, mode, micro, acc, nproc=1):
     cmd = [WICK, "run", *args] if nproc == 1 else [WICK, "launch", "--nproc-per-node", str(nproc), *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
+    # the run declares which form of the loss it trains
+    scope = json.loads((d / tag / "run.json").read_text())["loss_scope"]
+    assert scope == ("window" if mode == "exact" else "micro_batch"), scope
     return load_file(str(d / (tag + ".safetensors")))
 
 
