@@ -237,10 +237,8 @@ class Vlm : public wick::Model {
   }
 
   std::int64_t tokens_per_picture(const wick::Batch& b) const {
-    const auto& c = vit_->config();
     std::int64_t V = vit_->num_patches() + (select_ == "full" ? 1 : 0);
     if (auto it = b.find("video"); it != b.end()) V *= it->second.size(1);
-    (void)c;
     return V;
   }
 
