@@ -132,6 +132,17 @@ std::string describe(const Batch& b) {
   return s + "}";
 }
 
+// sync = "micro_batch": a micro-batch before the last reduces its gradients
+// at once; sum, then divide by the rank count, so the part accumulated before
+// stays counted once.
+static void finish_early_sync(GradReducer& reducer, std::vector<std::pair<std::string, at::Tensor>>& params, Group& group,
+                       std::int64_t step) {
+  reducer.finish(step);
+  at::NoGradGuard no_grad;
+  for (auto& [name, p] : params)
+    if (p.grad().defined()) p.mutable_grad().div_(group.size());
+}
+
 Batch to_device(const Batch& b, const at::Device& device) {
   if (device.is_cpu()) return b;
   Batch out;
@@ -327,13 +338,7 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
       at::Tensor l = r.loss_sum.reshape({}) * inv_items;
       if (scaling()) l = l * scale_;
       l.backward();
-      if (group && !last && cfg_.sync_every_micro_batch) {
-        // sum, then divide by the rank count: the common part stays counted once
-        reducer_->finish(step_ + 1);
-        at::NoGradGuard no_grad;
-        for (auto& [name, p] : params_)
-          if (p.grad().defined()) p.mutable_grad().div_(group->size());
-      }
+      if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
       loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
       for (auto& [k, v] : r.metrics) {
         auto x = v.detach().to(at::kDouble).sum();
@@ -474,12 +479,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     }
     if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();
     torch::autograd::backward(e, g);
-    if (group && !last && cfg_.sync_every_micro_batch) {
-      reducer_->finish(step_ + 1);
-      at::NoGradGuard no_grad;
-      for (auto& [name, p] : params_)
-        if (p.grad().defined()) p.mutable_grad().div_(group->size());
-    }
+    if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
   }
   if (group && pieces.empty()) {  // at the point where the others check before their last backward
     if (agreed) {

@@ -32,6 +32,24 @@ def tiny(layer, strategy):
     return transformers.LlavaForConditionalGeneration(cfg).float().eval()
 
 
+def run_recipe(tmp_path, run_wick):
+    """RECIPE on tmp_path's hf folder and batch: logits, gradients, saved weights."""
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
+             f"saved={tmp_path / 'wick.safetensors'}")
+
+
+def widen_image_tokens(ids, x, fill, count):
+    """LLaVA's processor: each row's image token becomes `count` of them (x's
+    entries there: fill)."""
+    rows = []
+    for r in range(ids.shape[0]):
+        p = int((ids[r] == IMAGE).nonzero())
+        rows.append(torch.cat([x[r, :p], torch.full((count,), fill, dtype=x.dtype), x[r, p + 1:]]))
+    return torch.stack(rows)
+
+
 @pytest.mark.parametrize("layer,strategy", [(-2, "default"), (-1, "full")])
 def test_vlm_matches_llava(tmp_path, run_wick, layer, strategy):
     torch.manual_seed(0)
@@ -51,18 +69,10 @@ def test_vlm_matches_llava(tmp_path, run_wick, layer, strategy):
     labels[0, :2] = -100  # a masked prompt
     pixels = torch.randn(B, 3, 32, 32)
     save_file({"input_ids": ids, "labels": labels, "pixel_values": pixels}, tmp_path / "batch.safetensors")
-    (tmp_path / "r.lua").write_text(RECIPE)
-    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
-             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
-             f"saved={tmp_path / 'wick.safetensors'}")
+    run_recipe(tmp_path, run_wick)
 
-    # LLaVA's processor: one image token per visual token
     def widen(x, fill):
-        rows = []
-        for r in range(B):
-            p = int((ids[r] == IMAGE).nonzero())
-            rows.append(torch.cat([x[r, :p], torch.full((V,), fill, dtype=x.dtype), x[r, p + 1:]]))
-        return torch.stack(rows)
+        return widen_image_tokens(ids, x, fill, V)
 
     out = ref(input_ids=widen(ids, IMAGE), pixel_values=pixels, labels=widen(labels, -100))
     out.loss.backward()
@@ -120,17 +130,10 @@ def test_video_frames_become_visual_tokens_frame_after_frame(tmp_path, run_wick)
     labels[ids == IMAGE] = -100
     video = torch.randn(B, T, 3, 32, 32)  # floating: taken as normalised
     save_file({"input_ids": ids, "labels": labels, "video": video}, tmp_path / "batch.safetensors")
-    (tmp_path / "r.lua").write_text(RECIPE)
-    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
-             f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
-             f"saved={tmp_path / 'wick.safetensors'}")
+    run_recipe(tmp_path, run_wick)
 
     def widen(x, fill):
-        rows = []
-        for r in range(B):
-            p = int((ids[r] == IMAGE).nonzero())
-            rows.append(torch.cat([x[r, :p], torch.full((T * V,), fill, dtype=x.dtype), x[r, p + 1:]]))
-        return torch.stack(rows)
+        return widen_image_tokens(ids, x, fill, T * V)
 
     out = ref(input_ids=widen(ids, IMAGE), pixel_values=video.flatten(0, 1), labels=widen(labels, -100))
     logits = load_file(tmp_path / "logits.safetensors")["output"]
