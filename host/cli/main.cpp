@@ -15,6 +15,7 @@
 #include "lua/runtime.hpp"
 #include "util/memory.hpp"
 #include "plugin/registry.hpp"
+#include "train/run_options.hpp"
 #include "util/system.hpp"
 
 namespace {
@@ -104,8 +105,7 @@ int cmd_plugins(bool json) {
 
 int cmd_describe(const std::string& name) {
   if (name == "train") {
-    wick::LuaRuntime rt;
-    rt.run_string("require('wick.train').describe()", "=(describe)");
+    std::printf("%s", wick::describe_run_options().c_str());
     return 0;
   }
   const auto& e = wick::registry().find(name);
@@ -228,10 +228,12 @@ int cmd_plan(std::vector<std::string> args) {
     return usage_error(std::string("argument '") + e.what() + "' after the recipe is not key=value");
   }
   wick::LuaRuntime rt(kv);
-  rt.run_string("require('wick.train').plan_mode = { device_memory = " + std::to_string(device_memory) + " }");
+  rt.set_plan(device_memory);
   const int rc = rt.run_file(args[0]);
-  if (rc == 0) std::fprintf(stderr, "wick plan: the recipe never called wick.train\n");
-  return rc == 0 ? 1 : rc;
+  if (rc != 0) return rc;
+  if (rt.planned()) return 0;
+  std::fprintf(stderr, "wick: error: wick plan: the recipe never called wick.train\n");
+  return 1;
 }
 
 // wick make-clips DIR [--classes N] [--per-class N] [--size WxH] [--seconds S]

@@ -28,6 +28,8 @@
 #include "observe/events.hpp"
 #include "plugin/registry.hpp"
 #include "train/loader.hpp"
+#include "train/run.hpp"
+#include "train/run_options.hpp"
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
@@ -634,95 +636,135 @@ int window_len(lua_State* L) {
   return 1;
 }
 
-int make_trainer(lua_State* L) {
-  check_table(L, 1, "trainer");
-  lua_getfield(L, 1, "model");
-  auto model = check_model(L, lua_gettop(L), "trainer");
-  lua_getfield(L, 1, "optim");
-  auto optim_obj = check_box<Object>(L, lua_gettop(L), kOptimMt, "trainer");
-  if (optim_obj->object_kind() != ObjectKind::Optimizer)
-    throw Error(std::string("'optim' must be an optimizer (sgd, adamw, ...), got a ") +
-                (optim_obj->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
-  std::shared_ptr<Schedule> schedule;
-  lua_getfield(L, 1, "schedule");
-  if (!lua_isnil(L, -1)) {
-    auto s = check_box<Object>(L, lua_gettop(L), kOptimMt, "trainer");
-    if (s->object_kind() != ObjectKind::Schedule) throw Error("'schedule' must be a schedule, got an optimizer");
-    schedule = std::static_pointer_cast<Schedule>(s);
-  }
-  lua_pop(L, 3);
-  TrainerConfig c;
-  c.clip_grad_norm = field<double>(L, 1, "clip_grad_norm", 0);
-  c.total_steps = field<std::int64_t>(L, 1, "total_steps", 0);
-  c.device = field<std::string>(L, 1, "device", "cpu");
-  c.bucket_mb = field<double>(L, 1, "bucket_mb", 25);
-  if (c.bucket_mb <= 0) throw Error("'bucket_mb' must be > 0, got " + std::to_string(c.bucket_mb));
-  c.sync_every_micro_batch = field<std::string>(L, 1, "sync", "window") == "micro_batch";
-  c.clip_grad_value = field<double>(L, 1, "clip_grad_value", 0);
-  c.precision = parse_precision(field<std::string>(L, 1, "precision", "fp32"));
-  c.empty_cache_every = field<std::int64_t>(L, 1, "empty_cache_every", 0);
-  c.memory_fraction = field<double>(L, 1, "memory_fraction", 0);
-  {
-    const std::string on_oom = field<std::string>(L, 1, "on_oom", "split");
-    if (on_oom != "split" && on_oom != "fail") throw Error("on_oom: expected split or fail, got '" + on_oom + "'");
-    c.split_on_oom = on_oom == "split";
-  }
-  lua_getfield(L, 1, "loss_scale");  // a number: fixed; a table: dynamic settings
-  if (lua_type(L, -1) == LUA_TNUMBER) {
-    c.loss_scale.init = lua_tonumber(L, -1);
-    c.loss_scale.dynamic = false;
-  } else if (lua_istable(L, -1)) {
-    const int t = lua_gettop(L);
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-      const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
-      if (k != "init" && k != "growth" && k != "backoff" && k != "interval")
-        throw Error("loss_scale: unknown key '" + k + "' (expected init, growth, backoff, interval)");
-      lua_pop(L, 1);
-    }
-    c.loss_scale.init = field<double>(L, t, "init", c.loss_scale.init);
-    c.loss_scale.growth = field<double>(L, t, "growth", c.loss_scale.growth);
-    c.loss_scale.backoff = field<double>(L, t, "backoff", c.loss_scale.backoff);
-    c.loss_scale.interval = field<std::int64_t>(L, t, "interval", c.loss_scale.interval);
-  } else if (!lua_isnil(L, -1)) {
-    throw Error(std::string("loss_scale: expected a number (a fixed scale) or a table {init, growth, backoff, interval}, got ") +
-                luaL_typename(L, -1));
-  }
-  lua_pop(L, 1);
-  lua_getfield(L, 1, "checkpointing");  // false | true | k (every k-th block) | {names}
-  switch (lua_type(L, -1)) {
-    case LUA_TNIL: break;
-    case LUA_TBOOLEAN:
-      c.checkpointing.mode = lua_toboolean(L, -1) ? CheckpointingConfig::Mode::All : CheckpointingConfig::Mode::None;
-      break;
-    case LUA_TNUMBER: {
-      const double k = lua_tonumber(L, -1);
-      if (k != std::floor(k) || k < 1)
-        throw Error("checkpointing: expected true, false, k >= 1 (every k-th block) or a list of block names, got " +
-                    std::to_string(k));
-      c.checkpointing.mode = CheckpointingConfig::Mode::EveryK;
-      c.checkpointing.k = static_cast<std::int64_t>(k);
-      break;
-    }
-    case LUA_TTABLE: {
-      c.checkpointing.mode = CheckpointingConfig::Mode::Names;
-      const int n = static_cast<int>(lua_objlen(L, -1));
-      for (int i = 1; i <= n; ++i) {
-        lua_rawgeti(L, -1, i);
-        if (lua_type(L, -1) != LUA_TSTRING) throw Error("checkpointing: block names must be strings");
-        c.checkpointing.names.emplace_back(lua_tostring(L, -1));
+// A wick.train / wick.trainer table: objects (model, data, optim, schedule,
+// eval_data) apart, every other key a plain option value. A loss_scale table
+// {init, growth, backoff, interval} becomes the loss_scale_* options.
+RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std::map<std::string, Value>& options) {
+  RunObjects obj;
+  t = t < 0 ? lua_gettop(L) + t + 1 : t;
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    if (lua_type(L, -2) != LUA_TSTRING) throw Error(label + ": option names must be strings");
+    const std::string key = lua_tostring(L, -2);
+    const int v = lua_gettop(L);
+    auto object = [&](const char* mt) -> std::shared_ptr<Object> {
+      auto* b = test_box<Object>(L, v, mt);
+      if (!b || !b->ptr)
+        throw Error(label + ": option '" + key + "': expected a wick object (" + mt + "), got " + luaL_typename(L, v));
+      return b->ptr;
+    };
+    if (key == "model") obj.model = std::static_pointer_cast<Model>(object(kModelMt));
+    else if (key == "data") obj.data = std::static_pointer_cast<Dataset>(object(kDataMt));
+    else if (key == "eval_data") obj.eval_data = std::static_pointer_cast<Dataset>(object(kDataMt));
+    else if (key == "optim") obj.optim = object(kOptimMt);
+    else if (key == "schedule" && lua_type(L, v) != LUA_TSTRING) obj.schedule = object(kOptimMt);
+    else if (key == "loss_scale" && lua_istable(L, v)) {
+      lua_pushnil(L);
+      while (lua_next(L, v)) {
+        const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (k != "init" && k != "growth" && k != "backoff" && k != "interval")
+          throw Error(label + ": loss_scale: unknown key '" + k + "' (expected init, growth, backoff, interval)");
+        options["loss_scale_" + k] = to_value(L, -1, label + ": option 'loss_scale': '" + k + "'");
         lua_pop(L, 1);
       }
-      break;
+    } else {
+      options[key] = to_value(L, v, label + ": option '" + key + "'");
     }
-    default:
-      throw Error(std::string("checkpointing: expected true, false, k (every k-th block) or a list of block names, got ") +
-                  luaL_typename(L, -1));
+    lua_pop(L, 1);
+  }
+  return obj;
+}
+
+// wick.trainer{model, optim, schedule, ...}: the options of wick.train that a
+// trainer takes (wick describe train marks them), checked by the same schema.
+int make_trainer(lua_State* L) {
+  check_table(L, 1, "trainer");
+  std::map<std::string, Value> given;
+  RunObjects obj = collect_run_table(L, 1, "wick.trainer", given);
+  std::vector<std::string> objects;
+  if (obj.model) objects.push_back("model");
+  if (obj.optim) objects.push_back("optim");
+  if (obj.schedule) objects.push_back("schedule");
+  if (obj.data) objects.push_back("data");
+  if (obj.eval_data) objects.push_back("eval_data");
+  const Options o = validate_run_options("wick.trainer", given, objects, /*trainer_only=*/true);
+  if (!obj.model) throw Error("wick.trainer: option 'model' is required");
+  if (!obj.optim) throw Error("wick.trainer: option 'optim' is required");
+  if (obj.optim->object_kind() != ObjectKind::Optimizer)
+    throw Error(std::string("wick.trainer: option 'optim': expected an optimizer (sgd, adamw, ...), got a ") +
+                (obj.optim->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
+  std::shared_ptr<Schedule> schedule;
+  if (obj.schedule) {
+    if (obj.schedule->object_kind() != ObjectKind::Schedule)
+      throw Error("wick.trainer: option 'schedule': expected a schedule (wick.schedule), got an optimizer");
+    schedule = std::static_pointer_cast<Schedule>(obj.schedule);
+  } else if (auto it = given.find("schedule"); it != given.end() && it->second.is_string()) {
+    schedule = std::static_pointer_cast<Schedule>(
+        registry().create("schedule", PluginKind::Optim, {{"type", it->second}}));
+  }
+  TrainerConfig c = trainer_config(o);
+  if (c.device == "auto") c.device = cuda_available() ? "cuda" : "cpu";
+  c.group = Group::world(c.device);
+  push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
+                    kTrainerMt);
+  return 1;
+}
+
+// The command line's key=value pairs as given (strings), for overrides that
+// the run parses as each option declares.
+std::vector<std::pair<std::string, std::string>> raw_args(lua_State* L) {
+  std::vector<std::pair<std::string, std::string>> out;
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.raw_args");
+  if (lua_istable(L, -1)) {
+    const int n = static_cast<int>(lua_objlen(L, -1));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L, -1, i);
+      lua_getfield(L, -1, "k");
+      lua_getfield(L, -2, "v");
+      out.emplace_back(lua_tostring(L, -2), lua_tostring(L, -1));
+      lua_pop(L, 3);
+    }
   }
   lua_pop(L, 1);
-  c.group = Group::world(c.device);
-  push_box<Trainer>(L, std::make_shared<Trainer>(model, std::static_pointer_cast<Optimizer>(optim_obj), schedule, c),
-                    kTrainerMt);
+  return out;
+}
+
+std::string recipe_path(lua_State* L) {
+  lua_getglobal(L, "arg");
+  std::string path;
+  if (lua_istable(L, -1)) {
+    lua_rawgeti(L, -1, 0);
+    if (lua_type(L, -1) == LUA_TSTRING) path = lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return path;
+}
+
+// core.train(cfg): the engine's run (train/run.hpp); returns its summary.
+// Under `wick plan` it measures instead and ends the recipe.
+int core_train(lua_State* L) {
+  check_table(L, 1, "train");
+  RunRequest req;
+  req.objects = collect_run_table(L, 1, "wick.train", req.options);
+  req.overrides = raw_args(L);
+  req.recipe = recipe_path(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.plan");
+  const bool plan = !lua_isnil(L, -1);
+  const auto device_memory = static_cast<std::int64_t>(lua_tonumber(L, -1));
+  lua_pop(L, 1);
+  if (plan) {
+    plan_training(req, device_memory);
+    lua_pushlightuserdata(L, plan_done_sentinel());
+    return lua_error(L);
+  }
+  push_json(L, run_training(req));
+  return 1;
+}
+
+int core_describe_train(lua_State* L) {
+  const std::string s = describe_run_options();
+  lua_pushlstring(L, s.data(), s.size());
   return 1;
 }
 
@@ -1246,6 +1288,8 @@ int luaopen_wick_core(lua_State* L) {
                                   {"optim", G(make_plugin<PluginKind::Optim>)},
                                   {"loader", G(make_loader)},
                                   {"trainer", G(make_trainer)},
+                                  {"train", G(core_train)},
+                                  {"describe_train", G(core_describe_train)},
                                   {"evaluate", G(core_evaluate)},
                                   {"latest_checkpoint", G(core_latest_checkpoint)},
                                   {"seed", G(core_seed)},

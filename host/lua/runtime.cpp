@@ -27,8 +27,10 @@ void push_arg(lua_State* L, const std::string& v) {
 }
 
 int traceback(lua_State* L) {
+  if (lua_touserdata(L, 1) == plan_done_sentinel()) return 1;
   if (!lua_isstring(L, 1)) {
-    // error objects that are not strings (tables): say what they are
+    // error objects that are not strings: their __tostring, or what they are
+    if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) return 1;
     lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
     return 1;
   }
@@ -71,6 +73,28 @@ LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : 
     lua_setfield(L_, -2, k.c_str());
   }
   lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args");
+  // the same pairs as given, in order, for the run's typed overrides
+  lua_createtable(L_, static_cast<int>(args.size()), 0);
+  int i = 0;
+  for (const auto& [k, v] : args) {
+    lua_createtable(L_, 0, 2);
+    lua_pushlstring(L_, k.data(), k.size());
+    lua_setfield(L_, -2, "k");
+    lua_pushlstring(L_, v.data(), v.size());
+    lua_setfield(L_, -2, "v");
+    lua_rawseti(L_, -2, ++i);
+  }
+  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.raw_args");
+}
+
+void* plan_done_sentinel() {
+  static char sentinel;
+  return &sentinel;
+}
+
+void LuaRuntime::set_plan(std::int64_t device_memory) {
+  lua_pushnumber(L_, static_cast<lua_Number>(device_memory));
+  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.plan");
 }
 
 LuaRuntime::~LuaRuntime() { lua_close(L_); }
@@ -119,6 +143,10 @@ int LuaRuntime::run_file(const fs::path& recipe) {
   lua_setglobal(L_, "arg");
   int rc = luaL_loadfile(L_, recipe.c_str());
   if (rc == 0) rc = lua_pcall(L_, 0, 0, handler);
+  if (rc != 0 && lua_touserdata(L_, -1) == plan_done_sentinel()) {
+    planned_ = true;
+    rc = 0;
+  }
   if (rc != 0) {
     const char* msg = lua_tostring(L_, -1);
     std::fprintf(stderr, "wick: error: %s\n", msg ? msg : "unknown Lua error");

@@ -2,6 +2,7 @@
 // The LuaJIT host: a Lua state with the `wick` package on its path and the
 // engine bound as `wick.core`. This folder is the only one that knows Lua.
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -30,12 +31,22 @@ class LuaRuntime {
 
   lua_State* state() { return L_; }
 
+  /// `wick plan`: the recipe's wick.train call measures memory for each knob
+  /// (device_memory bytes to fit; 0: the device's own) and ends the recipe.
+  void set_plan(std::int64_t device_memory);
+  /// Whether a wick.train call ran the plan (after run_file).
+  bool planned() const { return planned_; }
+
   /// The folder holding the `wick` Lua package (<exe>/../share/wick/lua).
   static std::filesystem::path package_dir();
 
  private:
   lua_State* L_;
+  bool planned_ = false;
 };
+
+/// The error object core.train raises after a plan: the recipe ends there, successfully.
+void* plan_done_sentinel();
 
 /// Registers the engine bindings as package.preload["wick.core"].
 void open_wick_core(lua_State* L);

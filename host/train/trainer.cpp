@@ -491,7 +491,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
   return true;
 }
 
-StepStats Trainer::step(const std::vector<Batch>& window) {
+StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
   const auto t0 = std::chrono::steady_clock::now();
   Group* group = cfg_.group.get();
   if (window.empty() && !group) throw Error("a window needs at least one micro-batch");
@@ -554,6 +554,7 @@ StepStats Trainer::step(const std::vector<Batch>& window) {
                 "; the weights, gradients and optimizer state alone need more than there is: train fewer parameters "
                 "(lora), keep them in bf16 (precision = \"bf16-true\") or raise the limit");
   }
+  if (resolve_now) resolve(s);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -589,21 +590,30 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     std::vector<at::Tensor> packed{at::cat(parts)};
     group->all_reduce(packed, "the loss of step " + std::to_string(step_ + 1));
     loss_sum = packed[0][0];
-    s.stop = packed[0][1].item<double>() > 0;
-    s.skipped = packed[0][2].item<double>() > 0;
+    // the stop and overflow flags: one read, which every rank needs now
+    const at::Tensor flags = packed[0].slice(0, 1, 3).cpu();
+    ++host_reads_;
+    s.stop = flags[0].item<double>() > 0;
+    s.skipped = flags[1].item<double>() > 0;
     for (std::size_t k = 0; k < metric_names_.size(); ++k) metric_sums[metric_names_[k]] = packed[0][k + 3];
   } else {
     s.stop = interrupted();
-    s.skipped = found_inf.defined() && found_inf.item<float>() > 0;
+    if (found_inf.defined()) {
+      // fp16: whether the optimizer steps depends on it (GradScaler reads it too)
+      s.skipped = found_inf.item<float>() > 0;
+      ++host_reads_;
+    }
   }
+  at::Tensor scale_used;
   if (scaling()) {
-    s.loss_scale = scale_.item<double>();
+    scale_used = scale_.to(at::kDouble).reshape({1});  // a copy: the update below changes scale_
     if (cfg_.loss_scale.dynamic) {
       const at::Tensor agreed = at::full({}, s.skipped ? 1.0f : 0.0f, found_inf.options());
       at::_amp_update_scale_(scale_, growth_tracker_, agreed, cfg_.loss_scale.growth, cfg_.loss_scale.backoff,
                              cfg_.loss_scale.interval);
     }
   }
+  at::Tensor grad_norm;
   {
     at::NoGradGuard no_grad;
     if (cfg_.clip_grad_value > 0)
@@ -619,7 +629,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     }
     if (!norms.empty()) {
       at::Tensor total = at::stack(norms).norm(2);
-      s.grad_norm = total.item<double>();
+      grad_norm = total.to(at::kDouble).reshape({1});
       if (cfg_.clip_grad_norm > 0 && !s.skipped) {
         at::Tensor coef = (cfg_.clip_grad_norm / (total + 1e-6)).clamp_max(1.0);
         for (auto& [name, p] : params_)
@@ -636,10 +646,39 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   }
   ++step_;
   s.step = step_;
-  const double inv_items = 1.0 / static_cast<double>(s.items);
-  s.loss = loss_sum.item<double>() * inv_items;
-  for (auto& [k, v] : metric_sums) s.metrics[k] = v.item<double>() * inv_items;
+  // The numbers stay on the device until resolve(): one read for many steps.
+  std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}),
+                                grad_norm.defined() ? grad_norm : at::zeros({1}, opts),
+                                scale_used.defined() ? scale_used : at::zeros({1}, opts)};
+  for (auto& [k, v] : metric_sums) {
+    s.pending_metrics.push_back(k);
+    parts.push_back(v.to(at::kDouble).reshape({1}));
+  }
+  s.pending = at::cat(parts);
+  s.resolved = false;
   if (cfg_.empty_cache_every > 0 && step_ % cfg_.empty_cache_every == 0 && device.is_cuda()) cuda_empty_cache();
+}
+
+void Trainer::resolve(const std::vector<StepStats*>& steps) {
+  std::vector<at::Tensor> parts;
+  for (auto* s : steps)
+    if (!s->resolved) parts.push_back(s->pending);
+  if (parts.empty()) return;
+  const at::Tensor all = at::cat(parts).cpu();
+  ++host_reads_;
+  const double* v = all.data_ptr<double>();
+  for (auto* s : steps) {
+    if (s->resolved) continue;
+    const double inv_items = 1.0 / static_cast<double>(s->items);
+    s->loss = v[0] * inv_items;
+    s->grad_norm = v[1];
+    s->loss_scale = v[2];
+    for (std::size_t k = 0; k < s->pending_metrics.size(); ++k) s->metrics[s->pending_metrics[k]] = v[3 + k] * inv_items;
+    v += 3 + s->pending_metrics.size();
+    s->pending = at::Tensor();
+    s->pending_metrics.clear();
+    s->resolved = true;
+  }
 }
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {
@@ -698,7 +737,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   return final_dir;
 }
 
-nlohmann::json Trainer::load(const fs::path& checkpoint) {
+nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
   const fs::path state_file = checkpoint / "state.json";
   std::ifstream in(state_file);
   if (!in) throw Error("checkpoint " + checkpoint.string() + " has no state.json");
@@ -708,6 +747,14 @@ nlohmann::json Trainer::load(const fs::path& checkpoint) {
   } catch (const std::exception& e) {
     throw Error("checkpoint " + state_file.string() + " is not valid JSON: " + e.what());
   }
+  if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer())
+    throw Error("checkpoint " + state_file.string() + ": expected an object with an integer 'step'");
+  return state;
+}
+
+nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
+
+nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
   load_model(*model_, checkpoint / "model.safetensors");
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;

@@ -83,6 +83,13 @@ struct StepStats {
   std::map<std::string, double> metrics;  // metric sums / items
   double seconds = 0;
   bool stop = false;              // SIGINT/SIGTERM reached this or any other rank
+  /// loss, grad_norm, loss_scale and metrics are read from the device only
+  /// when asked (Trainer::resolve): until then they sit in `pending`
+  /// (float64: loss sum, norm, scale, then the metric sums in
+  /// `pending_metrics` order) and `resolved` is false.
+  bool resolved = true;
+  at::Tensor pending;
+  std::vector<std::string> pending_metrics;
 };
 
 struct EvalStats {
@@ -99,7 +106,15 @@ class Trainer {
 
   /// One optimizer step over `window` (its micro-batches in order). With
   /// several ranks a window may be empty on some: that rank contributes zero.
-  StepStats step(const std::vector<Batch>& window);
+  /// `resolve_now = false` leaves its numbers on the device until resolve()
+  /// (one read for many steps; the engine's run does this).
+  StepStats step(const std::vector<Batch>& window, bool resolve_now = true);
+  /// Reads the pending numbers of `steps` from the device in one copy.
+  void resolve(const std::vector<StepStats*>& steps);
+  void resolve(StepStats& s) { resolve(std::vector<StepStats*>{&s}); }
+  /// Reads from the device to the host (.item(), copies) that step() and
+  /// resolve() made: on a GPU each one waits for the queued work.
+  std::int64_t host_reads() const { return host_reads_; }
 
   std::int64_t steps() const { return step_; }
   /// The rank group (nullptr for one process).
@@ -127,6 +142,8 @@ class Trainer {
                              int keep = 3);
   /// Restores from a checkpoint folder; returns its `extra`.
   nlohmann::json load(const std::filesystem::path& checkpoint);
+  /// The same with its state.json already read (read_checkpoint_state).
+  nlohmann::json load(const std::filesystem::path& checkpoint, const nlohmann::json& state);
 
  private:
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep);
@@ -154,6 +171,7 @@ class Trainer {
   at::Tensor scale_, growth_tracker_;       // fp16 loss scaling (float32 and int32, on the device)
   std::int64_t skipped_ = 0;
   std::int64_t split_ = 1;
+  std::int64_t host_reads_ = 0;
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients.
@@ -171,6 +189,9 @@ Batch to_device(const Batch& b, const at::Device& device);
 void save_model(torch::nn::Module& model, const std::filesystem::path& file,
                 const std::map<std::string, std::string>& metadata = {});
 void load_model(torch::nn::Module& model, const std::filesystem::path& file);
+
+/// A checkpoint's state.json: step, extra (the loop's position), loss scale.
+nlohmann::json read_checkpoint_state(const std::filesystem::path& checkpoint);
 
 /// The newest complete checkpoint under `checkpoints_dir`, or an empty path.
 std::filesystem::path latest_checkpoint(const std::filesystem::path& checkpoints_dir);

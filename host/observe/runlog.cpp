@@ -1,0 +1,139 @@
+#include "observe/runlog.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "observe/events.hpp"
+#include "wick/safetensors.hpp"  // write_file_atomic
+
+namespace fs = std::filesystem;
+
+namespace wick {
+namespace {
+
+bool read_text(const fs::path& p, std::string& out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  out = ss.str();
+  return true;
+}
+
+std::string options_markdown(const nlohmann::json& opts) {
+  std::string s = "| option | value |\n|---|---|";
+  for (auto it = opts.begin(); it != opts.end(); ++it)
+    s += "\n| " + it.key() + " | " + (it->is_string() ? it->get<std::string>() : it->dump()) + " |";
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> scalar_tags(const nlohmann::json& rec) {
+  std::vector<std::pair<std::string, double>> out;
+  const std::string group = rec.value("eval", false) ? "eval/" : "train/";
+  for (auto it = rec.begin(); it != rec.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "step" || k == "epoch" || k == "eval") continue;
+    double v = 0;
+    if (it->is_boolean()) v = it->get<bool>() ? 1 : 0;
+    else if (it->is_number()) v = it->get<double>();
+    else continue;
+    if (!std::isfinite(v)) continue;
+    out.emplace_back(k.rfind("mem_", 0) == 0 ? "memory/" + k.substr(4) : group + k, v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+RunLogObserver::RunLogObserver(std::string dir) : dir_(std::move(dir)) {}
+
+RunLogObserver::~RunLogObserver() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void RunLogObserver::on_start(const RunStart& start) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw Error("cannot create run folder " + dir_ + ": " + ec.message());
+  nlohmann::json prev;
+  if (start.start_step > 0) {
+    std::string text;
+    if (read_text(fs::path(dir_) / "run.json", text)) prev = nlohmann::json::parse(text, nullptr, false);
+    if (prev.is_discarded() || !prev.is_object()) prev = nlohmann::json();
+  }
+  std::string recipe_text;
+  const bool have_recipe = !start.recipe.empty() && read_text(start.recipe, recipe_text);
+  if (have_recipe) {
+    std::string copy;
+    if (!read_text(fs::path(dir_) / "recipe.lua", copy) || copy != recipe_text)
+      write_file_atomic(fs::path(dir_) / "recipe.lua", recipe_text);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  meta_ = {{"status", "running"}, {"options", start.options}, {"total_steps", start.total_steps},
+           {"start_step", start.start_step}, {"pid", static_cast<std::int64_t>(::getpid())}, {"host", host}};
+  if (!start.recipe.empty()) meta_["recipe"] = start.recipe;
+  meta_["started"] = prev.is_object() && prev.contains("started") ? prev["started"] : nlohmann::json(std::time(nullptr));
+  if (prev.is_object()) meta_["resumed"] = prev.value("resumed", 0) + 1;
+  for (auto it = start.extra.begin(); it != start.extra.end(); ++it) meta_[it.key()] = *it;
+  if (prev.is_object() && prev.contains("best_loss")) prev_best_ = prev["best_loss"];
+  write_file_atomic(fs::path(dir_) / "run.json", meta_.dump() + "\n");
+  const auto metrics = fs::path(dir_) / "metrics.jsonl";
+  metrics_ = std::fopen(metrics.c_str(), start.start_step > 0 ? "a" : "w");
+  if (!metrics_) throw Error("cannot write " + metrics.string());
+  events_ = std::make_unique<EventWriter>(dir_);
+  const double t = wall_time_now();
+  if (have_recipe) events_->text(start.start_step, "recipe", "```lua\n" + recipe_text + "\n```", t);
+  events_->text(start.start_step, "options", options_markdown(start.options), t);
+}
+
+void RunLogObserver::record(const nlohmann::json& rec) {
+  if (!metrics_) return;
+  const std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fwrite(line.data(), 1, line.size(), metrics_);
+  std::fflush(metrics_);
+  events_->scalars(rec.value("step", std::int64_t{0}), scalar_tags(rec), wall_time_now());
+}
+
+void RunLogObserver::on_step(const nlohmann::json& rec) { record(rec); }
+void RunLogObserver::on_eval(const nlohmann::json& rec) { record(rec); }
+
+void RunLogObserver::finish(const nlohmann::json& fields) {
+  for (auto it = fields.begin(); it != fields.end(); ++it)
+    if (!it->is_null()) meta_[it.key()] = *it;
+  if (prev_best_.is_number() &&
+      (!meta_.contains("best_loss") || !meta_["best_loss"].is_number() || prev_best_.get<double>() < meta_["best_loss"].get<double>()))
+    meta_["best_loss"] = prev_best_;
+  meta_["ended"] = std::time(nullptr);
+  meta_.erase("pid");
+  if (metrics_) std::fclose(metrics_);
+  metrics_ = nullptr;
+  if (events_) events_->close();
+  events_.reset();
+  write_file_atomic(fs::path(dir_) / "run.json", meta_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+void RunLogObserver::on_end(const nlohmann::json& summary) {
+  static const char* kFields[] = {"status", "steps", "final_loss", "best_loss", "peak_memory", "seconds", "eval",
+                                  "checkpoint", "micro_batch", "accumulate", "epochs", "seed", "checkpointing",
+                                  "skipped_steps", "loss_scale", "memory", "split", "skipped_files"};
+  nlohmann::json f = nlohmann::json::object();
+  for (const char* k : kFields)
+    if (summary.contains(k)) f[k] = summary[k];
+  finish(f);
+}
+
+void RunLogObserver::on_failure(const std::string& error, const nlohmann::json& summary) {
+  nlohmann::json f = {{"status", "failed"}, {"error", error}};
+  for (const char* k : {"steps", "final_loss", "seconds"})
+    if (summary.contains(k)) f[k] = summary[k];
+  finish(f);
+}
+
+}  // namespace wick

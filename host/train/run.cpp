@@ -1,0 +1,815 @@
+#include "train/run.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <sstream>
+
+#include "dist/group.hpp"
+#include "observe/format.hpp"
+#include "observe/progress.hpp"
+#include "observe/runlog.hpp"
+#include "plugin/registry.hpp"
+#include "train/loader.hpp"
+#include "train/run_options.hpp"
+#include "train/trainer.hpp"
+#include "util/memory.hpp"
+#include "util/system.hpp"
+
+namespace fs = std::filesystem;
+
+namespace wick {
+namespace {
+
+void err_line(const std::string& s) {
+  const std::string line = s + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+// A note between steps: on a terminal it first clears the redrawn progress line.
+void note(const std::string& s) { err_line((::isatty(2) ? "\r\x1b[K" : "") + s); }
+
+nlohmann::json to_json(const Value& v) {
+  switch (v.v.index()) {
+    case 0: return nullptr;
+    case 1: return v.as_bool();
+    case 2: return v.as_int();
+    case 3: return v.as_double();
+    case 4: return v.as_string();
+    default: {
+      auto a = nlohmann::json::array();
+      for (const auto& x : v.as_list()) a.push_back(to_json(x));
+      return a;
+    }
+  }
+}
+
+// FNV-1a of a string, as 8 hex digits.
+std::string fnv1a(const std::string& s) {
+  std::uint32_t h = 0x811c9dc5u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x01000193u;
+  }
+  return strf("%08x", h);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  if (in) ss << in.rdbuf();
+  return ss.str();
+}
+
+bool is_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
+
+std::int64_t tensor_peak(bool cuda) {
+  auto m = memory_stats(cuda);
+  return cuda ? m["cuda_peak"] : m["cpu_tensors_peak"];
+}
+
+void reset_peaks() {
+  reset_cpu_tensor_peak();
+  reset_cuda_peak();
+}
+
+// The bytes a run may use on `device`: a GPU's total memory, or on the CPU
+// the tensor cap (0: none).
+std::int64_t device_memory(const std::string& device) {
+  if (is_cuda(device)) {
+    const at::Device d(device);
+    return cuda_total_memory(d.has_index() ? d.index() : 0);
+  }
+  return cpu_tensor_memory().limit;
+}
+
+std::vector<Batch> data_window(const Dataset& d, std::int64_t count, std::int64_t micro) {
+  std::vector<Batch> w;
+  for (std::int64_t i = 0; i < count; i += micro) {
+    std::vector<std::int64_t> idx;
+    for (std::int64_t j = i; j < std::min(i + micro, count); ++j) idx.push_back(j);
+    w.push_back(d.get_batch(idx));
+  }
+  return w;
+}
+
+// Forward and backward of a micro-batch, no step; false when it ran out of memory.
+bool probe(Trainer& t, const Batch& b) {
+  try {
+    t.probe(b);
+  } catch (const c10::OutOfMemoryError&) {
+    if (is_cuda(t.config().device)) cuda_empty_cache();
+    return false;
+  }
+  return true;
+}
+
+// Options, overrides and objects checked; what the loop and the plan share.
+struct Resolved {
+  Options o;
+  RunObjects obj;
+  std::shared_ptr<Optimizer> optim;
+  std::shared_ptr<Schedule> schedule;
+  std::string label, device;
+  DistEnv dist;
+  bool quiet = false, rank0 = true;
+  bool micro_auto = false;
+  std::int64_t micro_batch = 1, accumulate = 1;
+};
+
+Resolved resolve(const RunRequest& req) {
+  Resolved r;
+  r.label = req.label;
+  r.obj = req.objects;
+  const std::string& L = r.label;
+  std::map<std::string, Value> given = req.options;
+  std::vector<std::string> objects;
+  if (r.obj.model) objects.push_back("model");
+  if (r.obj.data) objects.push_back("data");
+  if (r.obj.optim) objects.push_back("optim");
+  if (r.obj.schedule) objects.push_back("schedule");
+  if (r.obj.eval_data) objects.push_back("eval_data");
+  // command-line overrides: key=value naming an option, read as it declares
+  std::vector<std::string> overridden;
+  for (const auto& [k, text] : req.overrides) {
+    const bool known =
+        std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == k && o.run; });
+    if (!known) continue;
+    Value v = parse_run_option(k, text);
+    auto it = given.find(k);
+    if (it != given.end() && it->second.repr() == v.repr()) continue;
+    given[k] = v;
+    overridden.push_back(k + "=" + text);
+  }
+  r.o = validate_run_options(L, given, objects);
+  for (const auto& [name, obj] : std::vector<std::pair<const char*, bool>>{
+           {"model", bool(r.obj.model)}, {"data", bool(r.obj.data)}, {"optim", bool(r.obj.optim)}})
+    if (!obj) throw Error(L + ": option '" + name + "' is required");
+  r.optim = std::dynamic_pointer_cast<Optimizer>(r.obj.optim);
+  if (!r.optim || r.obj.optim->object_kind() != ObjectKind::Optimizer)
+    throw Error(L + ": option 'optim': expected an optimizer (sgd, adamw, ...), got a " +
+                (r.obj.optim->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
+  if (r.obj.schedule) {
+    r.schedule = std::dynamic_pointer_cast<Schedule>(r.obj.schedule);
+    if (!r.schedule) throw Error(L + ": option 'schedule': expected a schedule (wick.schedule), got another optim object");
+  } else if (auto it = given.find("schedule"); it != given.end() && it->second.is_string()) {
+    try {
+      r.schedule = std::static_pointer_cast<Schedule>(registry().create(
+          "schedule", PluginKind::Optim, {{"type", it->second}, {"warmup_steps", r.o.at("warmup_steps")}}));
+    } catch (const Error& e) {
+      throw Error(L + ": option 'schedule': " + e.what());
+    }
+  }
+  r.quiet = r.o.get_bool("quiet");
+  r.dist = dist_env();
+  r.rank0 = r.dist.rank == 0;
+  if (!r.rank0) r.quiet = true;
+  if (!overridden.empty() && !r.quiet) {
+    std::sort(overridden.begin(), overridden.end());
+    std::string s;
+    for (const auto& x : overridden) s += (s.empty() ? "" : " ") + x;
+    err_line(L + ": from the command line: " + s);
+  }
+  // checkpointing by name: every name a block of the model
+  const auto blocks = r.obj.model->blocks();
+  const Value& ck = r.o.at("checkpointing");
+  if (ck.is_list()) {
+    for (const auto& n : ck.as_list())
+      if (std::find(blocks.begin(), blocks.end(), n.as_string()) == blocks.end()) {
+        std::string known;
+        for (const auto& b : blocks) known += (known.empty() ? "" : ", ") + b;
+        throw Error(L + ": option 'checkpointing': the model has no block '" + n.as_string() + "' (its blocks: " +
+                    (known.empty() ? "none" : known) + ")");
+      }
+  }
+  if (!(ck.is_bool() && !ck.as_bool()) && blocks.empty())
+    throw Error(L + ": option 'checkpointing': the model declares no blocks to checkpoint");
+  const std::string precision = r.o.get_string("precision");
+  const bool scale_given = std::any_of(given.begin(), given.end(), [](const auto& kv) {
+    return kv.first.rfind("loss_scale", 0) == 0 && !kv.second.is_nil();
+  });
+  if (scale_given && precision != "fp16-mixed" && precision != "fp16-true" && r.rank0)
+    err_line(L + ": loss_scale applies to fp16 precisions only; with " + precision + " it has no effect");
+  r.device = r.o.get_string("device");
+  if (r.device == "auto")
+    r.device = cuda_available() ? (r.dist.world_size > 1 ? "cuda:" + std::to_string(r.dist.local_rank) : "cuda") : "cpu";
+  r.micro_auto = r.o.at("micro_batch").is_string();
+  r.micro_batch = r.micro_auto ? 0 : r.o.get_int("micro_batch");
+  r.accumulate = r.o.get_int("accumulate");
+  return r;
+}
+
+// The resolved options as plain JSON values (run.json, the ranks' fingerprint).
+nlohmann::json options_json(const Resolved& r) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : r.o.values())
+    if (!v.is_nil()) j[k] = to_json(v);
+  j["device"] = r.device;
+  return j;
+}
+
+std::string fingerprint(const Resolved& r, const std::string& recipe) {
+  std::string keys;
+  for (const auto& opt : run_options()) {
+    if (opt.per_rank) continue;
+    const Value& v = r.o.at(opt.name);
+    if (v.is_nil()) continue;
+    keys += (keys.empty() ? "" : " ") + opt.name + "=" + v.repr();
+  }
+  std::int64_t params = 0;
+  for (const auto& p : r.obj.model->parameters()) params += p.numel();
+  return strf("recipe %s, data %lld samples, model %lld parameters, ", fnv1a(recipe.empty() ? "" : read_text(recipe)).c_str(),
+              static_cast<long long>(r.obj.data->size()), static_cast<long long>(params)) +
+         keys;
+}
+
+TrainerConfig make_trainer_config(const Resolved& r, std::int64_t total_steps) {
+  TrainerConfig c = trainer_config(r.o);
+  c.total_steps = total_steps;
+  c.device = r.device;
+  c.group = Group::world(r.device);
+  return c;
+}
+
+// micro_batch = "auto": the largest micro-batch dividing the rank's share of
+// the batch whose forward and backward fit the device's memory (probed on the
+// data's first samples), with 10% to spare and room for the optimizer state
+// it will allocate and, with accumulation, for the summed gradients.
+std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Resolved& r, std::int64_t per_rank,
+                                                      std::int64_t batch_size) {
+  double avail = static_cast<double>(device_memory(r.device));
+  auto say = [&](const std::string& msg) {
+    if (!r.quiet) err_line(r.label + ": micro_batch auto: " + msg);
+  };
+  if (avail == 0) {
+    say(strf("no memory limit known on %s (WICK_CPU_MEMORY_LIMIT sets one): micro_batch %lld", r.device.c_str(),
+             static_cast<long long>(per_rank)));
+    return {per_rank, 1};
+  }
+  const double fraction = r.o.get_double("memory_fraction");
+  if (fraction > 0) avail *= fraction;
+  const double budget = avail * 0.9;
+  std::vector<std::string> tried;
+  auto joined = [&] {
+    std::string s;
+    for (const auto& t : tried) s += (s.empty() ? "" : ", ") + t;
+    return s;
+  };
+  for (std::int64_t m = per_rank; m >= 1; --m) {
+    if (per_rank % m != 0 || m > r.obj.data->size()) continue;
+    const auto bd = trainer.memory_breakdown();
+    const double opt_extra = static_cast<double>(std::max<std::int64_t>(0, bd.at("optimizer_expected") - bd.at("optimizer")) +
+                                                 (m < per_rank ? bd.at("trainable") : 0));
+    reset_peaks();
+    const bool ok = probe(trainer, data_window(*r.obj.data, m, m).front());
+    const double peak = static_cast<double>(tensor_peak(is_cuda(r.device)));
+    if (ok && peak + opt_extra <= budget) {
+      tried.push_back(strf("%lld fits (%s + %s optimizer state of %s)", static_cast<long long>(m), fmt_bytes(peak).c_str(),
+                           fmt_bytes(opt_extra).c_str(), fmt_bytes(avail).c_str()));
+      say(joined() + strf(": micro_batch %lld x accumulate %lld keeps the batch of %lld", static_cast<long long>(m),
+                          static_cast<long long>(per_rank / m), static_cast<long long>(batch_size)));
+      return {m, per_rank / m};
+    }
+    tried.push_back(ok ? strf("%lld needs %s", static_cast<long long>(m), fmt_bytes(peak + opt_extra).c_str())
+                       : strf("%lld runs out of memory", static_cast<long long>(m)));
+  }
+  throw Error(r.label + ": micro_batch = 'auto': not even one sample fits in " + fmt_bytes(avail) + " on " + r.device +
+              " (" + joined() + "); try precision = 'bf16-mixed' or checkpointing = true");
+}
+
+// The step record's memory fields: allocated, reserved and peak on CUDA;
+// resident and peak resident, and the bytes held by tensors, on the CPU.
+void add_memory(nlohmann::json& rec, std::map<std::string, std::int64_t>& m, bool cuda) {
+  if (cuda) {
+    rec["mem_allocated"] = m["cuda_allocated"];
+    rec["mem_reserved"] = m["cuda_reserved"];
+    rec["mem_peak"] = m["cuda_peak"];
+  } else {
+    rec["mem_resident"] = m["resident"];
+    rec["mem_peak_resident"] = m["peak_resident"];
+    rec["mem_tensors"] = m["cpu_tensors"];
+    rec["mem_tensors_peak"] = m["cpu_tensors_peak"];
+  }
+}
+
+// A step whose numbers may still be on the device, with what the host knew
+// when it ended.
+struct PendingStep {
+  StepStats stats;
+  std::int64_t epoch = 0;
+  double time = 0;
+  std::map<std::string, std::int64_t> memory;
+};
+
+nlohmann::json record_of(const PendingStep& p, bool cuda) {
+  const StepStats& s = p.stats;
+  nlohmann::json rec = {{"step", s.step},   {"loss", s.loss},   {"items", s.items},       {"micro_batches", s.micro_batches},
+                        {"lr", s.lr},       {"grad_norm", s.grad_norm}, {"seconds", s.seconds}, {"epoch", p.epoch},
+                        {"skipped", s.skipped}, {"time", p.time},
+                        {"items_per_s", static_cast<double>(s.items) / std::max(s.seconds, 1e-9)}};
+  if (s.loss_scale > 0) rec["loss_scale"] = s.loss_scale;
+  if (s.split > 1) rec["split"] = s.split;
+  if (s.oom_retries > 0) rec["oom_retries"] = s.oom_retries;
+  for (const auto& [k, v] : s.metrics) rec[k] = v;
+  auto mem = p.memory;
+  add_memory(rec, mem, cuda);
+  return rec;
+}
+
+}  // namespace
+
+nlohmann::json run_training(const RunRequest& req) {
+  Resolved r = resolve(req);
+  const std::string& L = r.label;
+  const bool cuda = is_cuda(r.device);
+  const int world = r.dist.world_size;
+  Model& model = *r.obj.model;
+  Dataset& data = *r.obj.data;
+  const fs::path out = r.o.has("out") ? fs::path(r.o.get_string("out")) : fs::path();
+  const fs::path ckpt_dir = out.empty() ? fs::path() : out / "checkpoints";
+  // The checkpoint to resume from, read once. One made with another rank
+  // count keeps its effective batch by changing accumulate.
+  fs::path resume_from;
+  nlohmann::json resume_state;
+  if (r.o.get_bool("resume")) {
+    resume_from = latest_checkpoint(ckpt_dir);
+    if (!resume_from.empty()) {
+      resume_state = read_checkpoint_state(resume_from);
+      const auto e = resume_state.value("extra", nlohmann::json::object());
+      const int ckpt_world = e.value("world_size", world);
+      if (ckpt_world != world && !r.micro_auto) {
+        const std::int64_t effective = e.value("micro_batch", std::int64_t{1}) * e.value("accumulate", std::int64_t{1}) * ckpt_world;
+        const std::int64_t per = r.micro_batch * world;
+        if (effective % per != 0)
+          throw Error(strf("%s: cannot resume a run of effective batch %lld (micro %lld x accumulate %lld x %d ranks) "
+                           "with micro_batch %lld on %d ranks: %lld is not a multiple of %lld",
+                           L.c_str(), static_cast<long long>(effective),
+                           static_cast<long long>(e.value("micro_batch", std::int64_t{1})),
+                           static_cast<long long>(e.value("accumulate", std::int64_t{1})), ckpt_world,
+                           static_cast<long long>(r.micro_batch), world, static_cast<long long>(effective),
+                           static_cast<long long>(per)));
+        if (r.rank0)
+          err_line(strf("%s: the checkpoint was made by %d ranks, this run has %d: accumulate %lld -> %lld keeps the "
+                        "effective batch of %lld",
+                        L.c_str(), ckpt_world, world, static_cast<long long>(r.accumulate),
+                        static_cast<long long>(effective / per), static_cast<long long>(effective)));
+        r.accumulate = effective / per;
+      }
+    }
+  }
+  if (world > 1)
+    if (auto g = Group::world(r.device)) g->check_same("recipe and wick.train options", fingerprint(r, req.recipe));
+  at::manual_seed(static_cast<std::uint64_t>(r.o.get_int("seed")));
+  std::int64_t per_rank_batch = 0;
+  if (r.micro_auto) {
+    const std::int64_t bs = r.o.get_int("batch_size");
+    if (bs % world != 0) throw Error(strf("%s: option 'batch_size': %lld is not a multiple of the %d ranks", L.c_str(),
+                                          static_cast<long long>(bs), world));
+    per_rank_batch = bs / world;
+  }
+  auto loader_config = [&](std::int64_t micro, std::int64_t acc) {
+    LoaderConfig c;
+    c.micro_batch = micro;
+    c.accumulate = acc;
+    c.shuffle = r.o.get_bool("shuffle");
+    c.seed = static_cast<std::uint64_t>(r.o.get_int("seed"));
+    c.drop_last = r.o.get_bool("drop_last");
+    c.workers = static_cast<int>(r.o.get_int("workers"));
+    c.prefetch = static_cast<int>(r.o.get_int("prefetch"));
+    c.rank = r.dist.rank;
+    c.world_size = world;
+    c.pin_memory = cuda;
+    return c;
+  };
+  // windows per epoch depend on the effective batch only, not on its split
+  const std::int64_t per_epoch =
+      Loader(r.obj.data, loader_config(r.micro_auto ? per_rank_batch : r.micro_batch, r.micro_auto ? 1 : r.accumulate))
+          .windows_per_epoch();
+  if (per_epoch == 0)
+    throw Error(strf("%s: the data (%lld samples) fill no window of %s x %lld with drop_last = true", L.c_str(),
+                     static_cast<long long>(data.size()),
+                     r.micro_auto ? "auto" : std::to_string(r.micro_batch).c_str(), static_cast<long long>(r.accumulate)));
+  const std::int64_t epochs = r.o.get_int("epochs");
+  std::int64_t total = per_epoch * epochs;
+  if (r.o.get_int("max_steps") > 0 && r.o.get_int("max_steps") < total) total = r.o.get_int("max_steps");
+  Trainer trainer(r.obj.model, r.optim, r.schedule, make_trainer_config(r, total));
+  if (!cuda && (r.o.get_int("empty_cache_every") > 0 || r.o.get_double("memory_fraction") > 0) && !r.quiet)
+    err_line(L + ": empty_cache_every and memory_fraction act on CUDA memory; on " + r.device + " they have no effect");
+  const bool coupled = model.window_coupled();
+  if (coupled && !r.quiet)
+    err_line(strf("%s: the model's loss couples the samples of a window: computed exactly over each window of "
+                  "micro_batch x accumulate x %d ranks, embeddings first, then backward per micro-batch (two forward "
+                  "passes each)",
+                  L.c_str(), world));
+  if (r.micro_auto) std::tie(r.micro_batch, r.accumulate) = fit_micro_batch(trainer, r, per_rank_batch, r.o.get_int("batch_size"));
+  const std::int64_t eval_micro = r.o.has("eval_micro_batch") ? r.o.get_int("eval_micro_batch")
+                                                              : (r.micro_auto ? r.micro_batch : r.micro_batch * r.accumulate);
+  Loader loader(r.obj.data, loader_config(r.micro_batch, r.accumulate));
+  Group* group = trainer.group();
+  const std::int64_t coll0 = group ? group->collectives() : 0, bytes0 = group ? group->bytes() : 0;
+  std::int64_t epoch = 0, first_window = 0;
+  if (!out.empty() && r.rank0) {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) throw Error(L + ": cannot create run folder " + out.string() + ": " + ec.message());
+  }
+  if (r.o.get_bool("resume")) {
+    if (!resume_from.empty()) {
+      const auto extra = trainer.load(resume_from, resume_state);
+      epoch = extra.value("epoch", std::int64_t{0});
+      first_window = extra.value("window", std::int64_t{0});
+      if (!r.quiet)
+        err_line(strf("wick: resuming from %s (step %lld)", resume_from.c_str(), static_cast<long long>(trainer.steps())));
+    } else if (!r.quiet) {
+      err_line("wick: resume = true but " + ckpt_dir.string() + " holds no checkpoint; starting fresh");
+    }
+  }
+
+  // observers: the run folder (rank 0), the progress line, the caller's
+  std::vector<std::shared_ptr<Observer>> observers;
+  std::shared_ptr<ProgressObserver> progress;
+  if (!out.empty() && r.rank0) observers.push_back(std::make_shared<RunLogObserver>(out.string()));
+  if (!r.quiet) {
+    progress = std::make_shared<ProgressObserver>(r.o.get_int("log_every"));
+    observers.push_back(progress);
+  }
+  for (const auto& o : req.observers) observers.push_back(o);
+  const bool every_step = std::any_of(observers.begin(), observers.end(), [](const auto& o) { return o->wants_every_step(); });
+
+  RunStart start;
+  start.total_steps = total;
+  start.start_step = trainer.steps();
+  start.item_name = model.item_name();
+  start.device = r.device;
+  start.recipe = req.recipe;
+  start.options = options_json(r);
+  std::int64_t params = 0;
+  for (const auto& p : model.parameters()) params += p.numel();
+  start.options["micro_batch"] = r.micro_batch;
+  start.options["accumulate"] = r.accumulate;
+  start.options["parameters"] = params;
+  start.options["samples"] = data.size();
+  start.options["world_size"] = world;
+  start.extra = {{"device", r.device}, {"precision", r.o.get_string("precision")}, {"world_size", world},
+                 {"item_name", model.item_name()}, {"loss_scope", coupled ? "window" : "micro_batch"}};
+
+  nlohmann::json run = {{"status", "running"}, {"history", nlohmann::json::array()}};
+  if (!out.empty()) run["out"] = out.string();
+  const double t_start = now_seconds();
+  std::int64_t peak = 0, step_peak = 0;
+  std::vector<PendingStep> pending;
+  nlohmann::json last;
+  std::optional<double> best;
+  bool started = false;
+
+  // Reads the pending steps' numbers in one device read and hands their
+  // records to the observers, in order.
+  auto flush = [&] {
+    if (pending.empty()) return;
+    std::vector<StepStats*> ptrs;
+    for (auto& p : pending) ptrs.push_back(&p.stats);
+    trainer.resolve(ptrs);
+    for (auto& p : pending) {
+      nlohmann::json rec = record_of(p, cuda);
+      if (!p.stats.skipped && std::isfinite(p.stats.loss) && (!best || p.stats.loss < *best)) best = p.stats.loss;
+      for (auto& o : observers) o->on_step(rec);
+      run["history"].push_back(rec);
+      last = std::move(rec);
+    }
+    pending.clear();
+  };
+  auto save = [&](const char* why) {
+    if (ckpt_dir.empty()) return;
+    flush();
+    std::int64_t e = loader.epoch(), w = loader.window();
+    if (w >= per_epoch) e += 1, w = 0;
+    run["checkpoint"] = trainer
+                            .save(ckpt_dir,
+                                  {{"epoch", e}, {"window", w}, {"reason", why}, {"world_size", world},
+                                   {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate}},
+                                  static_cast<int>(r.o.get_int("keep_checkpoints")))
+                            .string();
+  };
+  auto do_eval = [&] {
+    flush();
+    EvalStats s = evaluate(model, r.obj.eval_data, eval_micro, r.device);
+    nlohmann::json rec = {{"loss", s.loss}, {"items", s.items}, {"step", trainer.steps()}, {"eval", true}};
+    for (const auto& [k, v] : s.metrics) rec[k] = v;
+    run["eval"] = rec;
+    for (auto& o : observers) o->on_eval(rec);
+  };
+  auto summary_so_far = [&] {
+    nlohmann::json s = {{"steps", trainer.steps()}, {"seconds", now_seconds() - t_start}};
+    if (last.is_object()) s["final_loss"] = last["loss"];
+    return s;
+  };
+
+  bool interrupted_run = false;
+  int signal = 0;
+  std::int64_t held_before = 0;
+  try {
+    for (auto& o : observers) o->on_start(start);
+    started = true;
+    reset_peaks();  // the run's peak, from its first step
+    {
+      // tensors held before the first step besides weights and optimizer
+      // state (data sets loaded in memory, ...): not activations
+      const auto bd = trainer.memory_breakdown();
+      auto m = memory_stats(cuda);
+      held_before = std::max<std::int64_t>(0, (cuda ? m["cuda_allocated"] : m["cpu_tensors"]) - bd.at("weights") -
+                                                  bd.at("gradients") - bd.at("optimizer"));
+    }
+    const std::int64_t log_every = r.o.get_int("log_every");
+    const std::int64_t save_every = r.o.get_int("save_every"), eval_every = r.o.get_int("eval_every");
+    while (trainer.steps() < total && epoch < epochs) {
+      loader.start_epoch(epoch, first_window);
+      first_window = 0;
+      while (trainer.steps() < total) {
+        auto window = loader.next_window();
+        if (!window) break;
+        const std::int64_t split_before = trainer.split();
+        reset_peaks();  // each step's own peak; evaluation and saving between steps are not training memory
+        PendingStep p;
+        p.stats = trainer.step(*window, /*resolve_now=*/false);
+        window.reset();  // now: a window can be large
+        p.epoch = epoch;
+        p.time = now_seconds() - t_start;
+        p.memory = memory_stats(cuda);
+        const std::int64_t now_peak = cuda ? p.memory["cuda_peak"] : p.memory["peak_resident"];
+        peak = std::max(peak, now_peak);
+        step_peak = std::max(step_peak, cuda ? p.memory["cuda_peak"] : p.memory["cpu_tensors_peak"]);
+        const StepStats& s = p.stats;
+        if (s.split > split_before && r.rank0)
+          note(strf("%s: out of memory in step %lld: micro_batch %lld -> %s, accumulate %lld -> %lld (the same batch); "
+                    "the window was redone from its start",
+                    L.c_str(), static_cast<long long>(s.step), static_cast<long long>(r.micro_batch),
+                    r.micro_batch % s.split == 0 ? std::to_string(r.micro_batch / s.split).c_str()
+                                                 : ("~" + std::to_string((r.micro_batch + s.split - 1) / s.split)).c_str(),
+                    static_cast<long long>(r.accumulate), static_cast<long long>(r.accumulate * s.split)));
+        const bool stop = s.stop;
+        const std::int64_t step = s.step;
+        const bool skipped = s.skipped;
+        pending.push_back(std::move(p));
+        if (every_step || step % log_every == 0 || step == 1 || stop || step == total) flush();
+        if (skipped && r.rank0 && !r.quiet) {
+          flush();
+          note(strf("%s: step %lld skipped: inf/nan gradients at loss scale %g", L.c_str(), static_cast<long long>(step),
+                    last.value("loss_scale", 0.0)));
+        }
+        // agreed over all ranks inside trainer.step, so every rank stops after the same step
+        if (stop) {
+          interrupted_run = true;
+          signal = interrupt_signal();
+          break;
+        }
+        if (save_every > 0 && step % save_every == 0 && step < total) save("every");
+        if (r.obj.eval_data && eval_every > 0 && step % eval_every == 0 && step < total) do_eval();
+      }
+      if (interrupted_run) break;
+      ++epoch;
+    }
+    flush();
+    if (progress) progress->finish_line();
+    if (interrupted_run) {
+      save("interrupted");
+      run["status"] = "interrupted";
+      if (r.rank0)
+        err_line(strf("wick: %s at step %lld%s",
+                      signal == 15 ? "SIGTERM" : signal == 2 ? "SIGINT" : "a signal on another rank",
+                      static_cast<long long>(trainer.steps()),
+                      run.contains("checkpoint") ? ("; checkpoint saved to " + run["checkpoint"].get<std::string>()).c_str() : ""));
+    } else {
+      if (r.obj.eval_data) do_eval();
+      save("end");
+      run["status"] = "finished";
+    }
+  } catch (const c10::Error& e) {
+    if (started)
+      for (auto& o : observers) o->on_failure(e.what_without_backtrace(), summary_so_far());
+    throw Error(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    if (started)
+      for (auto& o : observers) o->on_failure(e.what(), summary_so_far());
+    throw;
+  }
+
+  run["steps"] = trainer.steps();
+  run["skipped_steps"] = trainer.skipped_steps();
+  if (trainer.loss_scale() > 0) run["loss_scale"] = trainer.loss_scale();
+  // after out-of-memory splits: the micro-batch and accumulation actually used
+  run["micro_batch"] = (r.micro_batch + trainer.split() - 1) / trainer.split();
+  run["accumulate"] = r.accumulate * trainer.split();
+  if (trainer.split() > 1) run["split"] = trainer.split();
+  {
+    // Where the peak went: weights, gradients, optimizer state, data buffers,
+    // and activations (the rest of the peak).
+    const auto bd = trainer.memory_breakdown();
+    auto m = memory_stats(cuda);
+    const std::int64_t data_bytes = loader.buffered_bytes();
+    const std::int64_t held =
+        bd.at("weights") + bd.at("gradients") + bd.at("optimizer") + (cuda ? 0 : data_bytes) + held_before;
+    run["memory"] = {{"device", r.device},           {"peak", step_peak},
+                     {"weights", bd.at("weights")},  {"gradients", bd.at("gradients")},
+                     {"optimizer", bd.at("optimizer")}, {"data", data_bytes},
+                     {"other", held_before},         {"activations", std::max<std::int64_t>(0, step_peak - held)},
+                     {"resident_peak", m["peak_resident"]}};
+  }
+  // media data sets count the files they skipped (each named once when it happened)
+  const auto attrs = data.attributes();
+  if (auto it = attrs.find("skipped_files"); it != attrs.end() && it->second.is_number() && it->second.as_double() > 0)
+    run["skipped_files"] = it->second.as_double();
+  if (last.is_object()) run["final_loss"] = last["loss"];
+  if (best) run["best_loss"] = *best;
+  run["peak_memory"] = peak;
+  run["seconds"] = now_seconds() - t_start;
+  run["interrupted"] = interrupted_run;
+  run["comm"] = {{"collectives", group ? group->collectives() - coll0 : 0}, {"bytes", group ? group->bytes() - bytes0 : 0}};
+  run["epochs"] = epochs;
+  run["seed"] = r.o.get_int("seed");
+  const auto ck = trainer.checkpointed_blocks();
+  run["checkpointing"] = ck.empty() ? nlohmann::json(false) : nlohmann::json(ck);
+  run["host_reads"] = trainer.host_reads();
+  for (auto& o : observers) o->on_end(run);
+  return run;
+}
+
+void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
+  Resolved r = resolve(req);
+  const std::string L = "wick plan";
+  if (r.dist.world_size > 1) throw Error(L + ": measures one process: run it without launch");
+  const bool cuda = is_cuda(r.device);
+  const std::int64_t per_rank = r.micro_auto ? r.o.get_int("batch_size") : r.micro_batch * r.accumulate;
+  const std::int64_t micro = r.micro_auto ? per_rank : r.micro_batch;
+  const double avail = static_cast<double>(device_memory_given > 0 ? device_memory_given : device_memory(r.device));
+  const auto blocks = r.obj.model->blocks();
+  const std::string precision = r.o.get_string("precision");
+  if (precision == "bf16-true" || precision == "fp16-true")
+    throw Error(L + ": precision = '" + precision + "' converts the weights; plan the recipe with a mixed precision");
+  const Value given_ck = r.o.at("checkpointing");
+  struct Setting {
+    std::string precision;
+    Value checkpointing;
+    std::int64_t micro;
+  };
+  struct Row {
+    std::string name;
+    Setting o;
+    bool ok = false;
+    std::string err;
+    double peak = 0, seconds = 0;
+    std::map<std::string, std::int64_t> breakdown;
+  };
+  std::vector<Row> rows;
+  std::optional<std::int64_t> host_only;
+  auto measure = [&](Row& row) {
+    std::map<std::string, Value> opts = r.o.values();
+    opts["precision"] = Value(row.o.precision);
+    opts["checkpointing"] = row.o.checkpointing;
+    opts["on_oom"] = Value("fail");
+    Options o = validate_run_options(L, [&] {
+      std::map<std::string, Value> g;
+      for (const auto& opt : run_options())
+        if (opt.run && !opts[opt.name].is_nil()) g[opt.name] = opts[opt.name];
+      return g;
+    }(), {}, false);
+    Resolved rr = r;
+    rr.o = o;
+    Trainer trainer(r.obj.model, r.optim, nullptr, make_trainer_config(rr, 1));
+    if (!host_only) {
+      const auto b0 = trainer.memory_breakdown();
+      auto m0 = memory_stats(cuda);
+      host_only = cuda ? 0 : std::max<std::int64_t>(0, m0["cpu_tensors"] - b0.at("weights") - b0.at("optimizer"));
+    }
+    // two micro-batches when the recipe accumulates: the second holds the
+    // summed gradients beside its own, as in training
+    const std::int64_t m = std::min(row.o.micro, r.obj.data->size());
+    const std::int64_t n = std::min(per_rank / row.o.micro > 1 ? 2 * m : m, r.obj.data->size());
+    const auto window = data_window(*r.obj.data, n, m);
+    trainer.step(window);  // first: allocates the optimizer state
+    reset_peaks();
+    double dt = 1e300;
+    for (int k = 0; k < 2; ++k) {
+      const double t0 = now_seconds();
+      try {
+        trainer.step(window);
+        row.ok = true;
+      } catch (const c10::Error& e) {
+        row.ok = false;
+        row.err = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        row.ok = false;
+        row.err = e.what();
+      }
+      dt = std::min(dt, now_seconds() - t0);
+    }
+    row.breakdown = trainer.memory_breakdown();
+    row.peak = static_cast<double>(tensor_peak(cuda) - *host_only);
+    row.seconds = dt / static_cast<double>(n) * static_cast<double>(per_rank);
+  };
+  auto add_row = [&](const std::string& name, Setting o) -> Row& {
+    rows.push_back(Row{name, std::move(o)});
+    Row& row = rows.back();
+    try {
+      measure(row);
+    } catch (const c10::Error& e) {
+      row.ok = false;
+      row.err = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      row.ok = false;
+      row.err = e.what();
+    }
+    return row;
+  };
+  rows.reserve(64);
+  const Row base = add_row("as given", {precision, given_ck, micro});
+  if (!base.ok) throw Error(L + ": one step of the recipe as given failed: " + base.err);
+  if (precision == "fp32") add_row("precision = \"bf16-mixed\"", {"bf16-mixed", given_ck, micro});
+  const bool ck_all = given_ck.is_bool() && given_ck.as_bool();
+  if (!blocks.empty() && !ck_all) add_row("checkpointing = true", {precision, Value(true), micro});
+  const bool halve = micro > 1 && micro % 2 == 0;
+  if (halve) add_row(strf("micro_batch = %lld, accumulate x 2", static_cast<long long>(micro / 2)), {precision, given_ck, micro / 2});
+  const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
+  const Value all_ck = blocks.empty() ? given_ck : Value(true);
+  add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro});
+
+  const auto& bd = base.breakdown;
+  std::printf("wick plan: %s on %s, micro_batch %lld x accumulate %lld (batch %lld per rank), precision %s\n",
+              req.recipe.empty() ? "recipe" : req.recipe.c_str(), r.device.c_str(), static_cast<long long>(micro),
+              static_cast<long long>(per_rank / micro), static_cast<long long>(per_rank), precision.c_str());
+  std::printf("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s\n",
+              fmt_bytes(base.peak).c_str(), fmt_bytes(static_cast<double>(bd.at("weights"))).c_str(),
+              fmt_bytes(static_cast<double>(bd.at("gradients"))).c_str(),
+              fmt_bytes(static_cast<double>(bd.at("optimizer"))).c_str(),
+              fmt_bytes(std::max(0.0, base.peak - static_cast<double>(bd.at("weights") + bd.at("gradients") +
+                                                                       bd.at("optimizer"))))
+                  .c_str());
+  std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.peak));
+  std::printf("  %-44s %12s %8s %14s\n", "setting", "peak", "saving", "time per batch");
+  for (const auto& row : rows) {
+    if (row.ok)
+      std::printf("  %-44s %12s %7.0f%% %13.2fx\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
+                  100 * (1 - row.peak / base.peak), row.seconds / base.seconds);
+    else
+      std::printf("  %-44s failed: %s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str());
+  }
+  if (avail > 0) {
+    const double budget = 0.9 * avail;
+    // every candidate that keeps the batch, measured; the fastest that fits wins
+    auto find = [&](const Setting& o) -> const Row& {
+      for (const auto& x : rows)
+        if (x.o.precision == o.precision && x.o.checkpointing.repr() == o.checkpointing.repr() && x.o.micro == o.micro)
+          return x;
+      return add_row("candidate", o);
+    };
+    std::vector<Setting> cands{{precision, given_ck, micro}, {mixed, given_ck, micro}};
+    if (!blocks.empty()) {
+      cands.push_back({precision, Value(true), micro});
+      cands.push_back({mixed, Value(true), micro});
+    }
+    for (std::int64_t m = micro; m > 1;) {
+      m = m / 2;
+      while (per_rank % m != 0) --m;
+      cands.push_back({precision, given_ck, m});
+      cands.push_back({mixed, all_ck, m});
+    }
+    std::optional<Row> choice;
+    for (const auto& o : cands) {
+      const Row x = find(o);
+      if (x.ok && x.peak <= budget && (!choice || x.seconds < choice->seconds)) choice = x;
+      // smaller micro-batches only get slower: stop once one fits
+      if (choice && o.micro < micro) break;
+    }
+    if (choice) {
+      const Value& ck = choice->o.checkpointing;
+      std::string cks = ck.is_list() ? "{ " : ck.repr();
+      if (ck.is_list()) {
+        for (std::size_t i = 0; i < ck.as_list().size(); ++i) cks += (i ? ", " : "") + ck.as_list()[i].as_string();
+        cks += " }";
+      }
+      std::printf("fastest that fits %s (90%%: %s): precision = \"%s\", checkpointing = %s, micro_batch = %lld, "
+                  "accumulate = %lld (peak %s, the batch of %lld kept)\n",
+                  fmt_bytes(avail).c_str(), fmt_bytes(budget).c_str(), choice->o.precision.c_str(), cks.c_str(),
+                  static_cast<long long>(choice->o.micro), static_cast<long long>(per_rank / choice->o.micro),
+                  fmt_bytes(choice->peak).c_str(), static_cast<long long>(per_rank));
+    } else {
+      std::printf("nothing tried fits %s: even one sample with bf16-mixed and checkpointing needs more; train fewer "
+                  "parameters (lora), shorten sequences or shrink images\n",
+                  fmt_bytes(avail).c_str());
+    }
+  } else {
+    std::printf("no device memory given: --device-memory 8GiB suggests settings that fit\n");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace wick

@@ -1,0 +1,59 @@
+#pragma once
+// The run: wick.train's loop, owned by the engine. It validates the options
+// (train/run_options.hpp), applies command-line overrides, builds the loader
+// and the trainer, resumes from a checkpoint, finds an automatic micro-batch,
+// steps through epochs with save and evaluation cadence, stops on signals,
+// and reports to observers (progress line, run folder, bindings). It knows
+// no Lua.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "observe/observer.hpp"
+#include "wick/data.hpp"
+#include "wick/model.hpp"
+#include "wick/optim.hpp"
+
+namespace wick {
+
+/// The objects a run trains with.
+struct RunObjects {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Dataset> data;
+  std::shared_ptr<Object> optim;     ///< must be an Optimizer
+  std::shared_ptr<Object> schedule;  ///< a Schedule, or null (or named by the `schedule` option)
+  std::shared_ptr<Dataset> eval_data;
+};
+
+struct RunRequest {
+  RunObjects objects;
+  std::map<std::string, Value> options;  ///< plain values (see run_options())
+  /// key=value pairs from the command line: those naming a run option
+  /// override it, parsed as the option declares.
+  std::vector<std::pair<std::string, std::string>> overrides;
+  std::string recipe;  ///< the recipe's path, for run.json and the ranks' fingerprint
+  std::string label = "wick.train";
+  /// Observers beyond the built-in progress line and run folder log.
+  std::vector<std::shared_ptr<Observer>> observers;
+};
+
+/// Runs training to its end (or a signal) and returns the summary: status,
+/// steps, skipped_steps, final_loss, best_loss, history (every step's
+/// record), eval, checkpoint, micro_batch, accumulate, memory, peak_memory,
+/// seconds, comm, host_reads. Throws wick::Error (after marking the run
+/// folder failed) when a step fails.
+nlohmann::json run_training(const RunRequest& request);
+
+/// `wick plan`: one optimizer step per setting on the recipe's data (the
+/// weights change, nothing is saved), the peak memory held by tensors and the
+/// time of each; then the fastest setting that fits `device_memory` bytes (0:
+/// the device's own size). Prints its table to stdout.
+void plan_training(const RunRequest& request, std::int64_t device_memory);
+
+}  // namespace wick

@@ -1,0 +1,387 @@
+#include "train/run_options.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+#include "plugin/registry.hpp"
+
+namespace wick {
+namespace {
+
+OptionSpec form(const std::string& name, OptionType t) {
+  OptionSpec s;
+  s.name = name;
+  s.type = t;
+  s.optional = true;  // presence and defaults are the RunOption's business
+  return s;
+}
+OptionSpec with_min(OptionSpec s, double lo) {
+  s.min = lo;
+  return s;
+}
+OptionSpec with_range(OptionSpec s, double lo, double hi) {
+  s.min = lo;
+  s.max = hi;
+  return s;
+}
+OptionSpec with_choices(OptionSpec s, std::vector<std::string> c) {
+  s.choices = std::move(c);
+  return s;
+}
+
+RunOption option(std::string name, std::vector<OptionSpec> forms, Value def, std::string doc, bool trainer = false,
+                 bool per_rank = false) {
+  return RunOption{std::move(name), std::move(forms), std::move(def), std::move(doc), trainer, per_rank, true};
+}
+
+bool takes(const RunOption& o, bool trainer_only) { return trainer_only ? o.trainer : o.run; }
+
+std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < xs.size(); ++i) out += (i ? sep : "") + xs[i];
+  return out;
+}
+
+bool is_list_type(OptionType t) {
+  return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+}
+
+// Whether `v` has a type `t` accepts (a scalar stands for a one-item list).
+bool type_fits(OptionType t, const Value& v) {
+  auto scalar = [&](const Value& x) {
+    switch (t) {
+      case OptionType::Bool: return x.is_bool();
+      case OptionType::Int: case OptionType::IntList: return x.is_int();
+      case OptionType::Float: case OptionType::FloatList: return x.is_number();
+      case OptionType::String: case OptionType::StringList: return x.is_string();
+    }
+    return false;
+  };
+  if (is_list_type(t) && v.is_list()) {
+    for (const auto& x : v.as_list())
+      if (!scalar(x)) return false;
+    return true;
+  }
+  return scalar(v);
+}
+
+std::string form_text(const OptionSpec& f) {
+  std::string s = to_string(f.type);
+  if (f.min && f.max) s += " in [" + Value(*f.min).repr() + ", " + Value(*f.max).repr() + "]";
+  else if (f.min) s += " >= " + Value(*f.min).repr();
+  else if (f.max) s += " <= " + Value(*f.max).repr();
+  if (!f.choices.empty()) s += " (" + join(f.choices, " | ") + ")";
+  return s;
+}
+
+}  // namespace
+
+const std::vector<RunOption>& run_options() {
+  using T = OptionType;
+  static const std::vector<RunOption> opts = {
+      option("warmup_steps", {with_min(form("warmup_steps", T::Int), 0)}, Value(0),
+             "warmup steps when schedule is given by name"),
+      option("micro_batch",
+             {with_min(form("micro_batch", T::Int), 1),
+              with_choices(form("micro_batch", T::String), {"auto"})},
+             Value(1),
+             "samples per micro-batch (per rank), or 'auto': the largest that fits, found by probing (needs batch_size)"),
+      option("accumulate", {with_min(form("accumulate", T::Int), 1)}, Value(1),
+             "micro-batches per optimizer step"),
+      option("batch_size", {with_min(form("batch_size", T::Int), 1)}, Value(),
+             "effective batch (micro_batch x accumulate x ranks) that micro_batch = 'auto' keeps"),
+      option("epochs", {with_min(form("epochs", T::Int), 1)}, Value(1), "passes over the data"),
+      option("max_steps", {with_min(form("max_steps", T::Int), 0)}, Value(0),
+             "stop after this many optimizer steps (0: no limit)"),
+      option("drop_last", {form("drop_last", T::Bool)}, Value(false),
+             "drop an epoch's last short window instead of stepping with its true item count"),
+      option("shuffle", {form("shuffle", T::Bool)}, Value(true), "shuffle the data each epoch (by seed and epoch)"),
+      option("seed", {with_min(form("seed", T::Int), 0)}, Value(0),
+             "seed for data order and random layers"),
+      option("workers", {with_range(form("workers", T::Int), 0, 1024)}, Value(0),
+             "data worker threads (0: load on the training thread)"),
+      option("prefetch", {with_range(form("prefetch", T::Int), 1, 1 << 20)}, Value(2),
+             "micro-batches loaded ahead, at most"),
+      option("precision",
+             {with_choices(form("precision", T::String), {"fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true"})},
+             Value("fp32"),
+             "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision "
+             "weights)",
+             true),
+      option("loss_scale", {with_range(form("loss_scale", T::Float), 1e-30, 1e30)}, Value(),
+             "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
+             "backoff, interval}, the loss_scale_* options)",
+             true),
+      option("loss_scale_init", {with_range(form("loss_scale_init", T::Float), 1e-30, 1e30)}, Value(65536.0),
+             "fp16, dynamic scaling: the first scale", true),
+      option("loss_scale_growth", {with_range(form("loss_scale_growth", T::Float), 1.000001, 1e6)}, Value(2.0),
+             "fp16, dynamic scaling: the factor after `interval` clean steps", true),
+      option("loss_scale_backoff", {with_range(form("loss_scale_backoff", T::Float), 1e-6, 0.999999)}, Value(0.5),
+             "fp16, dynamic scaling: the factor after an overflow", true),
+      option("loss_scale_interval", {with_min(form("loss_scale_interval", T::Int), 1)}, Value(2000),
+             "fp16, dynamic scaling: clean steps before the scale grows", true),
+      option("checkpointing",
+             {form("checkpointing", T::Bool), with_min(form("checkpointing", T::Int), 1),
+              form("checkpointing", T::StringList)},
+             Value(false),
+             "activation checkpointing: false, true (every block the model declares), k (every k-th block) or a list "
+             "of block names",
+             true),
+      option("clip_grad_norm", {with_min(form("clip_grad_norm", T::Float), 0)}, Value(0.0),
+             "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)", true),
+      option("clip_grad_value", {with_min(form("clip_grad_value", T::Float), 0)}, Value(0.0),
+             "clamp every gradient element to [-v, v], after unscaling (0: off)", true),
+      option("on_oom", {with_choices(form("on_oom", T::String), {"split", "fail"})}, Value("split"),
+             "out of memory in a window: 'split' halves the micro-batch, doubles accumulate and redoes the window; "
+             "'fail' stops",
+             true),
+      option("empty_cache_every", {with_min(form("empty_cache_every", T::Int), 0)}, Value(0),
+             "CUDA: return cached memory to the device every N steps (0: never; no effect on cpu)", true),
+      option("memory_fraction", {with_range(form("memory_fraction", T::Float), 0, 1)}, Value(0.0),
+             "CUDA: cap this process at this fraction of the device's memory (0: no cap; no effect on cpu)", true),
+      option("device", {form("device", T::String)}, Value("auto"),
+             "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)", true, true),
+      option("bucket_mb", {with_range(form("bucket_mb", T::Float), 1e-6, 1e6)}, Value(25.0),
+             "gradient all-reduce bucket size across ranks, MiB", true),
+      option("sync", {with_choices(form("sync", T::String), {"window", "micro_batch"})}, Value("window"),
+             "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
+             "more traffic)",
+             true),
+      [] {
+        auto o = option("total_steps", {with_min(form("total_steps", T::Int), 0)}, Value(0),
+                        "the steps the schedule spans (wick.train counts them itself)", true);
+        o.run = false;
+        return o;
+      }(),
+      option("out", {form("out", T::String)}, Value(), "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)"),
+      option("save_every", {with_min(form("save_every", T::Int), 0)}, Value(0),
+             "checkpoint every N steps (0: only at the end); needs out"),
+      option("keep_checkpoints", {with_min(form("keep_checkpoints", T::Int), 1)}, Value(3),
+             "newest checkpoints kept"),
+      option("resume", {form("resume", T::Bool)}, Value(false), "continue from the newest checkpoint in out/checkpoints"),
+      option("eval_every", {with_min(form("eval_every", T::Int), 0)}, Value(0),
+             "evaluate every N steps (0: only at the end)"),
+      option("eval_micro_batch", {with_min(form("eval_micro_batch", T::Int), 1)}, Value(),
+             "micro-batch for evaluation (default micro_batch * accumulate)"),
+      option("log_every", {with_min(form("log_every", T::Int), 1)}, Value(10),
+             "numbers read from the device and written every N steps (a progress line when stderr is not a "
+             "terminal; metrics.jsonl records in groups of N)",
+             false, true),
+      option("quiet", {form("quiet", T::Bool)}, Value(false),
+             "no progress line or summary (ranks other than 0 are always quiet)", false, true),
+  };
+  return opts;
+}
+
+const std::vector<RunObjectSpec>& run_objects() {
+  static const std::vector<RunObjectSpec> objs = {
+      {"model", "model", true, true, "model (wick.model); required"},
+      {"data", "data", true, false, "training data (wick.data); required"},
+      {"optim", "optimizer", true, true, "optimizer (wick.optim); required"},
+      {"schedule", "schedule", false, true,
+       "schedule object (wick.schedule), or a name: 'constant' | 'linear' | 'cosine' (with warmup_steps)"},
+      {"eval_data", "data", false, false, "evaluation data (wick.data)"},
+  };
+  return objs;
+}
+
+Options validate_run_options(const std::string& label, const std::map<std::string, Value>& given,
+                             const std::vector<std::string>& objects, bool trainer_only) {
+  std::vector<std::string> known;
+  for (const auto& o : run_objects())
+    if (!trainer_only || o.trainer) known.push_back(o.name);
+  for (const auto& o : run_options())
+    if (takes(o, trainer_only)) known.push_back(o.name);
+  for (const auto& n : objects)
+    if (std::find(known.begin(), known.end(), n) == known.end())
+      throw Error(label + ": unknown option '" + n + "' (known options: " + join(known) + ")");
+  std::map<std::string, Value> out;
+  for (const auto& [key, v] : given) {
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw Error(label + ": unknown option '" + key + "' (known options: " + join(known) + ")");
+    const bool is_object =
+        std::any_of(run_objects().begin(), run_objects().end(), [&](const auto& o) { return o.name == key; });
+    const bool is_option =
+        std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == key; });
+    if (is_object && !is_option && !(key == "schedule" && v.is_string()) && !v.is_nil())
+      throw Error(label + ": option '" + key + "': expected a wick object, got " + v.type_name() + " " + v.repr());
+  }
+  for (const auto& o : run_options()) {
+    if (!takes(o, trainer_only)) {
+      out[o.name] = o.default_value;  // every option readable, as its default
+      continue;
+    }
+    auto it = given.find(o.name);
+    if (it == given.end() || it->second.is_nil()) {
+      out[o.name] = o.default_value;
+      continue;
+    }
+    const Value& v = it->second;
+    // The first form whose type fits decides; its validation is the plugins'.
+    const OptionSpec* fitting = nullptr;
+    for (const auto& f : o.forms)
+      if (type_fits(f.type, v)) {
+        fitting = &f;
+        break;
+      }
+    if (!fitting) {
+      std::vector<std::string> types;
+      for (const auto& f : o.forms) types.push_back(to_string(f.type));
+      throw Error(label + ": option '" + o.name + "': expected " + join(types, " or ") + ", got " + v.type_name() +
+                  " " + v.repr());
+    }
+    if (v.is_number() && !std::isfinite(v.as_double()))
+      throw Error(label + ": option '" + o.name + "': expected a finite number, got " + v.repr());
+    out[o.name] = validate_options(label, {*fitting}, {{o.name, v}}).at(o.name);
+  }
+  // wick.train's own rules between options
+  auto has = [&](const char* k) { return !out[k].is_nil(); };
+  if (!trainer_only) {
+    const Value& mb = out["micro_batch"];
+    if (mb.is_string()) {
+      if (!has("batch_size"))
+        throw Error(label + ": option 'micro_batch': 'auto' needs batch_size, the effective batch to keep "
+                    "(micro_batch x accumulate x ranks)");
+    } else if (has("batch_size")) {
+      throw Error(label + ": option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate");
+    }
+    if (out["resume"].as_bool() && !has("out"))
+      throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
+    if (out["save_every"].as_int() > 0 && !has("out"))
+      throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
+  }
+  if (has("loss_scale"))
+    for (const char* k : {"loss_scale_init", "loss_scale_growth", "loss_scale_backoff", "loss_scale_interval"})
+      if (auto g = given.find(k); g != given.end() && !g->second.is_nil())
+        throw Error(label + ": option 'loss_scale': a fixed scale and " + std::string(k) +
+                    " (dynamic scaling) exclude each other");
+  return Options(std::move(out));
+}
+
+Value parse_run_option(const std::string& name, const std::string& text) {
+  const RunOption* opt = nullptr;
+  for (const auto& o : run_options())
+    if (o.name == name) opt = &o;
+  if (!opt) throw Error("'" + name + "' is not a wick.train option");
+  auto as_int = [](const std::string& s, Value& out) {
+    if (s.empty()) return false;
+    std::size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+    if (i == s.size()) return false;
+    for (std::size_t k = i; k < s.size(); ++k)
+      if (s[k] < '0' || s[k] > '9') return false;
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), nullptr, 10);
+    if (errno == ERANGE) return false;
+    out = Value(static_cast<std::int64_t>(v));
+    return true;
+  };
+  auto as_float = [&](const std::string& s, Value& out) {
+    // plain decimal notation only: no hex, inf or nan
+    if (s.empty() || s.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+    char* end = nullptr;
+    const double d = std::strtod(s.c_str(), &end);
+    if (!end || *end != '\0' || !std::isfinite(d)) return false;
+    out = Value(d);
+    return true;
+  };
+  for (const auto& f : opt->forms) {
+    Value v;
+    switch (f.type) {
+      case OptionType::Bool:
+        if (text == "true" || text == "false") return Value(text == "true");
+        break;
+      case OptionType::Int:
+        if (as_int(text, v)) return v;
+        break;
+      case OptionType::Float:
+        if (as_float(text, v)) return v;
+        break;
+      case OptionType::String:
+        if (f.choices.empty() || std::find(f.choices.begin(), f.choices.end(), text) != f.choices.end())
+          return Value(text);
+        break;
+      case OptionType::IntList: case OptionType::FloatList: case OptionType::StringList: {
+        List l;
+        std::stringstream ss(text);
+        std::string item;
+        bool ok = !text.empty();
+        while (ok && std::getline(ss, item, ',')) {
+          Value x;
+          if (f.type == OptionType::StringList) x = Value(item);
+          else if (f.type == OptionType::IntList ? !as_int(item, x) : !as_float(item, x)) ok = false;
+          l.push_back(x);
+        }
+        if (ok) return Value(l);
+        break;
+      }
+    }
+  }
+  std::vector<std::string> forms;
+  for (const auto& f : opt->forms) forms.push_back(form_text(f));
+  throw Error("command line: " + name + "=" + text + ": expected " + join(forms, " or "));
+}
+
+TrainerConfig trainer_config(const Options& o) {
+  TrainerConfig c;
+  c.clip_grad_norm = o.get_double("clip_grad_norm");
+  c.clip_grad_value = o.get_double("clip_grad_value");
+  c.precision = parse_precision(o.get_string("precision"));
+  if (o.has("loss_scale")) {
+    c.loss_scale.init = o.get_double("loss_scale");
+    c.loss_scale.dynamic = false;
+  } else {
+    c.loss_scale.init = o.get_double("loss_scale_init");
+    c.loss_scale.growth = o.get_double("loss_scale_growth");
+    c.loss_scale.backoff = o.get_double("loss_scale_backoff");
+    c.loss_scale.interval = o.get_int("loss_scale_interval");
+  }
+  const Value& ck = o.at("checkpointing");
+  if (ck.is_bool()) {
+    c.checkpointing.mode = ck.as_bool() ? CheckpointingConfig::Mode::All : CheckpointingConfig::Mode::None;
+  } else if (ck.is_int()) {
+    c.checkpointing.mode = CheckpointingConfig::Mode::EveryK;
+    c.checkpointing.k = ck.as_int();
+  } else {
+    c.checkpointing.mode = CheckpointingConfig::Mode::Names;
+    for (const auto& n : ck.as_list()) c.checkpointing.names.push_back(n.as_string());
+  }
+  c.split_on_oom = o.get_string("on_oom") == "split";
+  c.empty_cache_every = o.get_int("empty_cache_every");
+  c.memory_fraction = o.get_double("memory_fraction");
+  c.total_steps = o.get_int("total_steps");
+  c.device = o.get_string("device");
+  c.bucket_mb = o.get_double("bucket_mb");
+  c.sync_every_micro_batch = o.get_string("sync") == "micro_batch";
+  return c;
+}
+
+std::string describe_run_options() {
+  std::ostringstream s;
+  s << "wick.train options (wick.trainer takes those marked [trainer]); every option can be given on the command\n"
+       "line as key=value (lists comma-separated), which overrides the recipe:\n\n";
+  s << "objects:\n";
+  for (const auto& o : run_objects()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-20s %-30s %s%s\n      %s\n", o.name.c_str(), o.kind.c_str(),
+                  o.required ? "(required)" : "(optional)", o.trainer ? " [trainer]" : "", o.doc.c_str());
+    s << line;
+  }
+  s << "\noptions:\n";
+  for (const auto& o : run_options()) {
+    std::vector<std::string> forms;
+    for (const auto& f : o.forms) forms.push_back(form_text(f));
+    const std::string def = o.default_value.is_nil() ? "(none)" : o.default_value.repr();
+    char line[512];
+    std::snprintf(line, sizeof line, "  %-20s %-30s default %s%s\n      %s\n", o.name.c_str(), join(forms, " or ").c_str(),
+                  def.c_str(), !o.run ? " [trainer only]" : o.trainer ? " [trainer]" : "", o.doc.c_str());
+    s << line;
+  }
+  return s.str();
+}
+
+}  // namespace wick

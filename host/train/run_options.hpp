@@ -1,0 +1,65 @@
+#pragma once
+// wick.train's options: one schema, declared with the same OptionSpec the
+// plugins use and checked by the same validation (validate_options). It serves
+// the run (wick.train), the trainer (wick.trainer, a subset), `wick describe
+// train` and the command line's key=value overrides.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "train/trainer.hpp"
+#include "wick/options.hpp"
+
+namespace wick {
+
+/// One option: the forms it accepts, tried in order (micro_batch is an
+/// integer >= 1 or the string "auto": two forms), each an OptionSpec with the
+/// option's name.
+struct RunOption {
+  std::string name;
+  std::vector<OptionSpec> forms;
+  Value default_value;   ///< nil: optional (absent unless given)
+  std::string doc;
+  bool trainer = false;  ///< also an option of wick.trainer{...}
+  bool per_rank = false; ///< may differ between ranks (not in the ranks' fingerprint)
+  bool run = true;       ///< an option of wick.train (false: wick.trainer's alone)
+};
+
+/// The objects a run takes besides its options (model, data, optim, schedule, eval_data).
+struct RunObjectSpec {
+  std::string name;
+  std::string kind;  ///< "model", "data", "optimizer", "schedule"
+  bool required;
+  bool trainer;      ///< also taken by wick.trainer{...}
+  std::string doc;
+};
+
+const std::vector<RunOption>& run_options();
+const std::vector<RunObjectSpec>& run_objects();
+
+/// Checks `given` against the run's options (or the trainer's, a subset):
+/// unknown keys (`objects` names keys given as objects, which are known too),
+/// types, ranges and choices, each form through validate_options. Returns
+/// every option, defaults filled (optional ones absent stay nil). Errors read
+/// "<label>: option 'k': expected ..., got ...".
+Options validate_run_options(const std::string& label, const std::map<std::string, Value>& given,
+                             const std::vector<std::string>& objects = {}, bool trainer_only = false);
+
+/// A command-line value ("4", "auto", "false", "cosine", "a,b") read as the
+/// option `name` declares it, trying its forms in order; throws wick::Error
+/// naming the key when no form takes it. Lists are comma-separated.
+Value parse_run_option(const std::string& name, const std::string& text);
+
+/// The TrainerConfig part of validated options (precision, loss scaling,
+/// checkpointing, clipping, on_oom, CUDA memory controls, device, sync).
+TrainerConfig trainer_config(const Options& o);
+
+/// `wick describe train`: every object and option with its types, default,
+/// range or choices and doc.
+std::string describe_run_options();
+
+}  // namespace wick
