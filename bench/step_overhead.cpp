@@ -1,5 +1,5 @@
-// The host's cost per optimizer step: wick.train (Lua loop, plugin calls,
-// loader windows, metrics JSONL) against a bare C++ LibTorch loop doing the
+// The host's cost per optimizer step: the engine's run (what wick.train
+// calls: plugin calls, loader windows, metrics JSONL) against a bare C++ LibTorch loop doing the
 // same forward, backward and AdamW update on the same model and batch size.
 //   build/bin/wick-bench-step [steps]
 #include <ATen/ATen.h>
@@ -17,9 +17,8 @@
 #include <filesystem>
 #include <string>
 
-#include <lua.hpp>
-
-#include "lua/runtime.hpp"
+#include "plugin/registry.hpp"
+#include "train/run.hpp"
 
 namespace {
 
@@ -59,24 +58,22 @@ double bare_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes,
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
 }
 
-double wick_loop(wick::LuaRuntime& rt, std::int64_t inputs, std::int64_t hidden, std::int64_t classes,
-                 std::int64_t micro, std::int64_t accumulate, int steps, const std::string& out) {
-  char code[2048];
-  std::snprintf(code, sizeof code, R"(
-    local wick = require "wick"
-    local data = wick.data("synthetic", { size = %d, inputs = %d, classes = %d })
-    local model = wick.model("mlp", { inputs = %d, hidden = { %d, %d }, outputs = %d })
-    local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-3 }),
-      micro_batch = %d, accumulate = %d, max_steps = %d, quiet = true, out = "%s" }
-    bench_seconds = run.seconds / run.steps
-  )", static_cast<int>(steps * micro * accumulate), static_cast<int>(inputs), static_cast<int>(classes),
-                static_cast<int>(inputs), static_cast<int>(hidden), static_cast<int>(hidden),
-                static_cast<int>(classes), static_cast<int>(micro), static_cast<int>(accumulate), steps, out.c_str());
-  rt.run_string(code, "=(bench)");
-  lua_getglobal(rt.state(), "bench_seconds");
-  const double s = lua_tonumber(rt.state(), -1);
-  lua_pop(rt.state(), 1);
-  return s;
+double wick_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes, std::int64_t micro,
+                 std::int64_t accumulate, int steps, const std::string& out) {
+  using wick::Value;
+  wick::RunRequest req;
+  auto& reg = wick::registry();
+  req.objects.data = std::static_pointer_cast<wick::Dataset>(reg.create(
+      "synthetic", wick::PluginKind::Data,
+      {{"size", Value(steps * micro * accumulate)}, {"inputs", Value(inputs)}, {"classes", Value(classes)}}));
+  req.objects.model = std::static_pointer_cast<wick::Model>(reg.create(
+      "mlp", wick::PluginKind::Model,
+      {{"inputs", Value(inputs)}, {"hidden", Value(wick::List{Value(hidden), Value(hidden)})}, {"outputs", Value(classes)}}));
+  req.objects.optim = reg.create("adamw", wick::PluginKind::Optim, {{"lr", Value(1e-3)}});
+  req.options = {{"micro_batch", Value(micro)}, {"accumulate", Value(accumulate)}, {"max_steps", Value(steps)},
+                 {"quiet", Value(true)}, {"out", Value(out)}};
+  const auto run = wick::run_training(req);
+  return run.at("seconds").get<double>() / run.at("steps").get<double>();
 }
 
 }  // namespace
@@ -84,7 +81,6 @@ double wick_loop(wick::LuaRuntime& rt, std::int64_t inputs, std::int64_t hidden,
 int run(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   const std::string out = (std::filesystem::temp_directory_path() / "wick-bench-step").string();
-  wick::LuaRuntime rt;
   std::printf("per optimizer step, best of 3 interleaved runs of %d steps, %d intra-op threads, metrics JSONL on\n", steps,
               at::get_num_threads());
   std::printf("%-28s %12s %12s %12s %8s\n", "model (batch 32)", "bare C++", "wick 32x1", "wick 8x4", "ratio");
@@ -98,8 +94,8 @@ int run(int argc, char** argv) {
     double bare = 1e9, w1 = 1e9, w4 = 1e9;
     for (int rep = 0; rep < 3; ++rep) {
       bare = std::min(bare, bare_loop(c.inputs, c.hidden, c.classes, 32, steps));
-      w1 = std::min(w1, wick_loop(rt, c.inputs, c.hidden, c.classes, 32, 1, steps, out));
-      w4 = std::min(w4, wick_loop(rt, c.inputs, c.hidden, c.classes, 8, 4, steps, out));
+      w1 = std::min(w1, wick_loop(c.inputs, c.hidden, c.classes, 32, 1, steps, out));
+      w4 = std::min(w4, wick_loop(c.inputs, c.hidden, c.classes, 8, 4, steps, out));
     }
     std::printf("%-28s %9.3f ms %9.3f ms %9.3f ms %7.2fx\n", c.name, bare * 1e3, w1 * 1e3, w4 * 1e3, w1 / bare);
   }

@@ -1,0 +1,214 @@
+// wick.core: Methods of plugin objects: models (save, load, parameters, blocks, generate), data sets (size, encode, decode, window), optim objects and transforms (lora: apply, save, load, merge), and windows.
+
+#include "lua/binding.hpp"
+
+#include <optional>
+
+#include "train/inspect.hpp"
+#include "train/trainer.hpp"
+#include "wick/safetensors.hpp"
+
+namespace wick::lua {
+namespace {
+
+int model_save(lua_State* L) {
+  auto m = check_model(L, 1, "save");
+  save_model(*m, check_string(L, 2, "save"));
+  return 0;
+}
+
+int model_load(lua_State* L) {
+  auto m = check_model(L, 1, "load");
+  load_model(*m, check_string(L, 2, "load"));
+  return 0;
+}
+
+int model_parameters(lua_State* L) {
+  auto m = check_model(L, 1, "parameters");
+  std::int64_t total = 0, trainable = 0;
+  for (const auto& p : m->parameters()) {
+    total += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  lua_pushnumber(L, static_cast<double>(total));
+  lua_pushnumber(L, static_cast<double>(trainable));
+  return 2;
+}
+
+int model_blocks(lua_State* L) {
+  auto m = check_model(L, 1, "blocks");
+  push_value(L, [&] {
+    List l;
+    for (auto& s : m->blocks()) l.push_back(Value(s));
+    return Value(l);
+  }());
+  return 1;
+}
+
+int model_item_name(lua_State* L) {
+  auto m = check_model(L, 1, "item_name");
+  lua_pushstring(L, m->item_name().c_str());
+  return 1;
+}
+
+// model:window_coupled(): whether the model's loss couples the samples of a
+// window (contrastive), so the trainer computes it over the whole window.
+int model_window_coupled(lua_State* L) {
+  auto m = check_model(L, 1, "window_coupled");
+  lua_pushboolean(L, m->window_coupled());
+  return 1;
+}
+
+// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, seed}) -> ids
+// prompt: token ids {1, 2, ...}, or a batch whose first sample is the prompt
+// (Model::generate_from): a window (data:window(i, 1)) or a safetensors file.
+int model_generate(lua_State* L) {
+  auto m = check_model(L, 1, "generate");
+  std::optional<Batch> batch;
+  std::vector<std::int64_t> prompt;
+  if (auto* w = test_box<std::vector<Batch>>(L, 2, kWindowMt)) {
+    if (!w->ptr || w->ptr->empty()) throw Error("generate: the window given as prompt is empty (freed?)");
+    batch = w->ptr->front();
+  } else if (lua_type(L, 2) == LUA_TSTRING) {
+    batch = read_batch(lua_tostring(L, 2));
+  } else {
+    prompt = check_ids(L, 2, "generate");
+  }
+  GenerateOptions g;
+  if (!lua_isnoneornil(L, 3)) {
+    check_table(L, 3, "generate");
+    g.max_new_tokens = field<std::int64_t>(L, 3, "max_new_tokens", g.max_new_tokens);
+    g.temperature = field<double>(L, 3, "temperature", g.temperature);
+    g.top_k = field<std::int64_t>(L, 3, "top_k", g.top_k);
+    g.top_p = field<double>(L, 3, "top_p", g.top_p);
+    g.eos_id = field<std::int64_t>(L, 3, "eos_id", g.eos_id);
+    g.seed = field<std::uint64_t>(L, 3, "seed", g.seed);
+  }
+  if (g.max_new_tokens < 0 || g.temperature < 0 || g.top_k < 0 || g.top_p <= 0 || g.top_p > 1)
+    throw Error("generate: expected max_new_tokens >= 0, temperature >= 0, top_k >= 0, top_p in (0, 1]");
+  push_ids(L, batch ? m->generate_from(*batch, g) : m->generate(prompt, g));
+  return 1;
+}
+
+int data_encode(lua_State* L) {
+  auto d = check_data(L, 1, "encode");
+  push_ids(L, d->encode(check_string(L, 2, "encode")));
+  return 1;
+}
+
+int data_decode(lua_State* L) {
+  auto d = check_data(L, 1, "decode");
+  const std::string s = d->decode(check_ids(L, 2, "decode"));
+  lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+int data_size(lua_State* L) {
+  auto d = check_data(L, 1, "size");
+  lua_pushnumber(L, static_cast<double>(d->size()));
+  return 1;
+}
+
+// data:window(first, count[, micro]): samples first .. first+count-1 (0-based)
+// as a window of micro-batches of `micro` (default: one micro-batch).
+int data_window(lua_State* L) {
+  auto d = check_data(L, 1, "window");
+  const auto first = static_cast<std::int64_t>(luaL_checknumber(L, 2));
+  const auto count = static_cast<std::int64_t>(luaL_checknumber(L, 3));
+  const auto micro = static_cast<std::int64_t>(luaL_optnumber(L, 4, static_cast<double>(count)));
+  push_box<std::vector<Batch>>(L, std::make_shared<std::vector<Batch>>(sample_window(*d, first, count, micro)), kWindowMt);
+  return 1;
+}
+
+int optim_kind(lua_State* L) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
+  const auto k = o->object_kind();
+  lua_pushstring(L, k == ObjectKind::Schedule ? "schedule" : k == ObjectKind::Transform ? "transform" : "optimizer");
+  return 1;
+}
+
+Transform& check_transform(lua_State* L, const char* fn) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, fn);
+  if (o->object_kind() != ObjectKind::Transform)
+    throw Error(std::string(fn) + ": this optim object is not a transform (lora, ...)");
+  return static_cast<Transform&>(*o);
+}
+
+// transform:apply(model), :save(model, dir), :load(model, dir), :merge(model)
+int transform_apply(lua_State* L) {
+  auto& t = check_transform(L, "apply");
+  t.apply(*check_model(L, 2, "apply"));
+  return 0;
+}
+
+int transform_save(lua_State* L) {
+  auto& t = check_transform(L, "save");
+  t.save(*check_model(L, 2, "save"), check_string(L, 3, "save"));
+  return 0;
+}
+
+int transform_load(lua_State* L) {
+  auto& t = check_transform(L, "load");
+  t.load(*check_model(L, 2, "load"), check_string(L, 3, "load"));
+  return 0;
+}
+
+int transform_merge(lua_State* L) {
+  auto& t = check_transform(L, "merge");
+  t.merge(*check_model(L, 2, "merge"));
+  return 0;
+}
+
+// window:free(): drops the window's tensors now rather than when Lua's
+// collector gets to the (small-looking) userdata; wick.train frees each
+// window after its step, so host memory stays bounded.
+int window_free(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "free");
+  w->clear();
+  w->shrink_to_fit();
+  return 0;
+}
+
+// window:save(path): its micro-batches as safetensors "<k>.<name>" (k from 0),
+// to see what the loader gives
+int window_save(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "save");
+  save_window(*w, check_string(L, 2, "save"));
+  return 0;
+}
+
+int window_len(lua_State* L) {
+  auto& w = check_box<std::vector<Batch>>(L, 1, kWindowMt, "__len");
+  lua_pushnumber(L, static_cast<double>(w->size()));
+  return 1;
+}
+
+}  // namespace
+
+void open_objects(lua_State* L) {
+  static const luaL_Reg model_methods[] = {{"save", G(model_save)},
+                                           {"load", G(model_load)},
+                                           {"parameters", G(model_parameters)},
+                                           {"blocks", G(model_blocks)},
+                                           {"item_name", G(model_item_name)},
+                                           {"window_coupled", G(model_window_coupled)},
+                                           {"generate", G(model_generate)},
+                                           {nullptr, nullptr}};
+  static const luaL_Reg data_methods[] = {
+      {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {"window", G(data_window)},
+      {nullptr, nullptr}};
+  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"apply", G(transform_apply)},
+                                           {"save", G(transform_save)}, {"load", G(transform_load)},
+                                           {"merge", G(transform_merge)}, {nullptr, nullptr}};
+  static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {"save", G(window_save)}, {nullptr, nullptr}};
+  new_metatable<Object>(L, kModelMt, model_methods, object_index);
+  new_metatable<Object>(L, kDataMt, data_methods, object_index);
+  new_metatable<Object>(L, kOptimMt, optim_methods, object_index);
+  new_metatable<std::vector<Batch>>(L, kWindowMt, window_methods);
+  luaL_getmetatable(L, kWindowMt);
+  lua_pushcfunction(L, G(window_len));
+  lua_setfield(L, -2, "__len");
+  lua_pop(L, 1);
+}
+
+}  // namespace wick::lua

@@ -1,0 +1,492 @@
+// wick.core: Training: the run (core.train, wick.train's engine), the step primitives (loader, trainer), evaluation, checkpoints, inspection (predict, gradients, save_samples), ranks and memory.
+
+#include "lua/binding.hpp"
+
+#include <set>
+#include <optional>
+
+#include "dist/group.hpp"
+#include "plugin/registry.hpp"
+#include "train/inspect.hpp"
+#include "train/loader.hpp"
+#include "train/run.hpp"
+#include "train/run_options.hpp"
+#include "train/trainer.hpp"
+#include "util/memory.hpp"
+#include "util/system.hpp"
+#include "wick/safetensors.hpp"
+
+namespace wick::lua {
+namespace {
+
+int make_loader(lua_State* L) {
+  auto d = check_data(L, 1, "loader");
+  check_table(L, 2, "loader");
+  LoaderConfig c;
+  c.micro_batch = field<std::int64_t>(L, 2, "micro_batch", 1);
+  c.accumulate = field<std::int64_t>(L, 2, "accumulate", 1);
+  c.shuffle = field<bool>(L, 2, "shuffle", true);
+  c.seed = field<std::uint64_t>(L, 2, "seed", 0);
+  c.drop_last = field<bool>(L, 2, "drop_last", false);
+  c.workers = field<int>(L, 2, "workers", 0);
+  c.prefetch = field<int>(L, 2, "prefetch", 2);
+  const DistEnv env = dist_env();  // this process's shard unless told otherwise
+  c.rank = field<int>(L, 2, "rank", env.rank);
+  c.world_size = field<int>(L, 2, "world_size", env.world_size);
+  c.pin_memory = field<bool>(L, 2, "pin_memory", false);
+  push_box<Loader>(L, std::make_shared<Loader>(d, c), kLoaderMt);
+  return 1;
+}
+
+int loader_windows_per_epoch(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "windows_per_epoch");
+  lua_pushnumber(L, static_cast<double>(l->windows_per_epoch()));
+  return 1;
+}
+
+int loader_start_epoch(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "start_epoch");
+  l->start_epoch(static_cast<std::int64_t>(luaL_checknumber(L, 2)), static_cast<std::int64_t>(luaL_optnumber(L, 3, 0)));
+  return 0;
+}
+
+int loader_next(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "next");
+  auto w = l->next_window();
+  if (!w) {
+    lua_pushnil(L);
+    return 1;
+  }
+  push_box<std::vector<Batch>>(L, std::make_shared<std::vector<Batch>>(std::move(*w)), kWindowMt);
+  return 1;
+}
+
+int loader_position(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "position");
+  lua_pushnumber(L, static_cast<double>(l->epoch()));
+  lua_pushnumber(L, static_cast<double>(l->window()));
+  return 2;
+}
+
+int loader_buffered_bytes(lua_State* L) {
+  auto& l = check_box<Loader>(L, 1, kLoaderMt, "buffered_bytes");
+  lua_pushnumber(L, static_cast<double>(l->buffered_bytes()));
+  return 1;
+}
+
+// A wick.train / wick.trainer table: objects (model, data, optim, schedule,
+// eval_data) apart, every other key a plain option value. A loss_scale table
+// {init, growth, backoff, interval} becomes the loss_scale_* options.
+RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std::map<std::string, Value>& options) {
+  RunObjects obj;
+  t = t < 0 ? lua_gettop(L) + t + 1 : t;
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    if (lua_type(L, -2) != LUA_TSTRING) throw Error(label + ": option names must be strings");
+    const std::string key = lua_tostring(L, -2);
+    const int v = lua_gettop(L);
+    auto object = [&](const char* mt) -> std::shared_ptr<Object> {
+      auto* b = test_box<Object>(L, v, mt);
+      if (!b || !b->ptr)
+        throw Error(label + ": option '" + key + "': expected a wick object (" + mt + "), got " + luaL_typename(L, v));
+      return b->ptr;
+    };
+    if (key == "model") obj.model = std::static_pointer_cast<Model>(object(kModelMt));
+    else if (key == "data") obj.data = std::static_pointer_cast<Dataset>(object(kDataMt));
+    else if (key == "eval_data") obj.eval_data = std::static_pointer_cast<Dataset>(object(kDataMt));
+    else if (key == "optim") obj.optim = object(kOptimMt);
+    else if (key == "schedule" && lua_type(L, v) != LUA_TSTRING) obj.schedule = object(kOptimMt);
+    else if (key == "loss_scale" && lua_istable(L, v)) {
+      lua_pushnil(L);
+      while (lua_next(L, v)) {
+        const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (k != "init" && k != "growth" && k != "backoff" && k != "interval")
+          throw Error(label + ": loss_scale: unknown key '" + k + "' (expected init, growth, backoff, interval)");
+        options["loss_scale_" + k] = to_value(L, -1, label + ": option 'loss_scale': '" + k + "'");
+        lua_pop(L, 1);
+      }
+    } else {
+      options[key] = to_value(L, v, label + ": option '" + key + "'");
+    }
+    lua_pop(L, 1);
+  }
+  return obj;
+}
+
+// wick.trainer{model, optim, schedule, ...}: the options of wick.train that a
+// trainer takes (wick describe train marks them), checked by the same schema.
+int make_trainer(lua_State* L) {
+  check_table(L, 1, "trainer");
+  std::map<std::string, Value> given;
+  RunObjects obj = collect_run_table(L, 1, "wick.trainer", given);
+  std::vector<std::string> objects;
+  if (obj.model) objects.push_back("model");
+  if (obj.optim) objects.push_back("optim");
+  if (obj.schedule) objects.push_back("schedule");
+  if (obj.data) objects.push_back("data");
+  if (obj.eval_data) objects.push_back("eval_data");
+  const Options o = validate_run_options("wick.trainer", given, objects, /*trainer_only=*/true);
+  if (!obj.model) throw Error("wick.trainer: option 'model' is required");
+  if (!obj.optim) throw Error("wick.trainer: option 'optim' is required");
+  if (obj.optim->object_kind() != ObjectKind::Optimizer)
+    throw Error(std::string("wick.trainer: option 'optim': expected an optimizer (sgd, adamw, ...), got a ") +
+                (obj.optim->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
+  std::shared_ptr<Schedule> schedule;
+  if (obj.schedule) {
+    if (obj.schedule->object_kind() != ObjectKind::Schedule)
+      throw Error("wick.trainer: option 'schedule': expected a schedule (wick.schedule), got an optimizer");
+    schedule = std::static_pointer_cast<Schedule>(obj.schedule);
+  } else if (auto it = given.find("schedule"); it != given.end() && it->second.is_string()) {
+    schedule = std::static_pointer_cast<Schedule>(
+        registry().create("schedule", PluginKind::Optim, {{"type", it->second}}));
+  }
+  TrainerConfig c = trainer_config(o);
+  if (c.device == "auto") c.device = cuda_available() ? "cuda" : "cpu";
+  c.group = Group::world(c.device);
+  push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
+                    kTrainerMt);
+  return 1;
+}
+
+// The command line's key=value pairs as given (strings), for overrides that
+// the run parses as each option declares.
+std::vector<std::pair<std::string, std::string>> raw_args(lua_State* L) {
+  std::vector<std::pair<std::string, std::string>> out;
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.raw_args");
+  if (lua_istable(L, -1)) {
+    const int n = static_cast<int>(lua_objlen(L, -1));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L, -1, i);
+      lua_getfield(L, -1, "k");
+      lua_getfield(L, -2, "v");
+      out.emplace_back(lua_tostring(L, -2), lua_tostring(L, -1));
+      lua_pop(L, 3);
+    }
+  }
+  lua_pop(L, 1);
+  return out;
+}
+
+std::string recipe_path(lua_State* L) {
+  lua_getglobal(L, "arg");
+  std::string path;
+  if (lua_istable(L, -1)) {
+    lua_rawgeti(L, -1, 0);
+    if (lua_type(L, -1) == LUA_TSTRING) path = lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return path;
+}
+
+// core.train(cfg): the engine's run (train/run.hpp); returns its summary.
+// Under `wick plan` it measures instead and ends the recipe.
+int core_train(lua_State* L) {
+  check_table(L, 1, "train");
+  RunRequest req;
+  req.objects = collect_run_table(L, 1, "wick.train", req.options);
+  req.overrides = raw_args(L);
+  req.recipe = recipe_path(L);
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.plan");
+  const bool plan = !lua_isnil(L, -1);
+  const auto device_memory = static_cast<std::int64_t>(lua_tonumber(L, -1));
+  lua_pop(L, 1);
+  if (plan) {
+    plan_training(req, device_memory);
+    lua_pushlightuserdata(L, plan_done_sentinel());
+    return lua_error(L);
+  }
+  push_json(L, run_training(req));
+  return 1;
+}
+
+int core_describe_train(lua_State* L) {
+  const std::string s = describe_run_options();
+  lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+int trainer_step(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "step");
+  auto& w = check_box<std::vector<Batch>>(L, 2, kWindowMt, "step");
+  StepStats s = t->step(*w);
+  lua_createtable(L, 0, 10);
+  set_number(L, "step", static_cast<double>(s.step));
+  set_number(L, "loss", s.loss);
+  set_number(L, "items", static_cast<double>(s.items));
+  set_number(L, "micro_batches", static_cast<double>(s.micro_batches));
+  set_number(L, "lr", s.lr);
+  set_number(L, "grad_norm", s.grad_norm);
+  set_number(L, "seconds", s.seconds);
+  if (s.loss_scale > 0) set_number(L, "loss_scale", s.loss_scale);
+  if (s.skipped) {
+    lua_pushboolean(L, true);
+    lua_setfield(L, -2, "skipped");
+  }
+  if (s.split > 1) set_number(L, "split", static_cast<double>(s.split));
+  if (s.oom_retries > 0) set_number(L, "oom_retries", static_cast<double>(s.oom_retries));
+  lua_pushboolean(L, s.stop);
+  lua_setfield(L, -2, "stop");
+  push_metrics(L, s.metrics);
+  return 1;
+}
+
+int trainer_skipped_steps(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "skipped_steps");
+  lua_pushnumber(L, static_cast<double>(t->skipped_steps()));
+  return 1;
+}
+
+int trainer_split(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "split");
+  lua_pushnumber(L, static_cast<double>(t->split()));
+  return 1;
+}
+
+int trainer_loss_scale(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "loss_scale");
+  const double v = t->loss_scale();
+  if (v > 0) lua_pushnumber(L, v);
+  else lua_pushnil(L);
+  return 1;
+}
+
+int trainer_checkpointed_blocks(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "checkpointed_blocks");
+  const auto b = t->checkpointed_blocks();
+  lua_createtable(L, static_cast<int>(b.size()), 0);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    lua_pushstring(L, b[i].c_str());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 1;
+}
+
+// trainer:probe(window): forward and backward of the window's first
+// micro-batch, no step; returns true, or false and the message when it ran
+// out of memory.
+int trainer_probe(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "probe");
+  auto& w = check_box<std::vector<Batch>>(L, 2, kWindowMt, "probe");
+  if (w->empty()) throw Error("probe: the window is empty");
+  try {
+    t->probe(w->front());
+  } catch (const c10::OutOfMemoryError& e) {
+    if (t->config().device.rfind("cuda", 0) == 0) cuda_empty_cache();
+    lua_pushboolean(L, false);
+    lua_pushstring(L, e.what_without_backtrace());
+    return 2;
+  }
+  lua_pushboolean(L, true);
+  return 1;
+}
+
+int trainer_memory_breakdown(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "memory_breakdown");
+  const auto m = t->memory_breakdown();
+  lua_createtable(L, 0, static_cast<int>(m.size()));
+  for (const auto& [k, v] : m) set_number(L, k.c_str(), static_cast<double>(v));
+  return 1;
+}
+
+int trainer_steps(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "steps");
+  lua_pushnumber(L, static_cast<double>(t->steps()));
+  return 1;
+}
+
+// Collectives and bytes this rank has sent into them so far.
+int trainer_comm(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "comm");
+  lua_createtable(L, 0, 2);
+  set_number(L, "collectives", t->group() ? static_cast<double>(t->group()->collectives()) : 0);
+  set_number(L, "bytes", t->group() ? static_cast<double>(t->group()->bytes()) : 0);
+  return 1;
+}
+
+int trainer_save(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "save");
+  const std::string dir = check_string(L, 2, "save");
+  nlohmann::json extra = lua_isnoneornil(L, 3) ? nlohmann::json::object() : to_json(L, 3);
+  const int keep = static_cast<int>(luaL_optnumber(L, 4, 3));
+  lua_pushstring(L, t->save(dir, extra, keep).string().c_str());
+  return 1;
+}
+
+int trainer_load(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "load");
+  push_json(L, t->load(check_string(L, 2, "load")));
+  return 1;
+}
+
+int core_evaluate(lua_State* L) {
+  auto m = check_model(L, 1, "evaluate");
+  auto d = check_data(L, 2, "evaluate");
+  const auto micro = static_cast<std::int64_t>(luaL_optnumber(L, 3, 32));
+  const std::string device = lua_isstring(L, 4) ? lua_tostring(L, 4) : "cpu";
+  EvalStats s = evaluate(*m, d, micro, device);
+  lua_createtable(L, 0, 4);
+  set_number(L, "loss", s.loss);
+  set_number(L, "items", static_cast<double>(s.items));
+  push_metrics(L, s.metrics);
+  return 1;
+}
+
+int core_latest_checkpoint(lua_State* L) {
+  auto p = latest_checkpoint(check_string(L, 1, "latest_checkpoint"));
+  if (p.empty()) lua_pushnil(L);
+  else lua_pushstring(L, p.string().c_str());
+  return 1;
+}
+
+int core_seed(lua_State* L) {
+  at::manual_seed(static_cast<std::uint64_t>(luaL_checknumber(L, 1)));
+  return 0;
+}
+
+int core_interrupted(lua_State* L) {
+  lua_pushboolean(L, interrupted());
+  lua_pushnumber(L, interrupt_signal());
+  return 2;
+}
+
+// Every rank must give the same value (a fingerprint of recipe and options).
+int core_check_same(lua_State* L) {
+  const std::string what = check_string(L, 1, "check_same");
+  const std::string value = check_string(L, 2, "check_same");
+  const std::string device = lua_isstring(L, 3) ? lua_tostring(L, 3) : "cpu";
+  if (auto g = Group::world(device)) g->check_same(what, value);
+  return 0;
+}
+
+int core_dist(lua_State* L) {
+  const DistEnv env = dist_env();
+  lua_createtable(L, 0, 6);
+  set_number(L, "rank", env.rank);
+  set_number(L, "world_size", env.world_size);
+  set_number(L, "local_rank", env.local_rank);
+  set_number(L, "local_world_size", env.local_world_size);
+  lua_pushstring(L, env.source.c_str());
+  lua_setfield(L, -2, "source");
+  return 1;
+}
+
+// model outputs for the batch in a safetensors file, written to another:
+// wick.core.predict(model, "batch.safetensors", "out.safetensors")
+int core_predict(lua_State* L) {
+  save_predictions(*check_model(L, 1, "predict"), check_string(L, 2, "predict"), check_string(L, 3, "predict"));
+  return 0;
+}
+
+// core.save_samples(data, {i, ...}, path [, epoch, seed]): samples as the
+// loader would read them in that epoch, written as safetensors "<i>.<name>"
+int core_save_samples(lua_State* L) {
+  auto d = check_data(L, 1, "save_samples");
+  const auto indices = check_ids(L, 2, "save_samples");
+  save_samples(*d, indices, check_string(L, 3, "save_samples"), static_cast<std::int64_t>(luaL_optnumber(L, 4, 0)),
+               static_cast<std::uint64_t>(luaL_optnumber(L, 5, 0)));
+  return 0;
+}
+
+// the loss (sum / items) of the batch in a file and every parameter's
+// gradient of it, written as safetensors ("loss", "items", "grad.<name>")
+int core_gradients(lua_State* L) {
+  save_gradients(*check_model(L, 1, "gradients"), check_string(L, 2, "gradients"), check_string(L, 3, "gradients"));
+  return 0;
+}
+
+// Reads a safetensors file and writes it again: tensors and metadata as read.
+int core_copy_tensors(lua_State* L) {
+  auto f = read_safetensors(check_string(L, 1, "copy_tensors"));
+  write_safetensors(check_string(L, 2, "copy_tensors"), f.tensors, f.metadata);
+  return 0;
+}
+
+int core_memory(lua_State* L) {
+  auto m = memory_stats(lua_toboolean(L, 1));
+  lua_createtable(L, 0, static_cast<int>(m.size()));
+  for (const auto& [k, v] : m) set_number(L, k.c_str(), static_cast<double>(v));
+  return 1;
+}
+
+int core_reset_peak(lua_State* L) {
+  (void)L;
+  reset_cpu_tensor_peak();
+  reset_cuda_peak();
+  return 0;
+}
+
+// core.device_memory(device): the bytes a run may use on it: a GPU's total
+// memory, or on the CPU the tensor cap (0: none)
+int core_device_memory(lua_State* L) {
+  const std::string dev = check_string(L, 1, "device_memory");
+  if (dev.rfind("cuda", 0) == 0) {
+    const at::Device d(dev);
+    lua_pushnumber(L, static_cast<double>(cuda_total_memory(d.has_index() ? d.index() : 0)));
+  } else {
+    lua_pushnumber(L, static_cast<double>(cpu_tensor_memory().limit));
+  }
+  return 1;
+}
+
+// core.set_memory_limit(bytes | "8GiB" | 0): caps CPU tensor memory (see util/memory.hpp)
+int core_set_memory_limit(lua_State* L) {
+  std::int64_t bytes = 0;
+  if (lua_type(L, 1) == LUA_TNUMBER) bytes = static_cast<std::int64_t>(lua_tonumber(L, 1));
+  else bytes = parse_bytes(check_string(L, 1, "set_memory_limit"), "set_memory_limit");
+  set_cpu_memory_limit(bytes);
+  return 0;
+}
+
+int core_cuda_available(lua_State* L) {
+  lua_pushboolean(L, cuda_available());
+  return 1;
+}
+
+}  // namespace
+
+void open_train(lua_State* L) {
+  static const luaL_Reg loader_methods[] = {{"windows_per_epoch", G(loader_windows_per_epoch)},
+                                            {"start_epoch", G(loader_start_epoch)},
+                                            {"next", G(loader_next)},
+                                            {"position", G(loader_position)},
+                                            {"buffered_bytes", G(loader_buffered_bytes)},
+                                            {nullptr, nullptr}};
+  static const luaL_Reg trainer_methods[] = {{"step", G(trainer_step)},
+                                             {"steps", G(trainer_steps)},
+                                             {"comm", G(trainer_comm)},
+                                             {"save", G(trainer_save)},
+                                             {"load", G(trainer_load)},
+                                             {"skipped_steps", G(trainer_skipped_steps)},
+                                             {"split", G(trainer_split)},
+                                             {"loss_scale", G(trainer_loss_scale)},
+                                             {"checkpointed_blocks", G(trainer_checkpointed_blocks)},
+                                             {"probe", G(trainer_probe)},
+                                             {"memory_breakdown", G(trainer_memory_breakdown)},
+                                             {nullptr, nullptr}};
+  new_metatable<Loader>(L, kLoaderMt, loader_methods);
+  new_metatable<Trainer>(L, kTrainerMt, trainer_methods);
+  static const luaL_Reg fns[] = {{"loader", G(make_loader)},
+                                 {"trainer", G(make_trainer)},
+                                 {"train", G(core_train)},
+                                 {"describe_train", G(core_describe_train)},
+                                 {"evaluate", G(core_evaluate)},
+                                 {"latest_checkpoint", G(core_latest_checkpoint)},
+                                 {"seed", G(core_seed)},
+                                 {"interrupted", G(core_interrupted)},
+                                 {"memory", G(core_memory)},
+                                 {"cuda_available", G(core_cuda_available)},
+                                 {"save_samples", G(core_save_samples)},
+                                 {"dist", G(core_dist)},
+                                 {"check_same", G(core_check_same)},
+                                 {"copy_tensors", G(core_copy_tensors)},
+                                 {"predict", G(core_predict)},
+                                 {"gradients", G(core_gradients)},
+                                 {"set_memory_limit", G(core_set_memory_limit)},
+                                 {"reset_peak", G(core_reset_peak)},
+                                 {"device_memory", G(core_device_memory)},
+                                 {nullptr, nullptr}};
+  luaL_register(L, nullptr, fns);
+}
+
+}  // namespace wick::lua
