@@ -13,6 +13,9 @@
 -- It ends by captioning held-out images and scoring the shape word.
 --   wick make-clips clips --per-class 512 --size 96x96 --seconds 0.2 --no-extras
 --   wick run configs/vlm.lua [clips=clips] [vision=CLIP_DIR] [language=LLAMA_DIR] [epochs=N] [out=runs/vlm]
+--                            [overwrite=true]
+-- Each stage reads these itself (overrides = false): out=DIR is the recipe's
+-- folder, and each stage trains into a folder of its own inside it.
 local wick = require "wick"
 local a = wick.args
 local root = a.clips or "clips"
@@ -61,7 +64,7 @@ if not language then
   local lm = wick.model("decoder_lm", lm_sizes)
   wick.seed(1)
   local r = wick.train { model = lm, data = wick.data("text", { file = out .. "/captions.jsonl", max_length = 32, cache_dir = "none" }),
-    optim = wick.optim("adamw", { lr = 3e-3, weight_decay = 0 }), micro_batch = 32, epochs = epochs, quiet = true, seed = 1 }
+    optim = wick.optim("adamw", { lr = 3e-3, weight_decay = 0 }), micro_batch = 32, epochs = epochs, quiet = true, seed = 1, overrides = false }
   language = out .. "/language_model"
   wick.save_pretrained(lm, language)
   print(string.format("stage 0: language model on the captions, loss %.3f", r.final_loss))
@@ -76,7 +79,8 @@ if not vision then
     intermediate_size = 128, layers = 2, heads = 4 })
   wick.seed(1)
   local r = wick.train { model = vit, data = shapes, optim = wick.optim("adamw", { lr = 1e-3, weight_decay = 0 }),
-    micro_batch = 16, epochs = tonumber(a.vision_epochs or 20), quiet = true, seed = 1 }
+    micro_batch = 16, epochs = tonumber(a.vision_epochs or a.epochs or 20), quiet = true, seed = 1,
+    overrides = false }
   vision = out .. "/vision_tower"
   wick.save_pretrained(vit, vision)
   print(string.format("stage 0: vision tower on the shapes, loss %.3f", r.final_loss))
@@ -105,7 +109,8 @@ end
 -- 1. the projector alone: small and cheap, large micro-batches, fp32
 print(string.format("stage 1: projector alone (%d of %d parameters train)", trainable, total))
 local r1 = wick.train { model = model, data = train, optim = wick.optim("adamw", { lr = 3e-3, weight_decay = 0 }),
-  micro_batch = 32, epochs = epochs, out = out .. "/stage1", quiet = true, seed = 1 }
+  micro_batch = 32, epochs = epochs, out = out .. "/stage1", quiet = true, seed = 1, overrides = false,
+  overwrite = a.overwrite or false }
 print(string.format("stage 1: loss %.3f, held-out shape accuracy %.0f%%", r1.final_loss, 100 * caption_accuracy(false)))
 
 -- 2. LoRA on the language model, the projector kept training; checkpointing,
@@ -117,7 +122,7 @@ total, trainable = model:parameters()
 print(string.format("stage 2: LoRA on %d layers + projector (%d of %d parameters train)", lora.layers, trainable, total))
 local r2 = wick.train { model = model, data = train, optim = wick.optim("adamw", { lr = 2e-3, weight_decay = 0 }),
   micro_batch = 8, accumulate = 4, precision = precision, checkpointing = true, epochs = epochs,
-  out = out .. "/stage2", quiet = true, seed = 2 }
+  out = out .. "/stage2", quiet = true, seed = 2, overrides = false, overwrite = a.overwrite or false }
 lora:save(model, out .. "/adapter")
 print(string.format("stage 2: loss %.3f, peak memory %.0f MB", r2.final_loss, (tonumber(r2.peak_memory) or 0) / 2^20))
 print("held-out captions:")

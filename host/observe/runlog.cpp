@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -85,6 +86,20 @@ void RunLogObserver::on_start(const RunStart& start) {
   if (prev.is_object() && prev.contains("best_loss")) prev_best_ = prev["best_loss"];
   write_file_atomic(fs::path(dir_) / "run.json", meta_.dump() + "\n");
   const auto metrics = fs::path(dir_) / "metrics.jsonl";
+  if (start.start_step > 0) {
+    // Resumed: records of steps after the checkpoint (run before a kill, or
+    // a half-written last line) go; the resumed run writes them again.
+    std::string text, kept;
+    if (read_text(metrics, text)) {
+      std::istringstream in(text);
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto rec = nlohmann::json::parse(line, nullptr, false);
+        if (rec.is_object() && rec.value("step", std::int64_t{0}) <= start.start_step) kept += line + "\n";
+      }
+      if (kept != text) write_file_atomic(metrics, kept);
+    }
+  }
   metrics_ = std::fopen(metrics.c_str(), start.start_step > 0 ? "a" : "w");
   if (!metrics_) throw Error("cannot write " + metrics.string());
   events_ = std::make_unique<EventWriter>(dir_);

@@ -141,7 +141,10 @@ Resolved resolve(const RunRequest& req) {
   if (r.obj.eval_data) objects.push_back("eval_data");
   // command-line overrides: key=value naming an option, read as it declares
   std::vector<std::string> overridden;
-  for (const auto& [k, text] : req.overrides) {
+  const auto ov = given.find("overrides");
+  const bool apply_overrides = ov == given.end() || !ov->second.is_bool() || ov->second.as_bool();
+  for (const auto& [k, text] : apply_overrides ? req.overrides : decltype(req.overrides){}) {
+    if (k == "overrides") continue;
     const bool known =
         std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == k && o.run; });
     if (!known) continue;
@@ -326,6 +329,60 @@ nlohmann::json record_of(const PendingStep& p, bool cuda) {
   return rec;
 }
 
+
+// What an out folder already holds: a run's files, and its run.json.
+struct PriorRun {
+  bool holds = false;
+  std::string what;
+  nlohmann::json meta;
+};
+
+const char* const kRunFiles[] = {"run.json", "metrics.jsonl", "recipe.lua", "report.html", "checkpoints"};
+
+PriorRun prior_run(const fs::path& out) {
+  PriorRun p;
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (const char* f : kRunFiles)
+    if (fs::exists(out / f, ec)) found.push_back(f);
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) {
+      found.push_back("TensorBoard events");
+      break;
+    }
+  if (found.empty()) return p;
+  p.holds = true;
+  const std::string text = read_text((out / "run.json").string());
+  if (!text.empty()) p.meta = nlohmann::json::parse(text, nullptr, false);
+  if (p.meta.is_object() && p.meta.contains("status")) {
+    const auto steps = p.meta.value("steps", p.meta.value("start_step", std::int64_t{0}));
+    p.what = "status " + p.meta.value("status", std::string("?")) + ", " + std::to_string(steps) + " of " +
+             std::to_string(p.meta.value("total_steps", std::int64_t{0})) + " steps";
+  } else {
+    p.meta = nlohmann::json();
+    for (const auto& f : found) p.what += (p.what.empty() ? "" : ", ") + f;
+  }
+  return p;
+}
+
+// overwrite = true: the earlier run's files go; each is renamed first, so a
+// kill halfway leaves no half-removed checkpoint that looks whole.
+void remove_run(const fs::path& out) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const char* f : kRunFiles)
+    if (fs::exists(out / f, ec)) doomed.push_back(out / f);
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) doomed.push_back(e.path());
+  for (const auto& d : doomed) {
+    const fs::path trash = out / (".trash-" + d.filename().string());
+    fs::remove_all(trash, ec);
+    fs::rename(d, trash, ec);
+    if (ec) throw Error("overwrite: cannot remove " + d.string() + ": " + ec.message());
+    fs::remove_all(trash, ec);
+  }
+}
+
 }  // namespace
 
 nlohmann::json run_training(const RunRequest& req) {
@@ -339,10 +396,34 @@ nlohmann::json run_training(const RunRequest& req) {
   const fs::path ckpt_dir = out.empty() ? fs::path() : out / "checkpoints";
   // The checkpoint to resume from, read once. One made with another rank
   // count keeps its effective batch by changing accumulate.
+  // A folder that holds a run is refused unless the recipe continues it
+  // (resume) or replaces it (overwrite): nothing of a run is lost by reuse.
+  PriorRun prior;
+  if (!out.empty()) {
+    prior = prior_run(out);
+    if (prior.holds && !r.o.get_bool("resume") && !r.o.get_bool("overwrite"))
+      throw Error(L + ": out '" + out.string() + "' holds a run (" + prior.what +
+                  "); resume = true continues it, overwrite = true replaces it, or give another out");
+    if (prior.holds && r.o.get_bool("overwrite")) {
+      if (r.rank0) {
+        remove_run(out);
+        err_line(L + ": overwrite = true: removed the run that was in " + out.string() + " (" + prior.what + ")");
+      }
+      prior = PriorRun();
+    }
+  }
   fs::path resume_from;
   nlohmann::json resume_state;
   if (r.o.get_bool("resume")) {
-    resume_from = latest_checkpoint(ckpt_dir);
+    std::vector<std::string> damaged;
+    resume_from = find_checkpoint(ckpt_dir, &damaged);
+    if (resume_from.empty() && !damaged.empty()) {
+      std::string all;
+      for (const auto& d : damaged) all += (all.empty() ? "" : "; ") + d;
+      throw Error(L + ": resume = true, but no checkpoint in " + ckpt_dir.string() + " is intact: " + all);
+    }
+    if (r.rank0)
+      for (const auto& d : damaged) err_line("wick: skipping a damaged checkpoint: " + d);
     if (!resume_from.empty()) {
       resume_state = read_checkpoint_state(resume_from);
       const auto e = resume_state.value("extra", nlohmann::json::object());
@@ -428,6 +509,20 @@ nlohmann::json run_training(const RunRequest& req) {
       const auto extra = trainer.load(resume_from, resume_state);
       epoch = extra.value("epoch", std::int64_t{0});
       first_window = extra.value("window", std::int64_t{0});
+      if (prior.meta.is_object() && prior.meta.value("status", "") == "finished" && trainer.steps() >= total) {
+        // a finished run stays as it was; the model holds its final weights
+        if (!r.quiet)
+          err_line(strf("wick: the run in %s finished at step %lld of %lld: nothing to resume (raise epochs or "
+                        "max_steps to train further); its files are unchanged",
+                        out.c_str(), static_cast<long long>(trainer.steps()), static_cast<long long>(total)));
+        nlohmann::json done = {{"status", "finished"}, {"steps", trainer.steps()}, {"history", nlohmann::json::array()},
+                               {"skipped_steps", trainer.skipped_steps()}, {"checkpoint", resume_from.string()},
+                               {"out", out.string()}, {"already_finished", true}};
+        for (const char* k : {"final_loss", "best_loss", "eval", "micro_batch", "accumulate", "memory", "peak_memory",
+                              "seconds", "loss_scale", "split", "skipped_files"})
+          if (prior.meta.contains(k)) done[k] = prior.meta[k];
+        return done;
+      }
       if (!r.quiet)
         err_line(strf("wick: resuming from %s (step %lld)", resume_from.c_str(), static_cast<long long>(trainer.steps())));
     } else if (!r.quiet) {

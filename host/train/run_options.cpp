@@ -163,7 +163,11 @@ const std::vector<RunOption>& run_options() {
              "checkpoint every N steps (0: only at the end); needs out"),
       option("keep_checkpoints", {with_min(form("keep_checkpoints", T::Int), 1)}, Value(3),
              "newest checkpoints kept"),
-      option("resume", {form("resume", T::Bool)}, Value(false), "continue from the newest checkpoint in out/checkpoints"),
+      option("resume", {form("resume", T::Bool)}, Value(false),
+             "continue from the newest intact checkpoint in out/checkpoints (a finished run stays as it is)"),
+      option("overwrite", {form("overwrite", T::Bool)}, Value(false),
+             "replace the run an existing out folder holds (its checkpoints, metrics, events, run.json); without "
+             "this or resume, such a folder is refused"),
       option("eval_every", {with_min(form("eval_every", T::Int), 0)}, Value(0),
              "evaluate every N steps (0: only at the end)"),
       option("eval_micro_batch", {with_min(form("eval_micro_batch", T::Int), 1)}, Value(),
@@ -172,6 +176,9 @@ const std::vector<RunOption>& run_options() {
              "numbers read from the device and written every N steps (a progress line when stderr is not a "
              "terminal; metrics.jsonl records in groups of N)",
              false, true),
+      option("overrides", {form("overrides", T::Bool)}, Value(true),
+             "command-line key=value pairs naming an option override it in this call (false: the recipe reads "
+             "wick.args itself, as a recipe of several stages with folders of their own does)"),
       option("quiet", {form("quiet", T::Bool)}, Value(false),
              "no progress line or summary (ranks other than 0 are always quiet)", false, true),
   };
@@ -250,6 +257,10 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
     } else if (has("batch_size")) {
       throw Error(label + ": option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate");
     }
+    if (out["resume"].as_bool() && out["overwrite"].as_bool())
+      throw Error(label + ": options 'resume' and 'overwrite' exclude each other: continue the run in out, or replace it");
+    if (out["overwrite"].as_bool() && !has("out"))
+      throw Error(label + ": option 'overwrite' needs 'out', the run folder to replace");
     if (out["resume"].as_bool() && !has("out"))
       throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
     if (out["save_every"].as_int() > 0 && !has("out"))

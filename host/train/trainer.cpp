@@ -22,6 +22,7 @@
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
 #include "train/loader.hpp"
+#include "util/checksum.hpp"
 #include "util/system.hpp"
 
 namespace fs = std::filesystem;
@@ -704,6 +705,11 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());
+  // what a kill left half done: an unfinished checkpoint, an unfinished removal
+  for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.starts_with(".step-") || name.starts_with(".trash-")) fs::remove_all(e.path(), ec);
+  }
   const fs::path final_dir = checkpoints_dir / step_dir_name(step_);
   const fs::path tmp = checkpoints_dir / ("." + step_dir_name(step_) + ".tmp");
   fs::remove_all(tmp, ec);
@@ -722,17 +728,43 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
                           {"skipped_steps", skipped_}, {"precision", to_string(cfg_.precision)}};
   if (scale_.defined())
     state["loss_scale"] = {{"scale", scale_.item<double>()}, {"growth_tracker", growth_tracker_.item<std::int64_t>()}};
+  // each file's size and CRC-32C: a damaged checkpoint is found before it is trusted
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "rng.safetensors"}) {
+    std::uint64_t bytes = 0;
+    const std::uint32_t crc = crc32c_file(tmp / f, &bytes);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    state["files"][f] = {{"bytes", bytes}, {"crc32c", hex}};
+  }
   write_file_atomic(tmp / "state.json", state.dump(2) + "\n");
-  if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
+  if (fs::exists(final_dir)) {
+    const fs::path trash = checkpoints_dir / (".trash-" + step_dir_name(step_));
+    fs::rename(final_dir, trash, ec);
+    fs::remove_all(trash, ec);
+  }
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("cannot finish checkpoint " + final_dir.string() + ": " + ec.message());
-  // Keep the newest `keep` checkpoints.
+  write_file_atomic(checkpoints_dir / "last", step_dir_name(step_) + "\n");
+  // Keep the newest `keep` checkpoints, by the step recorded inside each. A
+  // removal renames first, so a kill halfway leaves no half checkpoint.
   if (keep > 0) {
-    std::vector<fs::path> all;
-    for (const auto& e : fs::directory_iterator(checkpoints_dir, ec))
-      if (e.is_directory() && e.path().filename().string().starts_with("step-")) all.push_back(e.path());
+    std::vector<std::pair<std::int64_t, fs::path>> all;
+    for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
+      if (!e.is_directory() || !e.path().filename().string().starts_with("step-")) continue;
+      std::int64_t step = -1;
+      try {
+        step = read_checkpoint_state(e.path()).at("step").get<std::int64_t>();
+      } catch (const std::exception&) {
+        continue;  // not a checkpoint this run can read: left alone
+      }
+      all.emplace_back(step, e.path());
+    }
     std::sort(all.begin(), all.end());
-    for (std::size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
+    for (std::size_t i = 0; i + keep < all.size(); ++i) {
+      const fs::path trash = checkpoints_dir / (".trash-" + all[i].second.filename().string());
+      fs::rename(all[i].second, trash, ec);
+      if (!ec) fs::remove_all(trash, ec);
+    }
   }
   return final_dir;
 }
@@ -777,17 +809,54 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
   return state.value("extra", nlohmann::json::object());
 }
 
-fs::path latest_checkpoint(const fs::path& checkpoints_dir) {
-  std::error_code ec;
-  fs::path best;
-  for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
-    const auto name = e.path().filename().string();
-    if (e.is_directory() && name.starts_with("step-") && fs::exists(e.path() / "state.json") &&
-        (best.empty() || name > best.filename().string()))
-      best = e.path();
+std::string checkpoint_problem(const fs::path& checkpoint) {
+  nlohmann::json state;
+  try {
+    state = read_checkpoint_state(checkpoint);
+  } catch (const std::exception& e) {
+    return e.what();
   }
-  return best;
+  const auto files = state.value("files", nlohmann::json::object());
+  std::vector<std::string> names{"model.safetensors", "optimizer.safetensors", "rng.safetensors"};
+  for (const auto& f : names) {
+    const fs::path p = checkpoint / f;
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec)) return f + " is missing";
+    if (!files.contains(f)) continue;  // written before checksums were recorded
+    const auto want_bytes = files[f].value("bytes", std::uint64_t{0});
+    const auto want_crc = files[f].value("crc32c", std::string());
+    std::uint64_t bytes = 0;
+    std::uint32_t crc = 0;
+    try {
+      crc = crc32c_file(p, &bytes);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (bytes != want_bytes)
+      return f + " holds " + std::to_string(bytes) + " bytes, state.json recorded " + std::to_string(want_bytes);
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", crc);
+    if (want_crc != hex) return f + " has CRC-32C " + hex + ", state.json recorded " + want_crc;
+  }
+  return "";
 }
+
+fs::path find_checkpoint(const fs::path& checkpoints_dir, std::vector<std::string>* damaged) {
+  std::error_code ec;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(checkpoints_dir, ec))
+    if (e.is_directory() && e.path().filename().string().starts_with("step-")) dirs.push_back(e.path());
+  // step-%08lld: the name's order is the step's
+  std::sort(dirs.begin(), dirs.end(), [](const fs::path& a, const fs::path& b) { return a.filename() > b.filename(); });
+  for (const auto& d : dirs) {
+    const std::string problem = checkpoint_problem(d);
+    if (problem.empty()) return d;
+    if (damaged) damaged->push_back(d.string() + ": " + problem);
+  }
+  return {};
+}
+
+fs::path latest_checkpoint(const fs::path& checkpoints_dir) { return find_checkpoint(checkpoints_dir, nullptr); }
 
 EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, std::int64_t micro_batch,
                    const std::string& device_name) {

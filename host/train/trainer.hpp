@@ -193,7 +193,17 @@ void load_model(torch::nn::Module& model, const std::filesystem::path& file);
 /// A checkpoint's state.json: step, extra (the loop's position), loss scale.
 nlohmann::json read_checkpoint_state(const std::filesystem::path& checkpoint);
 
-/// The newest complete checkpoint under `checkpoints_dir`, or an empty path.
+/// What is wrong with a checkpoint folder ("" when it is intact): state.json
+/// unreadable, a file missing, or a file whose size or CRC-32C differs from
+/// what state.json recorded when it was written.
+std::string checkpoint_problem(const std::filesystem::path& checkpoint);
+
+/// The newest intact checkpoint under `checkpoints_dir` (empty when none);
+/// newer damaged ones are listed in `damaged` ("<folder>: <problem>").
+std::filesystem::path find_checkpoint(const std::filesystem::path& checkpoints_dir,
+                                      std::vector<std::string>* damaged = nullptr);
+
+/// The newest intact checkpoint under `checkpoints_dir`, or an empty path.
 std::filesystem::path latest_checkpoint(const std::filesystem::path& checkpoints_dir);
 
 }  // namespace wick

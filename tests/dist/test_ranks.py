@@ -132,7 +132,8 @@ def test_checkpoint_is_written_once_and_resumes_with_another_rank_count(tmp_path
     run_wick("launch", "--nproc-per-node", 2, recipe, *common, "acc=4", "max_steps=4", f"out={out}",
              f"result={tmp_path / 'first.safetensors'}")
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert ckpts == ["step-00000004"]  # one folder, no temporary left behind
+    assert ckpts == ["last", "step-00000004"]  # one folder, no temporary left behind
+    assert (out / "checkpoints" / "last").read_text() == "step-00000004\n"
     # resume on one rank: accumulate 8 keeps the effective batch of 16
     p = run_wick("run", recipe, *common, "acc=4", "resume=true", f"out={out}",
                  f"result={tmp_path / 'resumed.safetensors'}")

@@ -181,7 +181,7 @@ TEST(Trainer, KeepsOnlyTheNewestCheckpoints) {
   std::vector<std::string> names;
   for (auto& e : std::filesystem::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step-00000004", "step-00000005"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"last", "step-00000004", "step-00000005"}));
 }
 
 TEST(Trainer, LoadingWeightsThatDoNotFitNamesTheProblem) {

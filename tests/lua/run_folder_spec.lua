@@ -1,0 +1,131 @@
+-- Nothing of a run is lost: a folder holding a run is refused unless the
+-- recipe continues it (resume) or replaces it (overwrite); a finished run
+-- resumed stays as it was; a damaged newest checkpoint is named and the run
+-- resumes from the newest intact one; records after the checkpoint go.
+local H = dofile("helpers.lua")
+
+local dir = H.tmpdir()
+
+teardown(function() os.execute("rm -rf " .. dir) end)
+
+local recipe = H.write(dir .. "/r.lua", [[
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 256, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 16 }, outputs = 3 })
+local run = wick.train {
+  model = model, data = data, optim = wick.optim("adamw", { lr = 1e-2 }), micro_batch = 8, epochs = 10,
+  save_every = 10, keep_checkpoints = 2, log_every = 1, quiet = true,
+}
+print(string.format("status %s steps %d final %.6f", run.status, run.steps, run.final_loss or -1))
+]])
+
+-- The folder's files with their contents, to see that nothing changed.
+local function snapshot(d)
+  local code, out = H.sh("cd " .. d .. " && find . -type f | sort | xargs md5sum")
+  assert(code == 0)
+  return out
+end
+
+local function run(args) return H.run("run " .. recipe .. " " .. args) end
+
+describe("run folders", function()
+  it("a folder that holds a run is refused without resume or overwrite, and left as it was", function()
+    local out = dir .. "/reuse"
+    local code, _, err = run("out=" .. out .. " max_steps=40")
+    assert.are.equal(0, code, err)
+    local before = snapshot(out)
+    code, _, err = run("out=" .. out .. " max_steps=20")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("out '" .. out .. "' holds a run (status finished, 40 of 40 steps); resume = true continues it, " ..
+      "overwrite = true replaces it", 1, true), err)
+    assert.are.equal(before, snapshot(out))
+  end)
+
+  it("overwrite = true replaces the run: only the new run's records and checkpoints remain", function()
+    local out = dir .. "/over"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=40")))
+    local code, _, err = run("out=" .. out .. " max_steps=20 overwrite=true")
+    assert.are.equal(0, code, err)
+    assert.truthy(err:find("overwrite = true: removed the run that was in", 1, true), err)
+    local steps = 0
+    for line in io.lines(out .. "/metrics.jsonl") do
+      local s = tonumber(line:match('"step":(%d+)'))
+      assert.truthy(s and s <= 20, line)
+      steps = steps + 1
+    end
+    assert.are.equal(20, steps)
+    local _, ls = H.sh("ls " .. out .. "/checkpoints")
+    assert.are.equal("last\nstep-00000010\nstep-00000020\n", ls)
+    assert.are.equal("step-00000020\n", H.read(out .. "/checkpoints/last"))
+  end)
+
+  it("resuming a finished run changes nothing and gives its numbers", function()
+    local out = dir .. "/done"
+    local code, first = run("out=" .. out .. " max_steps=30")
+    assert.are.equal(0, code)
+    local before = snapshot(out)
+    local again, err
+    code, again, err = run("out=" .. out .. " max_steps=30 resume=true")
+    assert.are.equal(0, code, err)
+    assert.are.equal(first, again)  -- status, steps and final loss as the run ended
+    assert.are.equal(before, snapshot(out))
+  end)
+
+  it("a damaged newest checkpoint is named and the run resumes from the newest intact one", function()
+    local out = dir .. "/damaged"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=20")))
+    -- 64 bytes of 0xFF inside the newest model file
+    assert.are.equal(0, (H.sh("printf '\\377%.0s' $(seq 64) | dd of=" .. out ..
+      "/checkpoints/step-00000020/model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null")))
+    local code, outp, err = run("out=" .. out .. " max_steps=30 resume=true")
+    assert.are.equal(0, code, err)
+    assert.truthy(err:find("skipping a damaged checkpoint: " .. out ..
+      "/checkpoints/step-00000020: model.safetensors has CRC-32C ", 1, true), err)
+    assert.truthy(err:find("model%.safetensors has CRC%-32C %x+, state%.json recorded %x+"), err)
+    assert.truthy(outp:find("status finished steps 30", 1, true), outp)
+    -- a newest checkpoint without its state.json is named too
+    os.remove(out .. "/checkpoints/step-00000030/state.json")
+    code, outp, err = run("out=" .. out .. " max_steps=40 resume=true")
+    assert.are.equal(0, code, err)
+    assert.truthy(err:find("step%-00000030 has no state%.json"), err)
+    assert.truthy(outp:find("status finished steps 40", 1, true), outp)
+  end)
+
+  it("no intact checkpoint to resume from is an error naming each", function()
+    local out = dir .. "/none"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=20")))
+    for _, s in ipairs { "10", "20" } do
+      H.sh("truncate -s 100 " .. out .. "/checkpoints/step-000000" .. s .. "/rng.safetensors")
+    end
+    local code, _, err = run("out=" .. out .. " max_steps=30 resume=true")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("no checkpoint in " .. out .. "/checkpoints is intact", 1, true), err)
+    assert.truthy(err:find("step-00000010: rng.safetensors holds 100 bytes", 1, true), err)
+  end)
+
+  it("records logged after the checkpoint a resumed run starts from are dropped, not duplicated", function()
+    local out = dir .. "/after"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=20")))
+    -- as after a kill -9 at step 25: steps 21..25 logged, no checkpoint of them
+    local f = assert(io.open(out .. "/metrics.jsonl", "a"))
+    for s = 21, 25 do f:write('{"step":' .. s .. ',"loss":9}\n') end
+    f:write('{"step":26,"lo')  -- half a line
+    f:close()
+    local code, _, err = run("out=" .. out .. " max_steps=30 resume=true")
+    assert.are.equal(0, code, err)
+    local seen = {}
+    for line in io.lines(out .. "/metrics.jsonl") do
+      local s = tonumber(line:match('"step":(%d+)'))
+      assert.falsy(seen[s], "step " .. tostring(s) .. " twice")
+      seen[s] = true
+      assert.falsy(line:find('"loss":9,', 1, true) or line:find('"loss":9}', 1, true), line)
+    end
+    for s = 1, 30 do assert.truthy(seen[s], "step " .. s .. " missing") end
+  end)
+
+  it("resume and overwrite together are refused", function()
+    local code, _, err = run("out=" .. dir .. "/both resume=true overwrite=true")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("options 'resume' and 'overwrite' exclude each other", 1, true), err)
+  end)
+end)
