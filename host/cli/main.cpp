@@ -411,6 +411,9 @@ std::string message_of(const CLI::ParseError& e) {
   // "--device-memory: 1 required TEXT missing": a flag given last, without its value
   if (e.get_name() == "ArgumentMismatch" && m.find(" missing") != std::string::npos)
     return m.substr(0, m.find(':')) + " needs a value";
+  // "json was given a disallowed flag override": --json=VALUE (CLI11 names it without dashes)
+  if (const auto at = m.find(" was given a disallowed flag override"); at != std::string::npos)
+    return (m[0] == '-' ? "" : "--") + m.substr(0, at) + " is a flag and takes no value";
   return m;
 }
 
@@ -431,6 +434,7 @@ int run_cli(std::vector<std::string> args) {
   CLI::App app("wick: a C++ training host for Lua recipes", "wick");
   app.formatter(std::make_shared<HelpFormatter>());
   app.set_help_flag("-h,--help", "show this help and exit");
+  app.option_defaults()->disable_flag_override();  // --json=abc is an error, not a conversion puzzle
   // exactly one command: afterwards a word such as `plan` is an argument, never a second command
   app.require_subcommand(1, 1);
 
