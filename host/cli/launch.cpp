@@ -100,45 +100,15 @@ void drain(Child& c, int& fd, std::string& buf, FILE* to, bool flush_all) {
   std::fflush(to);
 }
 
-const char* kLaunchUsage =
-    "usage: wick launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] "
-    "RECIPE [key=value ...]\n";
-
 }  // namespace
 
-int launch(const std::vector<std::string>& args) {
-  int nproc = 0, nnodes = 1, node_rank = 0, port = 0;
-  std::string addr = "127.0.0.1";
-  std::size_t i = 0;
-  auto value = [&](const std::string& flag) -> std::string {
-    if (i + 1 >= args.size()) throw Error("wick launch: " + flag + " needs a value\n" + kLaunchUsage);
-    return args[++i];
-  };
-  auto number = [&](const std::string& flag, int min) {
-    const std::string v = value(flag);
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end || n < min || n > 65535)
-      throw Error("wick launch: " + flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
-    return static_cast<int>(n);
-  };
-  for (; i < args.size() && args[i].rfind("--", 0) == 0; ++i) {
-    const std::string& a = args[i];
-    if (a == "--nproc-per-node") nproc = number(a, 1);
-    else if (a == "--nnodes") nnodes = number(a, 1);
-    else if (a == "--node-rank") node_rank = number(a, 0);
-    else if (a == "--master-addr") addr = value(a);
-    else if (a == "--master-port") port = number(a, 1);
-    else throw Error("wick launch: unknown option '" + a + "'\n" + kLaunchUsage);
-  }
-  if (nproc < 1) throw Error(std::string("wick launch: --nproc-per-node is required\n") + kLaunchUsage);
-  if (node_rank >= nnodes) throw Error("wick launch: --node-rank " + std::to_string(node_rank) + " is not below --nnodes " + std::to_string(nnodes));
-  if (i >= args.size()) throw Error(std::string("wick launch: a recipe is required\n") + kLaunchUsage);
-  if (nnodes > 1 && port == 0) throw Error("wick launch: with several nodes, give every node the same --master-port");
-  if (port == 0) port = free_port();
-  const std::vector<std::string> run_args(args.begin() + static_cast<long>(i), args.end());
+int launch(const LaunchOptions& o) {
+  const int nproc = o.nproc_per_node, node_rank = o.node_rank;
+  const std::string& addr = o.master_addr;
+  const int port = o.master_port != 0 ? o.master_port : free_port();
+  const std::vector<std::string>& run_args = o.run_args;
   const std::string exe = boost::dll::program_location().string();
-  const int world = nproc * nnodes;
+  const int world = nproc * o.nnodes;
 
   struct sigaction sa{};
   sa.sa_handler = on_signal;

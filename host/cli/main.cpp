@@ -1,53 +1,84 @@
-// The wick command line.
+// The wick command line: one CLI11 subcommand per command. CLI11 splits the
+// arguments and answers -h/--help; the messages, the key=value pairs after a
+// recipe and the value checks stay wick's own, so every usage error reads
+// "wick: error: ..." with the command's usage and exits 2.
 
+#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
-#include <climits>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/launch.hpp"
-#include "media/make_clips.hpp"
 #include "lua/runtime.hpp"
-#include "util/memory.hpp"
+#include "media/make_clips.hpp"
 #include "plugin/registry.hpp"
 #include "train/run_options.hpp"
+#include "util/args.hpp"
+#include "util/memory.hpp"
 #include "util/system.hpp"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: wick <command> [arguments]
+// A usage error: the message for "wick: error: ..."; main adds the usage of
+// the command it belongs to and exits 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
-commands:
-  run RECIPE [key=value ...]   run a Lua recipe; the pairs are wick.args (and
-                               override wick.train options of the same name)
-  launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]
-         RECIPE [key=value ...]
-                               run a recipe on N local ranks (one process each)
-  plugins [--json]             list the plugins on the plugin path
-  generate MODEL_DIR [prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S]
-                               continue a prompt with a decoder_lm folder
-  plan RECIPE [--device-memory SIZE] [key=value ...]
-                               measure the recipe's memory for each knob (one
-                               step each, nothing saved) and suggest settings
-                               that fit SIZE (8GiB, 12GB, ...)
-  report RUN_DIR [-o FILE]     one self-contained HTML file with the run's plots
-                               (default RUN_DIR/report.html)
-  runs [DIR] [--json]          a table of the runs under DIR (default runs/)
-  make-clips DIR [--classes N] [--per-class N] [--size WxH] [--seconds S] [--fps F]
-             [--seed S] [--no-extras] [--no-images]
-                               write a toy video data set (moving shapes, one
-                               class per shape) with manifest.csv, for trying
-                               and testing video data plugins
-  describe NAME                show a plugin's options (or 'train' for wick.train's)
-  version                      wick, LibTorch, CUDA and NCCL versions; is CUDA usable
-  --help                       this text
+// What `wick --help` lists, in this order; each command's own help opens with
+// its synopsis. The README's command table is checked against this list.
+struct Command {
+  const char* name;
+  const char* synopsis;  // after "wick NAME"
+  const char* summary;   // one line, also the command's description
+  const char* details;   // more for the command's own help ("" if none)
+};
 
-environment:
+const Command kCommands[] = {
+    {"run", "RECIPE [key=value ...]", "run a Lua recipe",
+     "The pairs are wick.args and override wick.train options of the same name. "
+     "A value reads as a boolean (true, false), an integer (42, -7), a number "
+     "(0.5, 3e-4) or else as the string given (nan, inf, 0x10, 1e5x stay strings)."},
+    {"launch", "--nproc-per-node N [options] RECIPE [key=value ...]",
+     "run a recipe on N local ranks, one `wick run` process each",
+     "Each rank gets torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, "
+     "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 keeps the terminal; the "
+     "others' lines are prefixed with [rank N]. When a rank fails the others are "
+     "stopped."},
+    {"plugins", "[--json]", "list the plugins on the plugin path, with unusable ones and why", ""},
+    {"generate", "MODEL_DIR [key=value ...]", "continue a prompt with a decoder_lm folder",
+     "Pairs: prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S."},
+    {"plan", "RECIPE [--device-memory SIZE] [key=value ...]",
+     "measure the recipe's memory for each knob and suggest settings that fit",
+     "The recipe runs up to its wick.train call, which takes one step per setting "
+     "(nothing is saved) instead of training, prints the peak and time of each, "
+     "and suggests the fastest settings that fit SIZE."},
+    {"report", "RUN_DIR [-o FILE]", "write one self-contained HTML file with the run's plots", ""},
+    {"runs", "[DIR] [--json]", "a table of the runs under DIR (default runs/)", ""},
+    {"make-clips", "DIR [options]",
+     "write a toy video and image data set (moving shapes, one class per shape)",
+     "Writes DIR/videos/, DIR/manifest.csv and .jsonl, still images under DIR/images/ "
+     "and special test clips under DIR/extras/, for trying and testing the video_folder "
+     "and image_folder plugins. The same options write the same bytes."},
+    {"describe", "NAME", "show a plugin's options (or 'train' for wick.train's)", ""},
+    {"version", "", "wick, plugin ABI, LibTorch, CUDA and NCCL versions; whether CUDA is usable", ""},
+};
+
+constexpr const char* kEnvironment = R"(environment:
   WICK_PLUGIN_PATH   colon-separated folders searched for plugins before the
                      installed plugin folder
   WICK_TRACEBACK     set to print a Lua traceback with recipe errors
@@ -60,10 +91,117 @@ environment:
                      `wick run` joins a group of ranks
 )";
 
-int usage_error(const std::string& msg) {
-  std::fprintf(stderr, "wick: error: %s\n\n%s", msg.c_str(), kUsage);
-  return 2;
+const Command* find_command(const std::string& name) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
 }
+
+std::string usage_line(const CLI::App* app) {
+  if (!app || !app->get_parent()) return "usage: wick <command> [arguments]";
+  const Command* c = find_command(app->get_name());
+  std::string line = "usage: wick " + app->get_name();
+  if (c && *c->synopsis) line += std::string(" ") + c->synopsis;
+  return line;
+}
+
+// Text broken into lines of at most `width` columns, each but the first
+// indented by `indent` spaces (the first continues the caller's line).
+std::string wrap(const std::string& text, std::size_t indent, std::size_t width = 80) {
+  std::istringstream words(text);
+  std::string word, out;
+  std::size_t col = indent;
+  bool first = true;
+  while (words >> word) {
+    if (!first && col + 1 + word.size() > width) {
+      out += "\n" + std::string(indent, ' ');
+      col = indent;
+    } else if (!first) {
+      out += ' ';
+      ++col;
+    }
+    out += word;
+    col += word.size();
+    first = false;
+  }
+  return out;
+}
+
+// "  LEFT        text", the text wrapped at column `col` (on the next line when LEFT is long).
+std::string row(const std::string& left, const std::string& text, std::size_t col) {
+  std::string out = "  " + left;
+  if (out.size() + 2 > col) out += "\n" + std::string(col, ' ');
+  else out += std::string(col - out.size(), ' ');
+  return out + wrap(text, col) + "\n";
+}
+
+// Help in wick's layout: lower-case headings, the synopsis from kCommands,
+// options with the value they take (option_text) and their doc.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string, CLI::AppFormatMode) const override {
+    std::string out = usage_line(app) + "\n\n";
+    if (!app->get_parent()) {
+      out += "commands:\n";
+      for (const auto& c : kCommands) out += row(std::string(c.name) + (*c.synopsis ? " " : "") + c.synopsis, c.summary, 31);
+      out += "\nRun 'wick <command> --help' for a command's arguments and options.\n\n";
+      return out + kEnvironment;
+    }
+    out += wrap(app->get_description(), 0) + "\n";
+    if (const Command* c = find_command(app->get_name()); c && *c->details) out += "\n" + wrap(c->details, 0) + "\n";
+    const auto positionals = app->get_options([](const CLI::Option* o) { return o->get_positional(); });
+    if (!positionals.empty()) {
+      out += "\narguments:\n";
+      for (const auto* o : positionals) out += row(o->get_option_text(), o->get_description(), 22);
+    }
+    out += "\noptions:\n";
+    for (const auto* o : app->get_options([](const CLI::Option* o) { return o->nonpositional(); })) {
+      std::string names;
+      for (const auto& s : o->get_snames()) names += (names.empty() ? "-" : ", -") + s;
+      for (const auto& l : o->get_lnames()) names += (names.empty() ? "--" : ", --") + l;
+      if (!o->get_option_text().empty()) names += " " + o->get_option_text();
+      out += row(names, o->get_description(), 22);
+    }
+    return out;
+  }
+};
+
+// ---- value checks: CLI11 splits the arguments, these read the values ----
+
+// A whole number in [lo, hi], read by wick's own rule: CLI11's conversion
+// would take 010 as octal and 0x10 as hex.
+std::int64_t whole_number(const std::string& flag, const std::string& text, std::int64_t lo, std::int64_t hi) {
+  const wick::Value v = wick::parse_arg_value(text);
+  if (v.is_int() && v.as_int() >= lo && v.as_int() <= hi) return v.as_int();
+  std::string range = hi == std::numeric_limits<std::int64_t>::max()
+                          ? "of at least " + std::to_string(lo)
+                          : "from " + std::to_string(lo) + " to " + std::to_string(hi);
+  throw UsageError(flag + " expects a whole number " + range + ", not '" + text + "'");
+}
+
+// The key=value pairs after a recipe or model folder.
+std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args,
+                                                             const std::string& after) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (const auto& a : args) {
+    const auto eq = a.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("argument '" + a + "' after the " + after + " is not key=value");
+    kv.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+  }
+  return kv;
+}
+
+// Arguments CLI11 could not place (allow_extras keeps them for this message).
+void refuse_extras(const CLI::App* sub) {
+  for (const auto& a : sub->remaining()) {
+    if (a.size() > 1 && a[0] == '-')
+      throw UsageError("unknown option '" + a + "' to " + sub->get_name());
+    throw UsageError("unexpected argument '" + a + "' to " + sub->get_name());
+  }
+}
+
+// ---- the commands ----
 
 std::string value_str(const wick::OptionSpec& o) {
   return o.required() ? "(required)" : o.default_value.is_nil() ? "(none)" : o.default_value.repr();
@@ -137,213 +275,280 @@ int cmd_version() {
   return 0;
 }
 
-std::vector<std::pair<std::string, std::string>> key_values(const std::vector<std::string>& args, std::size_t from) {
-  std::vector<std::pair<std::string, std::string>> kv;
-  for (std::size_t i = from; i < args.size(); ++i) {
-    const auto eq = args[i].find('=');
-    if (eq == std::string::npos || eq == 0) throw std::invalid_argument(args[i]);
-    kv.emplace_back(args[i].substr(0, eq), args[i].substr(eq + 1));
-  }
-  return kv;
-}
-
-int cmd_generate(const std::vector<std::string>& args) {
-  if (args.empty()) return usage_error("'wick generate' needs a model folder");
-  std::vector<std::pair<std::string, std::string>> kv;
-  try {
-    kv = key_values(args, 1);
-  } catch (const std::invalid_argument& e) {
-    return usage_error(std::string("argument '") + e.what() + "' after the model folder is not key=value");
-  }
-  wick::LuaRuntime rt(kv);
-  rt.call("wick.generate", "main", {args[0]});
-  return 0;
-}
-
-// wick report RUN_DIR [-o FILE]
-int cmd_report(const std::vector<std::string>& args) {
-  std::string dir, out;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "-o" || args[i] == "--output") {
-      if (i + 1 >= args.size()) return usage_error(args[i] + " needs a file name");
-      out = args[++i];
-    } else if (dir.empty() && args[i].rfind('-', 0) != 0) {
-      dir = args[i];
-    } else {
-      return usage_error("unexpected argument '" + args[i] + "' to report");
-    }
-  }
-  if (dir.empty()) return usage_error("'wick report' needs a run folder");
-  wick::LuaRuntime rt;
-  rt.call("wick.report", "main", {dir, out});
-  return 0;
-}
-
-// wick runs [DIR] [--json]
-int cmd_runs(const std::vector<std::string>& args) {
-  std::string dir = "runs", json = "";
-  bool dir_given = false;
-  for (const auto& a : args) {
-    if (a == "--json") json = "json";
-    else if (!dir_given && a.rfind('-', 0) != 0) dir = a, dir_given = true;
-    else return usage_error("unexpected argument '" + a + "' to runs");
-  }
-  wick::LuaRuntime rt;
-  rt.call("wick.runs", "main", {dir, json});
-  return 0;
-}
-
-int cmd_run(const std::vector<std::string>& args) {
-  if (args.empty()) return usage_error("'wick run' needs a recipe file");
-  std::vector<std::pair<std::string, std::string>> kv;
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    const auto eq = args[i].find('=');
-    if (eq == std::string::npos || eq == 0)
-      return usage_error("argument '" + args[i] + "' after the recipe is not key=value");
-    kv.emplace_back(args[i].substr(0, eq), args[i].substr(eq + 1));
-  }
+int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
+  if (recipe.empty()) throw UsageError("'wick run' needs a recipe file");
+  auto kv = key_values(pairs, "recipe");
   wick::install_signal_handlers();
-  wick::LuaRuntime rt(kv);
-  return rt.run_file(args[0]);
+  wick::LuaRuntime rt(std::move(kv));
+  return rt.run_file(recipe);
 }
 
-// wick plan RECIPE [--device-memory SIZE] [key=value ...]: the recipe runs up
-// to its wick.train call, which measures memory instead of training.
-int cmd_plan(std::vector<std::string> args) {
+// The recipe runs up to its wick.train call, which measures memory instead of training.
+int cmd_plan(const std::string& recipe, const std::string& device_memory_text, const std::vector<std::string>& pairs) {
   std::int64_t device_memory = 0;
-  for (std::size_t i = 0; i < args.size();) {
-    if (args[i] == "--device-memory") {
-      if (i + 1 >= args.size()) return usage_error("--device-memory needs a size such as 8GiB");
-      device_memory = wick::parse_bytes(args[i + 1], "--device-memory");
-      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
-    } else {
-      ++i;
+  if (!device_memory_text.empty()) {
+    try {
+      device_memory = wick::parse_bytes(device_memory_text, "--device-memory");
+    } catch (const wick::Error& e) {
+      throw UsageError(e.what());
     }
   }
-  if (args.empty()) return usage_error("'wick plan' needs a recipe file");
-  std::vector<std::pair<std::string, std::string>> kv;
-  try {
-    kv = key_values(args, 1);
-  } catch (const std::invalid_argument& e) {
-    return usage_error(std::string("argument '") + e.what() + "' after the recipe is not key=value");
-  }
-  wick::LuaRuntime rt(kv);
+  if (recipe.empty()) throw UsageError("'wick plan' needs a recipe file");
+  auto kv = key_values(pairs, "recipe");
+  wick::LuaRuntime rt(std::move(kv));
   rt.set_plan(device_memory);
-  const int rc = rt.run_file(args[0]);
+  const int rc = rt.run_file(recipe);
   if (rc != 0) return rc;
   if (rt.planned()) return 0;
   std::fprintf(stderr, "wick: error: wick plan: the recipe never called wick.train\n");
   return 1;
 }
 
-// wick make-clips DIR [--classes N] [--per-class N] [--size WxH] [--seconds S]
-//                 [--fps F] [--seed S] [--no-extras] [--no-images]
-int cmd_make_clips(const std::vector<std::string>& args) {
+int cmd_generate(const std::string& dir, const std::vector<std::string>& pairs) {
+  if (dir.empty()) throw UsageError("'wick generate' needs a model folder");
+  wick::LuaRuntime rt(key_values(pairs, "model folder"));
+  rt.call("wick.generate", "main", {dir});
+  return 0;
+}
+
+int cmd_report(const std::string& dir, const std::string& out) {
+  if (dir.empty()) throw UsageError("'wick report' needs a run folder");
+  wick::LuaRuntime rt;
+  rt.call("wick.report", "main", {dir, out});
+  return 0;
+}
+
+int cmd_runs(const std::string& dir, bool json) {
+  wick::LuaRuntime rt;
+  rt.call("wick.runs", "main", {dir, json ? "json" : ""});
+  return 0;
+}
+
+struct ClipFlags {
+  std::string dir, classes, per_class, size, seconds, fps, seed;
+  bool no_extras = false, no_images = false;
+};
+
+int cmd_make_clips(const ClipFlags& f) {
+  if (f.dir.empty()) throw UsageError("'wick make-clips' needs a folder");
   wick::ClipSetOptions o;
-  std::string dir;
-  auto whole_int = [](const std::string& v, long long lo, long long hi, long long& out) {
-    std::size_t used = 0;
-    try {
-      out = std::stoll(v, &used);
-    } catch (const std::exception&) {
-      return false;
-    }
-    return used == v.size() && out >= lo && out <= hi;
-  };
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--no-extras") { o.extras = false; continue; }
-    if (a == "--no-images") { o.images = false; continue; }
-    if (a.rfind("--", 0) != 0) {
-      if (!dir.empty()) return usage_error("unexpected argument '" + a + "' to make-clips (the folder is '" + dir + "')");
-      dir = a;
-      continue;
-    }
-    if (a != "--classes" && a != "--per-class" && a != "--size" && a != "--seconds" && a != "--fps" && a != "--seed")
-      return usage_error("unknown option '" + a + "' to make-clips");
-    if (i + 1 >= args.size()) return usage_error(a + " needs a value");
-    const std::string& v = args[++i];
-    long long n = 0;
-    if (a == "--classes") {
-      if (!whole_int(v, 1, 6, n)) return usage_error("--classes expects a whole number from 1 to 6, not '" + v + "'");
-      o.classes = static_cast<int>(n);
-    } else if (a == "--per-class") {
-      if (!whole_int(v, 1, 100000, n)) return usage_error("--per-class expects a whole number of at least 1, not '" + v + "'");
-      o.per_class = static_cast<int>(n);
-    } else if (a == "--fps") {
-      if (!whole_int(v, 1, 1000, n)) return usage_error("--fps expects a whole number from 1 to 1000, not '" + v + "'");
-      o.fps = static_cast<int>(n);
-    } else if (a == "--seed") {
-      if (v.empty() || v[0] == '-' || !whole_int(v, 0, LLONG_MAX, n))
-        return usage_error("--seed expects a whole number of at least 0, not '" + v + "'");
-      o.seed = static_cast<std::uint64_t>(n);
-    } else if (a == "--seconds") {
-      std::size_t used = 0;
-      double d = 0;
-      try {
-        d = std::stod(v, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != v.size() || !(d > 0) || d > 3600)
-        return usage_error("--seconds expects a length in seconds above 0 and at most 3600, not '" + v + "'");
-      o.seconds = d;
-    } else {  // --size
-      const auto x = v.find('x');
-      long long w = 0, h = 0;
-      if (x == std::string::npos || !whole_int(v.substr(0, x), 64, 8192, w) || !whole_int(v.substr(x + 1), 48, 8192, h) ||
-          w % 2 || h % 2)
-        return usage_error("--size expects WIDTHxHEIGHT, even numbers from 64x48 to 8192x8192, not '" + v + "'");
-      o.width = static_cast<int>(w);
-      o.height = static_cast<int>(h);
-    }
+  if (!f.classes.empty()) o.classes = static_cast<int>(whole_number("--classes", f.classes, 1, 6));
+  if (!f.per_class.empty()) o.per_class = static_cast<int>(whole_number("--per-class", f.per_class, 1, 100000));
+  if (!f.fps.empty()) o.fps = static_cast<int>(whole_number("--fps", f.fps, 1, 1000));
+  if (!f.seed.empty())
+    o.seed = static_cast<std::uint64_t>(
+        whole_number("--seed", f.seed, 0, std::numeric_limits<std::int64_t>::max()));
+  if (!f.seconds.empty()) {
+    const wick::Value v = wick::parse_arg_value(f.seconds);
+    if (!v.is_number() || !(v.as_double() > 0) || v.as_double() > 3600)
+      throw UsageError("--seconds expects a length in seconds above 0 and at most 3600, not '" + f.seconds + "'");
+    o.seconds = v.as_double();
   }
-  if (dir.empty()) return usage_error("'wick make-clips' needs a folder");
+  if (!f.size.empty()) {
+    const auto x = f.size.find('x');
+    const wick::Value w = wick::parse_arg_value(f.size.substr(0, x));
+    const wick::Value h = x == std::string::npos ? wick::Value() : wick::parse_arg_value(f.size.substr(x + 1));
+    if (!w.is_int() || !h.is_int() || w.as_int() < 64 || w.as_int() > 8192 || h.as_int() < 48 ||
+        h.as_int() > 8192 || w.as_int() % 2 || h.as_int() % 2)
+      throw UsageError("--size expects WIDTHxHEIGHT, even numbers from 64x48 to 8192x8192, not '" + f.size + "'");
+    o.width = static_cast<int>(w.as_int());
+    o.height = static_cast<int>(h.as_int());
+  }
+  o.extras = !f.no_extras;
+  o.images = !f.no_images;
   wick::quiet_media_logs();
   wick::ClipSetReport rep;
   try {
-    rep = wick::make_clip_set(dir, o);
+    rep = wick::make_clip_set(f.dir, o);
   } catch (const std::invalid_argument& e) {
-    return usage_error(e.what());
+    throw UsageError(e.what());
   }
-  const std::string manifest = (std::filesystem::path(dir) / "manifest.csv").string();
+  const std::string manifest = (std::filesystem::path(f.dir) / "manifest.csv").string();
   std::printf("wick make-clips: %d clips, %d images, %d extras in %s (manifest %s)\n", rep.clips, rep.images,
-              rep.extras, dir.c_str(), manifest.c_str());
+              rep.extras, f.dir.c_str(), manifest.c_str());
   return 0;
+}
+
+struct LaunchFlags {
+  std::string nproc_per_node, nnodes, node_rank, master_port;
+  std::string master_addr = "127.0.0.1";
+  std::string recipe;
+  std::vector<std::string> pairs;
+};
+
+int cmd_launch(const LaunchFlags& f) {
+  wick::LaunchOptions o;
+  if (f.nproc_per_node.empty()) throw UsageError("--nproc-per-node is required");
+  o.nproc_per_node = static_cast<int>(whole_number("--nproc-per-node", f.nproc_per_node, 1, 65535));
+  if (!f.nnodes.empty()) o.nnodes = static_cast<int>(whole_number("--nnodes", f.nnodes, 1, 65535));
+  if (!f.node_rank.empty()) o.node_rank = static_cast<int>(whole_number("--node-rank", f.node_rank, 0, 65535));
+  if (!f.master_port.empty()) o.master_port = static_cast<int>(whole_number("--master-port", f.master_port, 1, 65535));
+  o.master_addr = f.master_addr;
+  if (o.node_rank >= o.nnodes)
+    throw UsageError("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+                     std::to_string(o.nnodes));
+  if (o.nnodes > 1 && o.master_port == 0)
+    throw UsageError("with several nodes, give every node the same --master-port");
+  if (f.recipe.empty()) throw UsageError("a recipe is required");
+  key_values(f.pairs, "recipe");  // refused here once, not by every rank
+  o.run_args.push_back(f.recipe);
+  o.run_args.insert(o.run_args.end(), f.pairs.begin(), f.pairs.end());
+  return wick::launch(o);
+}
+
+// ---- the parser ----
+
+int usage_error(const std::string& msg, const CLI::App* app) {
+  const bool sub = app && app->get_parent();
+  std::fprintf(stderr, "wick: error: %s\n%s\nRun 'wick %s--help' for more.\n", msg.c_str(), usage_line(app).c_str(),
+               sub ? (app->get_name() + " ").c_str() : "");
+  return 2;
+}
+
+// CLI11's message, in wick's words where CLI11's would puzzle.
+std::string message_of(const CLI::ParseError& e) {
+  const std::string m = e.what();
+  // "--device-memory: 1 required TEXT missing": a flag given last, without its value
+  if (e.get_name() == "ArgumentMismatch" && m.find(" missing") != std::string::npos)
+    return m.substr(0, m.find(':')) + " needs a value";
+  // "json was given a disallowed flag override": --json=VALUE (CLI11 names it without dashes)
+  if (const auto at = m.find(" was given a disallowed flag override"); at != std::string::npos)
+    return (m[0] == '-' ? "" : "--") + m.substr(0, at) + " is a flag and takes no value";
+  return m;
+}
+
+// The command the parse reached (the root app when none).
+const CLI::App* reached(const CLI::App& app) {
+  const auto subs = app.get_subcommands();
+  return subs.empty() ? &app : subs.front();
+}
+
+int run_cli(std::vector<std::string> args) {
+  // aliases kept from before: `wick help [COMMAND]`, `wick --version`
+  if (!args.empty() && args[0] == "help") {
+    args.erase(args.begin());
+    args.push_back("--help");
+  }
+  if (!args.empty() && args[0] == "--version") args[0] = "version";
+
+  CLI::App app("wick: a C++ training host for Lua recipes", "wick");
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.set_help_flag("-h,--help", "show this help and exit");
+  app.option_defaults()->disable_flag_override();  // --json=abc is an error, not a conversion puzzle
+  // exactly one command: afterwards a word such as `plan` is an argument, never a second command
+  app.require_subcommand(1, 1);
+
+  std::map<const CLI::App*, std::function<int()>> actions;
+  auto command = [&](const char* name, std::function<int()> action) {
+    const Command* c = find_command(name);
+    CLI::App* sub = app.add_subcommand(name, c->summary);
+    sub->allow_extras();  // refuse_extras names what did not fit
+    actions[sub] = std::move(action);
+    return sub;
+  };
+  auto flag_value = [](CLI::App* sub, const std::string& names, std::string& into, const std::string& text,
+                       const std::string& doc) { sub->add_option(names, into, doc)->option_text(text); };
+
+  std::string recipe, dir, out, device_memory;
+  std::vector<std::string> pairs;
+  bool json = false;
+  ClipFlags clips;
+  LaunchFlags launch;
+
+  auto* run = command("run", [&] { return cmd_run(recipe, pairs); });
+  run->add_option("recipe", recipe, "the recipe file (.lua)")->option_text("RECIPE");
+  run->add_option("pairs", pairs, "wick.args, and overrides of wick.train options")->option_text("key=value");
+
+  auto* lau = command("launch", [&] { return cmd_launch(launch); });
+  flag_value(lau, "--nproc-per-node", launch.nproc_per_node, "N", "ranks on this node (required)");
+  flag_value(lau, "--nnodes", launch.nnodes, "M", "nodes (default 1)");
+  flag_value(lau, "--node-rank", launch.node_rank, "R", "this node's index, from 0 (default 0)");
+  flag_value(lau, "--master-addr", launch.master_addr, "A", "address of node 0 (default 127.0.0.1)");
+  flag_value(lau, "--master-port", launch.master_port, "P", "port on node 0 (default: a free one; needed with several nodes)");
+  lau->add_option("recipe", launch.recipe, "the recipe file (.lua)")->option_text("RECIPE");
+  lau->add_option("pairs", launch.pairs, "passed to every rank's `wick run`")->option_text("key=value");
+
+  auto* plugins = command("plugins", [&] { return cmd_plugins(json); });
+  plugins->add_flag("--json", json, "one JSON array: name, file, kind, summary, options (or error)");
+
+  auto* gen = command("generate", [&] { return cmd_generate(dir, pairs); });
+  gen->add_option("dir", dir, "a decoder_lm folder (config.json, weights, tokenizer)")->option_text("MODEL_DIR");
+  gen->add_option("pairs", pairs, "prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S")
+      ->option_text("key=value");
+
+  auto* plan = command("plan", [&] { return cmd_plan(recipe, device_memory, pairs); });
+  plan->add_option("recipe", recipe, "the recipe file (.lua)")->option_text("RECIPE");
+  plan->add_option("pairs", pairs, "wick.args, and overrides of wick.train options")->option_text("key=value");
+  flag_value(plan, "--device-memory", device_memory, "SIZE",
+             "the memory to fit (8GiB, 12GB, bytes; default: the device's own)");
+
+  auto* rep = command("report", [&] { return cmd_report(dir, out); });
+  rep->add_option("dir", dir, "a run folder (with metrics.jsonl)")->option_text("RUN_DIR");
+  flag_value(rep, "-o,--output", out, "FILE", "where to write (default RUN_DIR/report.html)");
+
+  auto* runs = command("runs", [&] { return cmd_runs(dir.empty() ? "runs" : dir, json); });
+  runs->add_option("dir", dir, "where to look, three levels deep (default runs)")->option_text("DIR");
+  runs->add_flag("--json", json, "the same rows as JSON, with every number");
+
+  auto* mc = command("make-clips", [&] { return cmd_make_clips(clips); });
+  mc->add_option("dir", clips.dir, "the folder to write (created if missing)")->option_text("DIR");
+  const wick::ClipSetOptions d;  // the defaults the help names
+  auto num = [](double x) { return wick::Value(x).repr(); };
+  flag_value(mc, "--classes", clips.classes, "N", "shape classes, 1 to 6 (default " + std::to_string(d.classes) + ")");
+  flag_value(mc, "--per-class", clips.per_class, "N", "clips per class (default " + std::to_string(d.per_class) + ")");
+  flag_value(mc, "--size", clips.size, "WxH",
+             "frame size, even numbers (default " + std::to_string(d.width) + "x" + std::to_string(d.height) + ")");
+  flag_value(mc, "--seconds", clips.seconds, "S", "length of each clip (default " + num(d.seconds) + ")");
+  flag_value(mc, "--fps", clips.fps, "F", "frames per second (default " + std::to_string(d.fps) + ")");
+  flag_value(mc, "--seed", clips.seed, "S", "seed of the shapes' looks and motion (default " + std::to_string(d.seed) + ")");
+  mc->add_flag("--no-extras", clips.no_extras, "skip the special test clips under DIR/extras");
+  mc->add_flag("--no-images", clips.no_images, "skip the still images under DIR/images");
+
+  std::string name;
+  auto* desc = command("describe", [&] {
+    if (name.empty()) throw UsageError("'wick describe' needs one plugin name");
+    return cmd_describe(name);
+  });
+  desc->add_option("name", name, "a plugin's name, or 'train' for wick.train's options")->option_text("NAME");
+
+  command("version", [&] { return cmd_version(); });
+
+  if (args.empty()) return usage_error("no command given", &app);
+  if (args[0] != "-h" && args[0] != "--help") {
+    if (args[0].size() > 1 && args[0][0] == '-') return usage_error("unknown option '" + args[0] + "'", &app);
+    if (!find_command(args[0])) return usage_error("unknown command '" + args[0] + "'", &app);
+  }
+
+  const CLI::App* sub = nullptr;
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    app.parse(reversed);
+    sub = reached(app);
+    refuse_extras(sub);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << reached(app)->help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(message_of(e), reached(app));
+  } catch (const UsageError& e) {
+    return usage_error(e.what(), reached(app));
+  }
+
+  try {
+    if (const char* lim = std::getenv("WICK_CPU_MEMORY_LIMIT"); lim && *lim)
+      wick::set_cpu_memory_limit(wick::parse_bytes(lim, "WICK_CPU_MEMORY_LIMIT"));
+    return actions.at(sub)();
+  } catch (const UsageError& e) {
+    return usage_error(e.what(), sub);
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) return usage_error("no command given");
   wick::quiet_torch_logs();
-  const std::string cmd = args[0];
-  args.erase(args.begin());
   try {
-    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (const char* lim = std::getenv("WICK_CPU_MEMORY_LIMIT"); lim && *lim)
-      wick::set_cpu_memory_limit(wick::parse_bytes(lim, "WICK_CPU_MEMORY_LIMIT"));
-    if (cmd == "run") return cmd_run(args);
-    if (cmd == "plan") return cmd_plan(args);
-    if (cmd == "launch") return wick::launch(args);
-    if (cmd == "generate") return cmd_generate(args);
-    if (cmd == "report") return cmd_report(args);
-    if (cmd == "make-clips") return cmd_make_clips(args);
-    if (cmd == "runs") return cmd_runs(args);
-    if (cmd == "plugins") {
-      if (!args.empty() && args[0] != "--json") return usage_error("unknown option '" + args[0] + "' to plugins");
-      return cmd_plugins(!args.empty());
-    }
-    if (cmd == "describe") {
-      if (args.size() != 1) return usage_error("'wick describe' needs one plugin name");
-      return cmd_describe(args[0]);
-    }
-    if (cmd == "version" || cmd == "--version") return cmd_version();
-    return usage_error("unknown command '" + cmd + "'");
+    return run_cli(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "wick: error: %s\n", e.what_without_backtrace());
     return 1;

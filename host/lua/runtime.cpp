@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "util/args.hpp"
 #include "wick/options.hpp"
 
 namespace fs = std::filesystem;
@@ -16,13 +17,9 @@ namespace {
 
 // Values on the command line read as Lua values: numbers, booleans, strings.
 void push_arg(lua_State* L, const std::string& v) {
-  if (v == "true" || v == "false") {
-    lua_pushboolean(L, v == "true");
-    return;
-  }
-  char* end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (!v.empty() && end && *end == '\0') lua_pushnumber(L, d);
+  const Value value = parse_arg_value(v);  // the one rule, util/args.hpp
+  if (value.is_bool()) lua_pushboolean(L, value.as_bool());
+  else if (value.is_number()) lua_pushnumber(L, static_cast<lua_Number>(value.as_double()));
   else lua_pushlstring(L, v.data(), v.size());
 }
 

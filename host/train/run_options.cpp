@@ -1,7 +1,6 @@
 #include "train/run_options.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cmath>
 #include <cstdlib>
@@ -9,6 +8,7 @@
 #include <sstream>
 
 #include "plugin/registry.hpp"
+#include "util/args.hpp"
 
 namespace wick {
 namespace {
@@ -279,25 +279,17 @@ Value parse_run_option(const std::string& name, const std::string& text) {
   for (const auto& o : run_options())
     if (o.name == name) opt = &o;
   if (!opt) throw Error("'" + name + "' is not a wick.train option");
+  // numbers as the command line spells them (util/args.hpp): no nan, inf or hex
   auto as_int = [](const std::string& s, Value& out) {
-    if (s.empty()) return false;
-    std::size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
-    if (i == s.size()) return false;
-    for (std::size_t k = i; k < s.size(); ++k)
-      if (s[k] < '0' || s[k] > '9') return false;
-    errno = 0;
-    const long long v = std::strtoll(s.c_str(), nullptr, 10);
-    if (errno == ERANGE) return false;
-    out = Value(static_cast<std::int64_t>(v));
+    const Value v = parse_arg_value(s);
+    if (!v.is_int()) return false;
+    out = v;
     return true;
   };
-  auto as_float = [&](const std::string& s, Value& out) {
-    // plain decimal notation only: no hex, inf or nan
-    if (s.empty() || s.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
-    char* end = nullptr;
-    const double d = std::strtod(s.c_str(), &end);
-    if (!end || *end != '\0' || !std::isfinite(d)) return false;
-    out = Value(d);
+  auto as_float = [](const std::string& s, Value& out) {
+    const Value v = parse_arg_value(s);
+    if (!v.is_number()) return false;
+    out = Value(v.as_double());
     return true;
   };
   for (const auto& f : opt->forms) {

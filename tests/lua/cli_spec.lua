@@ -1,6 +1,23 @@
 -- The wick command line: commands, output, exit codes.
 local H = dofile("helpers.lua")
 
+-- The commands `wick --help` lists: the first word of each line under "commands:".
+local function listed_commands()
+  local _, out = H.run("--help")
+  local names, inside = {}, false
+  for line in (out .. "\n"):gmatch("(.-)\n") do
+    if line == "commands:" then inside = true
+    elseif inside and line == "" then break
+    elseif inside then
+      local name = line:match("^  (%l[%w-]*)")
+      if name then names[#names + 1] = name end
+    end
+  end
+  return names
+end
+
+local function starts_with(s, prefix) return s:sub(1, #prefix) == prefix end
+
 describe("wick CLI", function()
   it("prints help and exits 0", function()
     local code, out = H.run("--help")
@@ -9,10 +26,97 @@ describe("wick CLI", function()
     assert.truthy(out:find("describe NAME", 1, true))
   end)
 
+  it("lists every command in its help", function()
+    local names = listed_commands()
+    table.sort(names)
+    assert.are.same({ "describe", "generate", "launch", "make-clips", "plan", "plugins", "report", "run", "runs",
+      "version" }, names)
+  end)
+
+  it("every command answers -h and --help on stdout with its own usage and exit 0", function()
+    for _, name in ipairs(listed_commands()) do
+      for _, flag in ipairs { "-h", "--help" } do
+        local code, out, err = H.run(name .. " " .. flag)
+        assert.are.equal(0, code, name .. " " .. flag .. ": " .. err)
+        assert.truthy(starts_with(out, "usage: wick " .. name), name .. " " .. flag .. ":\n" .. out)
+        assert.truthy(out:find("-h, --help", 1, true), out)
+        assert.are.equal("", err, name .. " " .. flag)
+      end
+    end
+    -- `wick help COMMAND` is the same text
+    local _, direct = H.run("make-clips --help")
+    local code, out = H.run("help make-clips")
+    assert.are.equal(0, code)
+    assert.are.equal(direct, out)
+  end)
+
+  it("an unknown flag is a usage error in every command: exit 2, the message, the command's usage", function()
+    for _, name in ipairs(listed_commands()) do
+      local code, out, err = H.run(name .. " --no-such-flag")
+      assert.are.equal(2, code, name .. ": " .. err)
+      assert.truthy(starts_with(err, "wick: error: unknown option '--no-such-flag' to " .. name .. "\n"), err)
+      assert.truthy(err:find("\nusage: wick " .. name, 1, true), err)
+      assert.are.equal("", out, name)
+    end
+  end)
+
+  it("launch's usage errors exit 2 before any rank starts", function()
+    local dir = H.tmpdir()
+    local recipe = H.write(dir .. "/r.lua", "print('a rank ran')\n")
+    for args, want in pairs {
+      [recipe] = "--nproc-per-node is required",
+      ["--nproc-per-node two " .. recipe] = "--nproc-per-node expects a whole number from 1 to 65535, not 'two'",
+      ["--nproc-per-node 0 " .. recipe] = "--nproc-per-node expects a whole number from 1 to 65535, not '0'",
+      ["--nproc-per-node 2"] = "a recipe is required",
+      ["--nproc-per-node 2 --nnodes 2 " .. recipe] = "with several nodes, give every node the same --master-port",
+      ["--nproc-per-node 2 --nnodes 2 --node-rank 2 --master-port 29511 " .. recipe] = "--node-rank 2 is not below --nnodes 2",
+      ["--nproc-per-node 2 " .. recipe .. " oops"] = "argument 'oops' after the recipe is not key=value",
+    } do
+      local code, out, err = H.run("launch " .. args)
+      assert.are.equal(2, code, args .. ": " .. err)
+      assert.truthy(starts_with(err, "wick: error: " .. want), args .. ": " .. err)
+      assert.truthy(err:find("\nusage: wick launch --nproc-per-node N", 1, true), err)
+      assert.are.equal("", out, args)
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("a flag given without its value, or with a value it cannot take, exits 2 naming it", function()
+    local code, _, err = H.run("plan r.lua --device-memory")
+    assert.are.equal(2, code)
+    assert.truthy(starts_with(err, "wick: error: --device-memory needs a value\n"), err)
+    code, _, err = H.run("plugins --json=yes")
+    assert.are.equal(2, code)
+    assert.truthy(starts_with(err, "wick: error: --json is a flag and takes no value\n"), err)
+    code, _, err = H.run("make-clips /nonexistent/x --classes 0x3")
+    assert.are.equal(2, code)
+    assert.truthy(starts_with(err, "wick: error: --classes expects a whole number from 1 to 6, not '0x3'\n"), err)
+    code, _, err = H.run("make-clips /nonexistent/x --size 64x49")
+    assert.are.equal(2, code)
+    assert.truthy(err:find("--size expects WIDTHxHEIGHT, even numbers", 1, true), err)
+  end)
+
+  it("gives a recipe nan, inf and hex as the strings typed; numbers and booleans by their plain spelling", function()
+    local dir = H.tmpdir()
+    local code, out, err = H.recipe(dir, "args.lua", [[
+local wick = require "wick"
+for _, k in ipairs { "x", "y", "h", "j", "i", "n", "f", "e", "b" } do
+  local v = wick.args[k]
+  print(k, type(v), tostring(v))
+end
+]], "x=nan y=inf h=0x10 j=1e5x i=42 n=-7 f=0.5 e=3e-4 b=true")
+    assert.are.equal(0, code, err)
+    assert.are.equal(table.concat({
+      "x\tstring\tnan", "y\tstring\tinf", "h\tstring\t0x10", "j\tstring\t1e5x", "i\tnumber\t42",
+      "n\tnumber\t-7", "f\tnumber\t0.5", "e\tnumber\t0.0003", "b\tboolean\ttrue", "" }, "\n"), out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("rejects an unknown command with usage and exit 2", function()
     local code, _, err = H.run("frobnicate")
     assert.are.equal(2, code)
     assert.truthy(err:find("unknown command 'frobnicate'", 1, true))
+    assert.truthy(err:find("\nusage: wick <command>", 1, true), err)
   end)
 
   it("reports versions of wick, LibTorch, CUDA and NCCL", function()
