@@ -22,7 +22,7 @@ class Linear : public wick::Model {
   torch::nn::Linear fc_;
 };
 
-WICK_PLUGIN(wick::model_plugin<Linear>(
+WICK_PLUGIN(wick::plugin<Linear>(
     "linear", "a linear classifier",
     {wick::opt_int("inputs", 4, "input features").at_least(1),
      wick::opt_int("classes", 2, "output classes").at_least(1)}))

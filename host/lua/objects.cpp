@@ -6,7 +6,7 @@
 
 #include "train/inspect.hpp"
 #include "train/trainer.hpp"
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 namespace wick::lua {
 namespace {
@@ -55,7 +55,7 @@ int model_item_name(lua_State* L) {
 // window (contrastive), so the trainer computes it over the whole window.
 int model_window_coupled(lua_State* L) {
   auto m = check_model(L, 1, "window_coupled");
-  lua_pushboolean(L, m->window_coupled());
+  lua_pushboolean(L, coupled_windows(*m) != nullptr);
   return 1;
 }
 
@@ -86,7 +86,9 @@ int model_generate(lua_State* L) {
   }
   if (g.max_new_tokens < 0 || g.temperature < 0 || g.top_k < 0 || g.top_p <= 0 || g.top_p > 1)
     throw Error("generate: expected max_new_tokens >= 0, temperature >= 0, top_k >= 0, top_p in (0, 1]");
-  push_ids(L, batch ? m->generate_from(*batch, g) : m->generate(prompt, g));
+  auto* gen = capability<Generator>(*m);
+  if (!gen) throw Error("this model does not implement generate()");
+  push_ids(L, batch ? gen->generate_from(*batch, g) : gen->generate(prompt, g));
   return 1;
 }
 

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <csignal>
 
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 namespace wick::lua {
 namespace {

@@ -14,7 +14,7 @@
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 namespace wick::lua {
 namespace {

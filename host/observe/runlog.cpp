@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "observe/events.hpp"
-#include "wick/safetensors.hpp"  // write_file_atomic
+#include "wick/kit/safetensors.hpp"  // write_file_atomic
 
 namespace fs = std::filesystem;
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 namespace wick {
 
@@ -58,7 +58,9 @@ void save_predictions(Model& m, const std::filesystem::path& batch_file, const s
   at::Tensor out;
   try {
     at::NoGradGuard no_grad;
-    out = m.predict(b);
+    auto* p = capability<Predictor>(m);
+    if (!p) throw Error("this model does not implement predict()");
+    out = p->predict(b);
   } catch (...) {
     m.train(was_training);
     throw;

@@ -486,7 +486,7 @@ nlohmann::json run_training(const RunRequest& req) {
   Trainer trainer(r.obj.model, r.optim, r.schedule, make_trainer_config(r, total));
   if (!cuda && (r.o.get_int("empty_cache_every") > 0 || r.o.get_double("memory_fraction") > 0) && !r.quiet)
     err_line(L + ": empty_cache_every and memory_fraction act on CUDA memory; on " + r.device + " they have no effect");
-  const bool coupled = model.window_coupled();
+  const bool coupled = coupled_windows(model) != nullptr;
   if (coupled && !r.quiet)
     err_line(strf("%s: the model's loss couples the samples of a window: computed exactly over each window of "
                   "micro_batch x accumulate x %d ranks, embeddings first, then backward per micro-batch (two forward "

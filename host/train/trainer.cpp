@@ -1,5 +1,5 @@
 #include "train/trainer.hpp"
-#include "wick/weights.hpp"
+#include "wick/kit/weights.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -17,8 +17,8 @@
 #include <random>
 #include <set>
 
-#include "wick/checkpoint.hpp"
-#include "wick/safetensors.hpp"
+#include "train/checkpoint.hpp"
+#include "wick/kit/safetensors.hpp"
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
 #include "train/loader.hpp"
@@ -211,10 +211,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
       }
       chosen.insert(n);
     }
-  model_->set_checkpointing(chosen, chosen.empty() ? Model::BlockRunner()
-                                                   : Model::BlockRunner([](const BlockFn& fn, const std::vector<at::Tensor>& in) {
-                                                       return checkpoint(fn, in);
-                                                     }));
+  if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen);
+  model_->set_block_runner(block_runner_.get());
   for (const auto& p : model_->named_parameters(/*recurse=*/true))
     if (p.value().requires_grad()) params_.emplace_back(p.key(), p.value());
   if (params_.empty()) throw Error("the model has no trainable parameters");
@@ -234,7 +232,10 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // the model may outlive this trainer (and be trained by another)
+  if (model_ && model_->block_runner() == block_runner_.get()) model_->set_block_runner(nullptr);
+}
 
 bool Trainer::scaling() const {
   return cfg_.precision == Precision::FP16Mixed || cfg_.precision == Precision::FP16True;
@@ -245,7 +246,7 @@ double Trainer::loss_scale() const { return scale_.defined() ? scale_.item<doubl
 std::vector<std::string> Trainer::checkpointed_blocks() const {
   std::vector<std::string> out;
   for (const auto& b : model_->blocks())
-    if (model_->checkpointed_blocks().count(b)) out.push_back(b);
+    if (block_runner_ && block_runner_->blocks().count(b)) out.push_back(b);
   return out;
 }
 
@@ -302,7 +303,7 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   bool agreed = false;
   std::size_t i = 0;
   try {
-    if (model_->window_coupled() && (group || pieces.size() > 1)) {
+    if (coupled_windows(*model_) && (group || pieces.size() > 1)) {
       if (!run_coupled(pieces, s, loss_sum, metric_sums, i, agree ? &agreed : nullptr)) return false;
       s.micro_batches = static_cast<std::int64_t>(pieces.size());
       return true;
@@ -373,6 +374,7 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
 // holds one micro-batch's graph at a time plus the window's embeddings.
 bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Tensor& loss_sum,
                           std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed) {
+  WindowCoupled& coupled = *coupled_windows(*model_);
   Group* group = cfg_.group.get();
   const at::Device device(cfg_.device);
   const std::string where = "step " + std::to_string(step_ + 1);
@@ -389,7 +391,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     rows[i] = model_->count_items(pieces[i]);
     at::NoGradGuard no_grad;
     AutocastScope autocast(cfg_.precision, device);
-    emb[i] = model_->embed(to_device(pieces[i], device));
+    emb[i] = coupled.embed(to_device(pieces[i], device));
     if (emb[i].empty() || (i > 0 && emb[i].size() != emb[0].size()))
       throw Error(where + ": the model's embed() must give the same number (at least one) of embeddings for every "
                   "micro-batch");
@@ -436,7 +438,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     all.push_back(local.detach().requires_grad_(true));
   }
   for (auto& e : emb) e.clear();  // only the rows in `all` are needed now
-  ForwardResult r = model_->window_loss(all);
+  ForwardResult r = coupled.window_loss(all);
   if (r.items != s.items)
     throw Error(where + ": the model's window_loss() counted " + std::to_string(r.items) + " items, the window holds " +
                 std::to_string(s.items));
@@ -468,7 +470,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     std::vector<at::Tensor> e;
     {
       AutocastScope autocast(cfg_.precision, device);
-      e = model_->embed(to_device(pieces[i], device));
+      e = coupled.embed(to_device(pieces[i], device));
     }
     std::vector<at::Tensor> g;
     for (std::size_t k = 0; k < e.size(); ++k) g.push_back(grads[k].narrow(0, row, rows[i]).to(e[k].scalar_type()));

@@ -19,6 +19,7 @@
 
 namespace wick {
 
+class CheckpointRunner;
 class Group;
 class GradReducer;
 
@@ -172,6 +173,7 @@ class Trainer {
   std::int64_t skipped_ = 0;
   std::int64_t split_ = 1;
   std::int64_t host_reads_ = 0;
+  std::unique_ptr<CheckpointRunner> block_runner_;  // the blocks the recipe checkpoints
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients.

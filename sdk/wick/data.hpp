@@ -2,6 +2,32 @@
 /// \file data.hpp
 /// Data plugins: a dataset of samples as named CPU tensors. The host owns
 /// worker threads, prefetch, shuffling, sharding and the copy to the device.
+/// A complete data plugin:
+///
+/// \code
+///   #include <wick/data.hpp>
+///   #include <ATen/ATen.h>
+///
+///   // n points on a line, y = 2x + 1: something for a model to fit.
+///   class Line : public wick::Dataset {
+///    public:
+///     explicit Line(const wick::Options& o) : n_(o.get_int("size")) {}
+///     std::int64_t size() const override { return n_; }                // Required
+///     wick::Sample get(std::int64_t i) const override {                  // Required, thread-safe
+///       const double x = static_cast<double>(i) / static_cast<double>(n_);
+///       return {{"x", at::full({1}, x)}, {"y", at::full({1}, 2 * x + 1)}};
+///     }
+///    private:
+///     std::int64_t n_;
+///   };
+///
+///   WICK_PLUGIN(wick::plugin<Line>("line", "points on y = 2x + 1",
+///                                  {wick::opt_int("size", 256, "number of points").at_least(1)}))
+/// \endcode
+///
+/// Optional: get_batch (one gather for in-memory data), collate, set_epoch
+/// (random augmentation by seed and epoch), encode/decode (text), and
+/// attributes() (facts a recipe reads, such as data.num_classes).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/stack.h>
@@ -20,6 +46,7 @@ using Batch = std::map<std::string, at::Tensor>;
 
 class Dataset : public Object {
  public:
+  static constexpr PluginKind plugin_kind = PluginKind::Data;
   ObjectKind object_kind() const final { return ObjectKind::Dataset; }
 
   /// Required: number of samples.
@@ -72,11 +99,5 @@ class Dataset : public Object {
     return out;
   }
 };
-
-template <class T>
-PluginDescriptor data_plugin(const char* name, const char* summary, OptionSchema options) {
-  return make_descriptor(PluginKind::Data, name, summary, std::move(options),
-                         &detail::make_object<T, Dataset>);
-}
 
 }  // namespace wick

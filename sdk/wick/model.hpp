@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "wick/linear.hpp"
 #include "wick/object.hpp"
 #include "wick/plugin.hpp"
 
@@ -39,8 +38,22 @@ struct ForwardResult {
   std::map<std::string, at::Tensor> metrics;
 };
 
+/// Host side of Model::run_block: runs a block plainly or through activation
+/// checkpointing, as the recipe chose. The host sets it; plugins never do.
+class BlockRunner {
+ public:
+  using Fn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+  virtual ~BlockRunner() = default;
+  virtual std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) = 0;
+};
+
+/// The model contract: a forward that sums the loss over the batch's items.
+/// Further abilities are capabilities (Predictor, Generator, WindowCoupled
+/// below; AdapterTargets in wick/kit/linear.hpp) that a model class adds by
+/// deriving from them too, and that the host looks for with capability<C>().
 class Model : public Object, public torch::nn::Module {
  public:
+  static constexpr PluginKind plugin_kind = PluginKind::Model;
   ObjectKind object_kind() const final { return ObjectKind::Model; }
 
   /// Required: loss sum, item count and metric sums for one micro-batch.
@@ -54,57 +67,52 @@ class Model : public Object, public torch::nn::Module {
     return batch.begin()->second.size(0);
   }
 
-  /// Optional: the model's raw outputs (logits, predictions) for a batch,
-  /// without the loss.
-  virtual at::Tensor predict(const Batch& batch) {
-    (void)batch;
-    throw Error("this model does not implement predict()");
-  }
-
-  /// Optional: continue a token sequence (language models).
-  virtual std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const GenerateOptions& opts) {
-    (void)prompt, (void)opts;
-    throw Error("this model does not implement generate()");
-  }
-
   /// Optional: what the model counts as an item ("samples", "tokens").
   virtual std::string item_name() const { return "samples"; }
 
-  /// Optional, for losses that couple the samples of a window (contrastive
-  /// losses, whose negatives are the other samples): true makes the host
-  /// compute the loss over the whole window on all ranks at once, exactly as
-  /// one large batch would, in two passes (GradCache, Gao et al. 2021):
-  ///  1. embed() every micro-batch without a graph, and gather the
-  ///     embeddings of all ranks;
-  ///  2. window_loss() over them, whose backward gives each embedding's
-  ///     gradient (and the gradients of parameters window_loss uses itself,
-  ///     such as a temperature);
-  ///  3. embed() each micro-batch again with the graph (same random state)
-  ///     and backpropagate the cached gradients into it.
-  /// forward() still computes the loss of one micro-batch alone (evaluation,
-  /// probing, and models that choose the plain, per-micro-batch form).
-  virtual bool window_coupled() const { return false; }
-  /// The micro-batch's embeddings, each with the samples as first dimension.
-  virtual std::vector<at::Tensor> embed(const Batch& batch) {
-    (void)batch;
-    throw Error("this model does not implement embed()");
-  }
-  /// Loss over the embeddings of a whole window: embeddings[k] is the
-  /// concatenation of every micro-batch's (and every rank's, in rank order)
-  /// embed()[k]. items must equal the count_items() sum over the same batches.
-  virtual ForwardResult window_loss(const std::vector<at::Tensor>& embeddings) {
-    (void)embeddings;
-    throw Error("this model does not implement window_loss()");
-  }
-
-  /// Optional: names of submodules (LoRA targets) and of repeated blocks
-  /// (checkpointing units).
-  virtual std::vector<std::string> targets() const { return {}; }
-  /// Optional: the wick::Linear layers adapters may extend, by module name
-  /// (for a language model: every linear layer but the output head).
-  virtual std::vector<std::pair<std::string, Linear>> linear_layers() { return {}; }
+  /// Optional: names of the repeated blocks (checkpointing units), each run
+  /// through run_block.
   virtual std::vector<std::string> blocks() const { return {}; }
 
+  /// Runs block `name` (one of blocks()) on `inputs`: a plain call, or, when
+  /// the recipe checkpoints this block, through the host's checkpointing. A
+  /// model's forward calls its blocks through this and needs nothing else for
+  /// activation checkpointing. A checkpointed `fn` runs again during
+  /// backward, after forward has returned: it must capture what it uses by
+  /// value (tensors, module holders), not by reference.
+  std::vector<at::Tensor> run_block(const std::string& name, const BlockRunner::Fn& fn,
+                                    const std::vector<at::Tensor>& inputs) {
+    return block_runner_ ? block_runner_->run(name, fn, inputs) : fn(inputs);
+  }
+  /// The one-tensor form: x -> fn(x).
+  at::Tensor run_block(const std::string& name, const std::function<at::Tensor(const at::Tensor&)>& fn,
+                       const at::Tensor& x) {
+    if (!block_runner_) return fn(x);
+    return block_runner_->run(
+        name, [fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; }, {x})[0];
+  }
+
+  /// Host side: how blocks run (null: plainly). The runner outlives its use.
+  void set_block_runner(BlockRunner* runner) { block_runner_ = runner; }
+  BlockRunner* block_runner() const { return block_runner_; }
+
+ private:
+  BlockRunner* block_runner_ = nullptr;
+};
+
+/// Capability: the model's raw outputs (logits, predictions) for a batch,
+/// without the loss (`wick.core.predict`).
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  virtual at::Tensor predict(const Batch& batch) = 0;
+};
+
+/// Capability: continuing a token sequence (language models; `wick generate`).
+class Generator {
+ public:
+  virtual ~Generator() = default;
+  virtual std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const GenerateOptions& opts) = 0;
   /// Optional: continue the first sample of a batch (models whose prompt is
   /// more than token ids: a vision-language model's picture and prompt).
   /// Default: generate() from the batch's input_ids row 0 (its
@@ -118,45 +126,45 @@ class Model : public Object, public torch::nn::Module {
     const auto* p = row.contiguous().data_ptr<std::int64_t>();
     return generate(std::vector<std::int64_t>(p, p + row.numel()), opts);
   }
-
-  /// Runs block `name` (one of blocks()) on `inputs`: a plain call, or, when
-  /// the recipe checkpoints this block, through the host's checkpointing (see
-  /// wick/checkpoint.hpp). A model's forward calls its blocks through this
-  /// and needs nothing else for activation checkpointing. A checkpointed
-  /// `fn` runs again during backward, after forward has returned: it must
-  /// capture what it uses by value (tensors, module holders), not by reference.
-  std::vector<at::Tensor> run_block(const std::string& name,
-                                    const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>& fn,
-                                    const std::vector<at::Tensor>& inputs) {
-    if (block_runner_ && checkpointed_.count(name)) return block_runner_(fn, inputs);
-    return fn(inputs);
-  }
-  /// The one-tensor form: x -> fn(x).
-  at::Tensor run_block(const std::string& name, const std::function<at::Tensor(const at::Tensor&)>& fn,
-                       const at::Tensor& x) {
-    if (!(block_runner_ && checkpointed_.count(name))) return fn(x);
-    return block_runner_([fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
-                         {x})[0];
-  }
-
-  using BlockRunner = std::function<std::vector<at::Tensor>(
-      const std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>&, const std::vector<at::Tensor>&)>;
-  /// Host side: the blocks to checkpoint and how (empty set: none).
-  void set_checkpointing(std::set<std::string> blocks, BlockRunner runner) {
-    checkpointed_ = std::move(blocks);
-    block_runner_ = std::move(runner);
-  }
-  const std::set<std::string>& checkpointed_blocks() const { return checkpointed_; }
-
- private:
-  std::set<std::string> checkpointed_;
-  BlockRunner block_runner_;
 };
 
-template <class T>
-PluginDescriptor model_plugin(const char* name, const char* summary, OptionSchema options) {
-  return make_descriptor(PluginKind::Model, name, summary, std::move(options),
-                         &detail::make_object<T, Model>);
+/// Capability, for losses that couple the samples of a window (contrastive
+/// losses, whose negatives are the other samples): the host computes the
+/// loss over the whole window on all ranks at once, exactly as one large
+/// batch would, in two passes (GradCache, Gao et al. 2021):
+///  1. embed() every micro-batch without a graph, and gather the embeddings
+///     of all ranks;
+///  2. window_loss() over them, whose backward gives each embedding's
+///     gradient (and the gradients of parameters window_loss uses itself,
+///     such as a temperature);
+///  3. embed() each micro-batch again with the graph (same random state) and
+///     backpropagate the cached gradients into it.
+/// Model::forward() still computes the loss of one micro-batch alone
+/// (evaluation, probing, and models that choose the plain form).
+class WindowCoupled {
+ public:
+  virtual ~WindowCoupled() = default;
+  /// Optional: whether this instance couples its windows (a model may offer
+  /// both forms, chosen by an option). Default: true.
+  virtual bool window_coupled() const { return true; }
+  /// The micro-batch's embeddings, each with the samples as first dimension.
+  virtual std::vector<at::Tensor> embed(const Batch& batch) = 0;
+  /// Loss over the embeddings of a whole window: embeddings[k] is the
+  /// concatenation of every micro-batch's (and every rank's, in rank order)
+  /// embed()[k]. items must equal the count_items() sum over the same batches.
+  virtual ForwardResult window_loss(const std::vector<at::Tensor>& embeddings) = 0;
+};
+
+/// The capability C of a model, or null when it has none.
+template <class C>
+C* capability(Model& m) {
+  return dynamic_cast<C*>(&m);
+}
+
+/// A window-coupled model that couples this run's windows, or null.
+inline WindowCoupled* coupled_windows(Model& m) {
+  auto* c = capability<WindowCoupled>(m);
+  return c && c->window_coupled() ? c : nullptr;
 }
 
 }  // namespace wick

@@ -1,6 +1,37 @@
 #pragma once
 /// \file optim.hpp
-/// Optim plugins: optimizers and learning-rate schedules.
+/// Optim plugins: optimizers, learning-rate schedules and model transforms
+/// (LoRA, freezing), one kind, `optim`, told apart by their base class. A
+/// complete optimizer plugin:
+///
+/// \code
+///   #include <wick/optim.hpp>
+///   #include <ATen/ATen.h>
+///
+///   // Plain gradient descent: p -= lr * grad.
+///   class Descent : public wick::Optimizer {
+///    public:
+///     explicit Descent(const wick::Options& o) : lr_(o.get_double("lr")) {}
+///     void attach(wick::NamedTensors params) override { params_ = std::move(params); }   // Required
+///     void step(double lr) override {                                                     // Required
+///       for (auto& [name, p] : params_)
+///         if (p.grad().defined()) p.sub_(p.grad(), lr);
+///     }
+///     double base_lr() const override { return lr_; }                                    // Required
+///     std::map<std::string, at::Tensor> state() const override { return {}; }            // Required
+///     void load_state(const std::map<std::string, at::Tensor>&) override {}              // Required
+///     std::int64_t state_bytes(const wick::NamedTensors&) const override { return 0; }   // Optional
+///    private:
+///     double lr_;
+///     wick::NamedTensors params_;
+///   };
+///
+///   WICK_PLUGIN(wick::plugin<Descent>("descent", "plain gradient descent",
+///                                     {wick::opt_float("lr", 0.1, "learning rate").at_least(0)}))
+/// \endcode
+///
+/// A schedule derives from wick::Schedule (factor(step, total_steps)); a
+/// transform from wick::Transform (apply, and optionally save, load, merge).
 
 #include <ATen/core/Tensor.h>
 
@@ -20,6 +51,7 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 /// step(lr) once per optimizer step with the scheduled learning rate.
 class Optimizer : public Object {
  public:
+  static constexpr PluginKind plugin_kind = PluginKind::Optim;
   ObjectKind object_kind() const final { return ObjectKind::Optimizer; }
 
   /// Required: the trainable parameters, by name. Called once.
@@ -46,6 +78,7 @@ class Optimizer : public Object {
 /// A learning-rate multiplier per optimizer step.
 class Schedule : public Object {
  public:
+  static constexpr PluginKind plugin_kind = PluginKind::Optim;
   ObjectKind object_kind() const final { return ObjectKind::Schedule; }
   /// Required: the factor for 0-based optimizer step `step` of `total_steps`.
   virtual double factor(std::int64_t step, std::int64_t total_steps) const = 0;
@@ -57,6 +90,7 @@ class Model;
 /// apply() once; save() and load() what it added, merge() folds it back.
 class Transform : public Object {
  public:
+  static constexpr PluginKind plugin_kind = PluginKind::Optim;
   ObjectKind object_kind() const final { return ObjectKind::Transform; }
   /// Required.
   virtual void apply(Model& model) = 0;
@@ -75,11 +109,5 @@ class Transform : public Object {
     throw Error("this transform cannot merge");
   }
 };
-
-template <class T>
-PluginDescriptor optim_plugin(const char* name, const char* summary, OptionSchema options) {
-  return make_descriptor(PluginKind::Optim, name, summary, std::move(options),
-                         &detail::make_object<T, Object>);
-}
 
 }  // namespace wick

@@ -22,7 +22,7 @@
 ///     torch::nn::Linear fc_;
 ///   };
 ///
-///   WICK_PLUGIN(wick::model_plugin<Linear>(
+///   WICK_PLUGIN(wick::plugin<Linear>(                                     // the kind: Linear's base
 ///       "linear", "a linear classifier",
 ///       {wick::opt_int("inputs", 4, "input features").at_least(1),       // Required entries:
 ///        wick::opt_int("classes", 2, "output classes").at_least(1)}))    // name, summary, options
@@ -36,24 +36,35 @@
 /// and put the .so on WICK_PLUGIN_PATH; `wick plugins` lists it and
 /// `wick describe linear` shows its options.
 ///
-/// Kinds and their base classes: model -> wick::Model (wick/model.hpp),
-/// data -> wick::Dataset (wick/data.hpp), optim -> wick::Optimizer,
-/// wick::Schedule (wick/optim.hpp).
+/// Kinds and their base classes: model -> wick::Model (wick/model.hpp; with
+/// the optional capabilities Predictor, Generator, WindowCoupled there and
+/// AdapterTargets in wick/kit/linear.hpp), data -> wick::Dataset
+/// (wick/data.hpp), optim -> wick::Optimizer, wick::Schedule, wick::Transform
+/// (wick/optim.hpp). Each of those headers opens with a complete plugin of
+/// its kind. wick/kit/ holds optional helpers (safetensors files, Hugging
+/// Face weights, linear layers with LoRA and NF4) that plugins may use.
+///
+/// ABI versions (WICK_ABI_VERSION): 5 made Model a small core (forward,
+/// count_items, item_name, blocks, run_block) with capabilities found by
+/// capability<C>(); targets() went; block checkpointing state left Model
+/// for a host-side BlockRunner; one builder, wick::plugin<T>, takes the kind
+/// from T's base. 4 added window-coupled losses, 3 Dataset::set_epoch.
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <torch/version.h>
 
 #include <boost/dll/alias.hpp>
 
 #include "wick/object.hpp"
 #include "wick/options.hpp"
+#include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 4
-#define WICK_VERSION_STRING "0.1.0"
+#define WICK_ABI_VERSION 5
 
 namespace wick {
 
@@ -94,11 +105,18 @@ std::shared_ptr<Object> make_object(const Options& o) {
 }
 }  // namespace detail
 
-/// Descriptor builders model_plugin<T>, data_plugin<T>, optim_plugin<T> live in
-/// the kind's header; T must be constructible from wick::Options.
 inline PluginDescriptor make_descriptor(PluginKind kind, const char* name, const char* summary,
                                         OptionSchema options, Factory create) {
   return PluginDescriptor{kAbiVersion, TORCH_VERSION, name, kind, summary, std::move(options), create};
+}
+
+/// The descriptor of plugin class T, its kind taken from T's base (Model,
+/// Dataset, Optimizer, Schedule or Transform); T is built from wick::Options.
+template <class T>
+PluginDescriptor plugin(const char* name, const char* summary, OptionSchema options = {}) {
+  static_assert(std::is_base_of_v<Object, T>, "a plugin class derives from wick::Model, wick::Dataset, "
+                                              "wick::Optimizer, wick::Schedule or wick::Transform");
+  return make_descriptor(T::plugin_kind, name, summary, std::move(options), &detail::make_object<T, Object>);
 }
 
 }  // namespace wick

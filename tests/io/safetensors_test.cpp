@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "../test_util.hpp"
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;

@@ -10,5 +10,5 @@ class BadSchema : public wick::Model {
 };
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<BadSchema>("bad_schema", "a plugin with a self-contradicting schema",
+WICK_PLUGIN(wick::plugin<BadSchema>("bad_schema", "a plugin with a self-contradicting schema",
                                           {wick::opt_int("width", "wide", "an integer with a string default")}))

@@ -11,5 +11,5 @@ class Throws : public wick::Model {
 };
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<Throws>("throws", "a model whose factory always throws",
+WICK_PLUGIN(wick::plugin<Throws>("throws", "a model whose factory always throws",
                                        {wick::opt_int("size", 3, "reported in the error")}))

@@ -20,7 +20,7 @@ namespace {
 // Two linear towers (x -> 4, t -> 4, the first with dropout), normalised
 // embeddings and a learnable temperature: CLIP's symmetric loss, summed over
 // the samples.
-class TwoTower : public Model {
+class TwoTower : public Model, public WindowCoupled {
  public:
   TwoTower(bool coupled, double dropout) : coupled_(coupled), dropout_(dropout) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(7);  // the same weights in every instance, on every thread

@@ -13,7 +13,7 @@
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
-#include "wick/checkpoint.hpp"
+#include "train/checkpoint.hpp"
 
 using ::testing::HasSubstr;
 
@@ -51,13 +51,17 @@ std::vector<at::Tensor> params_of(Model& m) {
   return out;
 }
 
-Model::BlockRunner checkpoint_runner() {
-  return [](const BlockFn& fn, const std::vector<at::Tensor>& in) { return checkpoint(fn, in); };
-}
 
 std::set<std::string> all_blocks(const Model& m) {
   auto b = m.blocks();
   return {b.begin(), b.end()};
+}
+
+// The host's checkpointing of every block of m (on), or of none.
+void checkpoint_all(Model& m, bool on) {
+  static std::map<Model*, std::unique_ptr<CheckpointRunner>> runners;
+  runners[&m] = on ? std::make_unique<CheckpointRunner>(all_blocks(m)) : nullptr;
+  m.set_block_runner(runners[&m].get());
 }
 
 // ---- activation checkpointing ----
@@ -70,11 +74,11 @@ TEST(Checkpointing, GradientsAreBitEqualToThePlainBackward) {
   r.loss_sum.backward();
   auto plain = grads_of(*m);
   zero(*m);
-  m->set_checkpointing(all_blocks(*m), checkpoint_runner());
+  checkpoint_all(*m, true);
   auto rc = m->forward(b);
   rc.loss_sum.backward();
   auto ck = grads_of(*m);
-  m->set_checkpointing({}, nullptr);
+  checkpoint_all(*m, false);
   EXPECT_TRUE(at::equal(r.loss_sum, rc.loss_sum));
   ASSERT_EQ(plain.size(), ck.size());
   for (std::size_t i = 0; i < plain.size(); ++i) {
@@ -107,7 +111,7 @@ TEST(Checkpointing, RecomputesUnderTheForwardsAutocast) {
   const Batch b = batch(16, 12, 5);
   auto run = [&](bool ck) {
     zero(*m);
-    m->set_checkpointing(ck ? all_blocks(*m) : std::set<std::string>{}, ck ? checkpoint_runner() : nullptr);
+    checkpoint_all(*m, ck);
     ForwardResult r;
     {
       struct Autocast {  // undone even when forward throws
@@ -128,7 +132,7 @@ TEST(Checkpointing, RecomputesUnderTheForwardsAutocast) {
     return grads_of(*m);
   };
   auto plain = run(false), ck = run(true);
-  m->set_checkpointing({}, nullptr);
+  checkpoint_all(*m, false);
   for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ck[i])) << "parameter " << i;
 }
 
@@ -138,14 +142,14 @@ TEST(Checkpointing, LowersThePeakHeldByTensors) {
   const Batch b = batch(1024, 64, 10);
   auto peak_of = [&](bool ck) {
     zero(*m);
-    m->set_checkpointing(ck ? all_blocks(*m) : std::set<std::string>{}, ck ? checkpoint_runner() : nullptr);
+    checkpoint_all(*m, ck);
     const std::int64_t base = cpu_tensor_memory().allocated;
     reset_cpu_tensor_peak();
     m->forward(b).loss_sum.backward();
     return cpu_tensor_memory().peak - base;
   };
   const std::int64_t plain = peak_of(false), ck = peak_of(true);
-  m->set_checkpointing({}, nullptr);
+  checkpoint_all(*m, false);
   // a plain block keeps its input and its gelu's input for backward, a
   // checkpointed one only its input (and one block's worth while recomputing)
   EXPECT_LT(ck, plain * 0.85) << "checkpointed " << ck << " bytes, plain " << plain;
@@ -328,7 +332,7 @@ TEST(Checkpointing, DecoderGradientsAreBitEqualAndThePeakIsLower) {
   const Batch b = tokens(8, 128, 5);
   auto run = [&](bool ck) {
     zero(*m);
-    m->set_checkpointing(ck ? all_blocks(*m) : std::set<std::string>{}, ck ? checkpoint_runner() : nullptr);
+    checkpoint_all(*m, ck);
     const std::int64_t base = cpu_tensor_memory().allocated;
     reset_cpu_tensor_peak();
     m->forward(b).loss_sum.backward();
@@ -336,7 +340,7 @@ TEST(Checkpointing, DecoderGradientsAreBitEqualAndThePeakIsLower) {
   };
   auto [plain, plain_peak] = run(false);
   auto [ck, ck_peak] = run(true);
-  m->set_checkpointing({}, nullptr);
+  checkpoint_all(*m, false);
   for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(at::equal(plain[i], ck[i])) << "parameter " << i;
   EXPECT_LT(ck_peak, plain_peak * 0.8) << "checkpointed " << ck_peak << ", plain " << plain_peak;
 }

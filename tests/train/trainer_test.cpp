@@ -6,7 +6,7 @@
 #include "../test_util.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
-#include "wick/safetensors.hpp"
+#include "wick/kit/safetensors.hpp"
 
 using ::testing::HasSubstr;
 

@@ -73,7 +73,7 @@ class Synthetic : public wick::Dataset {
 
 }  // namespace
 
-WICK_PLUGIN(wick::data_plugin<Synthetic>(
+WICK_PLUGIN(wick::plugin<Synthetic>(
     "synthetic", "seeded synthetic classification or regression data, optionally several items per sample",
     {wick::opt_string("task", "classification", "what the labels are").one_of({"classification", "regression"}),
      wick::opt_int("size", 1024, "number of samples").range(1, 1e9),

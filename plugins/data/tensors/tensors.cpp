@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include <wick/safetensors.hpp>
+#include <wick/kit/safetensors.hpp>
 
 namespace {
 
@@ -57,6 +57,6 @@ class Tensors : public wick::Dataset {
 
 }  // namespace
 
-WICK_PLUGIN(wick::data_plugin<Tensors>(
+WICK_PLUGIN(wick::plugin<Tensors>(
     "tensors", "rows of the named tensors in a safetensors file (like TensorDataset)",
     {wick::opt_string("file", wick::Value(), "safetensors file; every tensor has one row per sample").required()}))

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <wick/safetensors.hpp>
+#include <wick/kit/safetensors.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -247,7 +247,7 @@ class Text : public wick::Dataset {
 
 }  // namespace
 
-WICK_PLUGIN(wick::data_plugin<Text>(
+WICK_PLUGIN(wick::plugin<Text>(
     "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion), packing",
     {wick::opt("files", wick::OptionType::StringList, wick::Value(), "plain text files, one document each").optional(),
      wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"} or {\"prompt\", \"completion\"}").optional(),

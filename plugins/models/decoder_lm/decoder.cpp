@@ -1,6 +1,6 @@
 #include "decoder.hpp"
 
-#include <wick/safetensors.hpp>
+#include <wick/kit/safetensors.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -330,15 +330,6 @@ std::vector<std::pair<std::string, wick::Linear>> Decoder::linear_layers() {
     out.emplace_back(p + "mlp.up_proj", layer->mlp->up_proj);
     out.emplace_back(p + "mlp.down_proj", layer->mlp->down_proj);
   }
-  return out;
-}
-
-std::vector<std::string> Decoder::targets() const {
-  std::vector<std::string> out;
-  for (std::int64_t i = 0; i < c_.layers; ++i)
-    for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
-      out.push_back(prefix_ + ".layers." + std::to_string(i) + "." + n);
   return out;
 }
 

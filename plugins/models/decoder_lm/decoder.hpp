@@ -13,7 +13,8 @@
 
 #include <wick/model.hpp>
 #include <wick/options.hpp>
-#include <wick/weights.hpp>
+#include <wick/kit/linear.hpp>
+#include <wick/kit/weights.hpp>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -152,7 +153,6 @@ class Decoder {
   std::vector<std::string> blocks() const;
   /// Every linear layer of the layers, named "<body_prefix>.layers.N.self_attn.q_proj", ...
   std::vector<std::pair<std::string, wick::Linear>> linear_layers();
-  std::vector<std::string> targets() const;
   /// The file names of the tied head that a folder may still carry.
   std::set<std::string> ignored_on_load() const;
 

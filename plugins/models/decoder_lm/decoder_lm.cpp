@@ -9,7 +9,7 @@
 // inside, as Hugging Face does). Items are the target tokens.
 
 #include <wick/model.hpp>
-#include <wick/weights.hpp>
+#include <wick/kit/weights.hpp>
 
 #include "decoder.hpp"
 
@@ -28,7 +28,7 @@ dec::Config config_of(const wick::Options& o, const nlohmann::json* hf) {
   return c;
 }
 
-class DecoderLM : public wick::Model {
+class DecoderLM : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
  public:
   explicit DecoderLM(const wick::Options& o) {
     std::unique_ptr<nlohmann::json> hf;
@@ -74,7 +74,6 @@ class DecoderLM : public wick::Model {
   std::string item_name() const override { return "tokens"; }
   std::vector<std::string> blocks() const override { return dec_->blocks(); }
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
-  std::vector<std::string> targets() const override { return dec_->targets(); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
@@ -97,5 +96,5 @@ wick::OptionSchema schema() {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<DecoderLM>("decoder_lm",
+WICK_PLUGIN(wick::plugin<DecoderLM>("decoder_lm",
                                           "LLaMA/Qwen2 decoder language model (Hugging Face names and folders)", schema()))

@@ -66,15 +66,10 @@ class Mlp : public wick::Model {
     return r;
   }
 
-  std::vector<std::string> targets() const override {
-    std::vector<std::string> t;
-    for (std::size_t i = 0; i < layers_.size(); ++i) t.push_back(std::to_string(2 * i));
-    return t;
-  }
-
+  // every hidden layer with its activation; the output layer is not a block
   std::vector<std::string> blocks() const override {
-    std::vector<std::string> t = targets();
-    t.pop_back();
+    std::vector<std::string> t;
+    for (std::size_t i = 0; i + 1 < layers_.size(); ++i) t.push_back(std::to_string(2 * i));
     return t;
   }
 
@@ -94,7 +89,7 @@ class Mlp : public wick::Model {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<Mlp>(
+WICK_PLUGIN(wick::plugin<Mlp>(
     "mlp", "multi-layer perceptron (PyTorch nn.Sequential names), cross-entropy or MSE loss",
     {wick::opt_int("inputs", 4, "input features").at_least(1),
      wick::opt("hidden", wick::OptionType::IntList, wick::List{64}, "hidden layer widths ({} for none)").at_least(1),

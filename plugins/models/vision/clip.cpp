@@ -18,7 +18,7 @@
 // (fewer negatives: a different, usually worse, objective).
 
 #include <wick/model.hpp>
-#include <wick/weights.hpp>
+#include <wick/kit/weights.hpp>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -125,7 +125,7 @@ T field(const nlohmann::json& j, const char* key, T def, const std::string& wher
   }
 }
 
-class Clip : public wick::Model {
+class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoupled, public wick::AdapterTargets {
  public:
   explicit Clip(const wick::Options& o) : exact_(o.get_string("accumulation") == "exact") {
     VitConfig vc;
@@ -289,11 +289,6 @@ class Clip : public wick::Model {
     return out;
   }
 
-  std::vector<std::string> targets() const override {
-    std::vector<std::string> out;
-    for (const auto& [n, l] : const_cast<Clip*>(this)->linear_layers()) out.push_back(n);
-    return out;
-  }
 
   std::map<std::string, wick::Value> attributes() const override {
     nlohmann::json vision = vision_model_->hf_config();
@@ -373,6 +368,6 @@ wick::OptionSchema schema() {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<ClipPlugin>(
+WICK_PLUGIN(wick::plugin<ClipPlugin>(
     "clip", "CLIP image-text model with the symmetric contrastive loss, exact over accumulation windows (GradCache)",
     schema()))

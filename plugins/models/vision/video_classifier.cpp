@@ -23,7 +23,7 @@ using namespace wick::vision;
 
 namespace {
 
-class VideoClassifier : public wick::Model {
+class VideoClassifier : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
  public:
   explicit VideoClassifier(const wick::Options& o)
       : classes_(o.get_int("classes")), temporal_(o.get_string("temporal")), freeze_(o.get_bool("freeze_vision")) {
@@ -127,11 +127,6 @@ class VideoClassifier : public wick::Model {
     return out;
   }
 
-  std::vector<std::string> targets() const override {
-    std::vector<std::string> out;
-    for (const auto& [n, l] : const_cast<VideoClassifier*>(this)->linear_layers()) out.push_back(n);
-    return out;
-  }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = vit_->config();
@@ -171,5 +166,5 @@ wick::OptionSchema schema() {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<VideoClassifier>(
+WICK_PLUGIN(wick::plugin<VideoClassifier>(
     "video_classifier", "video classifier: a ViT per frame, then mean or a temporal transformer over the frames", schema()))

@@ -2,7 +2,7 @@
 
 #include "vision/vit.hpp"
 
-#include <wick/safetensors.hpp>
+#include <wick/kit/safetensors.hpp>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

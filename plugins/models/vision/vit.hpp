@@ -9,10 +9,10 @@
 //                 pre_layrnorm, encoder.layers.N.self_attn.q_proj, ..., post_layernorm)
 // Built once into the static library wick_vision and linked into each plugin.
 
-#include <wick/linear.hpp>
+#include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/options.hpp>
-#include <wick/weights.hpp>
+#include <wick/kit/weights.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>

@@ -21,7 +21,7 @@ using namespace wick::vision;
 
 namespace {
 
-class VitModel : public wick::Model {
+class VitModel : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
  public:
   explicit VitModel(const wick::Options& o) : classes_(o.get_int("classes")), output_(o.get_string("output")) {
     std::string style = o.get_string("style");
@@ -95,11 +95,6 @@ class VitModel : public wick::Model {
 
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return vit_->linear_layers(prefix_); }
 
-  std::vector<std::string> targets() const override {
-    std::vector<std::string> out;
-    for (const auto& [n, l] : vit_->linear_layers(prefix_)) out.push_back(n);
-    return out;
-  }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = vit_->config();
@@ -153,5 +148,5 @@ wick::OptionSchema schema() {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<VitModel>("vit", "Vision Transformer image classifier or encoder (Hugging Face ViT / CLIP names and folders)",
+WICK_PLUGIN(wick::plugin<VitModel>("vit", "Vision Transformer image classifier or encoder (Hugging Face ViT / CLIP names and folders)",
                                          schema()))

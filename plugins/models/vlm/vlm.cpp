@@ -15,7 +15,7 @@
 // Items are the answer tokens (labels other than -100).
 
 #include <wick/model.hpp>
-#include <wick/weights.hpp>
+#include <wick/kit/weights.hpp>
 
 #include "decoder_lm/decoder.hpp"
 #include "vision/vit.hpp"
@@ -51,7 +51,7 @@ TORCH_MODULE(Projector);
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
-class Vlm : public wick::Model {
+class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
  public:
   explicit Vlm(const wick::Options& o) {
     vis::VitConfig vc;
@@ -331,7 +331,6 @@ class Vlm : public wick::Model {
   }
   // The language model's linear layers: lora / qlora adapt the LM only.
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
-  std::vector<std::string> targets() const override { return dec_->targets(); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
@@ -391,6 +390,6 @@ wick::OptionSchema schema() {
 
 }  // namespace
 
-WICK_PLUGIN(wick::model_plugin<Vlm>("vlm",
+WICK_PLUGIN(wick::plugin<Vlm>("vlm",
                                     "LLaVA-style vision-language model: ViT, projector, LLaMA/Qwen2 decoder (Hugging Face names)",
                                     schema()))

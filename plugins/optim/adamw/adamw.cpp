@@ -141,7 +141,7 @@ class AdamW : public wick::Optimizer {
 
 }  // namespace
 
-WICK_PLUGIN(wick::optim_plugin<AdamW>(
+WICK_PLUGIN(wick::plugin<AdamW>(
     "adamw", "Adam with decoupled weight decay (PyTorch's torch.optim.AdamW update)",
     {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
      wick::opt("betas", wick::OptionType::FloatList, wick::List{0.9, 0.999}, "coefficients of the running averages"),

@@ -41,7 +41,7 @@ class Schedule : public wick::Schedule {
 
 }  // namespace
 
-WICK_PLUGIN(wick::optim_plugin<Schedule>(
+WICK_PLUGIN(wick::plugin<Schedule>(
     "schedule", "learning-rate schedule per optimizer step: constant, linear or cosine, with warmup",
     {wick::opt_string("type", "constant", "shape after warmup").one_of({"constant", "linear", "cosine"}),
      wick::opt_int("warmup_steps", 0, "steps of linear warmup from 0").at_least(0),

@@ -69,7 +69,7 @@ class Sgd : public wick::Optimizer {
 
 }  // namespace
 
-WICK_PLUGIN(wick::optim_plugin<Sgd>(
+WICK_PLUGIN(wick::plugin<Sgd>(
     "sgd", "stochastic gradient descent (PyTorch's torch.optim.SGD update)",
     {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
      wick::opt_float("momentum", 0.0, "momentum factor").range(0, 1),

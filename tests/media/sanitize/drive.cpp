@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "media/decode.hpp"
+#include "lib/media/decode.hpp"
 #include "media/make_clips.hpp"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// libFuzzer target for the media decode path (host/media/decode.cpp): the
+// libFuzzer target for the media decode path (plugins/lib/media/decode.cpp): the
 // input's first 8 bytes choose the request (sampling, frames, size, resize,
 // crop, flip, padding), the rest is written to a file and decoded as a video
 // and as an image. Any exception is a clean rejection; a crash, leak, hang or
@@ -10,7 +10,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "media/decode.hpp"
+#include "lib/media/decode.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 8) return 0;

@@ -10,10 +10,10 @@ OUT=$BUILD/sanitize
 mkdir -p "$OUT"
 FF=$(pkg-config --cflags --libs libavformat libavcodec libswscale libavutil)
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1"
-clang++ -std=c++20 $SAN -I"$SRC/host" "$SRC/tests/media/sanitize/drive.cpp" "$SRC/host/media/decode.cpp" \
+clang++ -std=c++20 $SAN -I"$SRC/host" -I"$SRC/plugins" "$SRC/tests/media/sanitize/drive.cpp" "$SRC/plugins/lib/media/decode.cpp" \
   "$SRC/host/media/make_clips.cpp" $FF -o "$OUT/drive"
-clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I"$SRC/host" \
-  "$SRC/tests/media/sanitize/fuzz_decode.cpp" "$SRC/host/media/decode.cpp" $FF -o "$OUT/fuzz_decode"
+clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I"$SRC/plugins" \
+  "$SRC/tests/media/sanitize/fuzz_decode.cpp" "$SRC/plugins/lib/media/decode.cpp" $FF -o "$OUT/fuzz_decode"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # broken files beside the clip set

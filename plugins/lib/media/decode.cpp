@@ -1,4 +1,4 @@
-#include "media/decode.hpp"
+#include "lib/media/decode.hpp"
 
 extern "C" {
 #include <libavcodec/avcodec.h>

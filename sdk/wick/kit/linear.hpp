@@ -14,8 +14,11 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
-#include "wick/nf4.hpp"
+#include "wick/kit/nf4.hpp"
 
 namespace wick {
 
@@ -61,7 +64,7 @@ class LinearImpl : public torch::nn::Module {
   bool has_adapter() const { return static_cast<bool>(lora_A); }
 
   /// Stores the weight as NF4 with double-quantized block constants (see
-  /// wick/nf4.hpp) and drops the float weight; products run in `compute`.
+  /// wick/kit/nf4.hpp) and drops the float weight; products run in `compute`.
   void quantize_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
     if (nf4_) return;
     nf4_ = std::make_shared<Nf4Weight>(nf4_quantize(weight, block));
@@ -114,5 +117,14 @@ class LinearImpl : public torch::nn::Module {
   at::ScalarType compute_dtype_ = at::kBFloat16;
 };
 TORCH_MODULE(Linear);
+
+/// Model capability: the wick::Linear layers adapters (lora, qlora) may
+/// extend, by module name (for a language model: every linear layer but the
+/// output head). A model class offers it by deriving from it too.
+class AdapterTargets {
+ public:
+  virtual ~AdapterTargets() = default;
+  virtual std::vector<std::pair<std::string, Linear>> linear_layers() = 0;
+};
 
 }  // namespace wick

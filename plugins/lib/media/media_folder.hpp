@@ -1,7 +1,7 @@
-// data `video_folder` and `image_folder` (this file built twice, the second
-// with WICK_IMAGE_FOLDER): clips or images from a folder per class, or from a
-// manifest (CSV or JSONL with path, label and/or text), decoded by FFmpeg
-// (host/media/decode.*) to uint8 frames, T x C x H x W (video) or C x H x W
+#pragma once
+// The data set behind the plugins `video_folder` and `image_folder`: clips or
+// images from a folder per class, or from a manifest (CSV or JSONL with path,
+// label and/or text), decoded by FFmpeg (lib/media/decode.*) to uint8 frames, T x C x H x W (video) or C x H x W
 // (image), only the frames asked for, resized while decoding.
 //
 // Randomness (random_segment frames, random_resized crops, flips, a random
@@ -32,24 +32,14 @@
 #include <set>
 #include <sstream>
 
-#include "media/decode.hpp"
+#include "lib/media/decode.hpp"
 #include "text/tokenizer.hpp"
+
+namespace wick_plugins::media_folder {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-#ifdef WICK_IMAGE_FOLDER
-constexpr bool kVideo = false;
-constexpr const char* kName = "image_folder";
-constexpr const char* kKey = "image";
-#else
-constexpr bool kVideo = true;
-constexpr const char* kName = "video_folder";
-constexpr const char* kKey = "video";
-#endif
-
-constexpr std::int64_t kIgnore = -100;
+inline constexpr std::int64_t kIgnore = -100;
 
 struct Item {
   std::string path;
@@ -58,13 +48,13 @@ struct Item {
   std::vector<std::int64_t> ids, labels;  // with a tokenizer
 };
 
-std::string lower(std::string s) {
+inline std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
 // splitmix64 over the seeds and the index: independent streams per sample
-std::uint64_t mix(std::uint64_t x) {
+inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -72,7 +62,7 @@ std::uint64_t mix(std::uint64_t x) {
 }
 
 // One CSV line into fields (quotes with "" escapes).
-std::vector<std::string> csv_fields(const std::string& line) {
+inline std::vector<std::string> csv_fields(const std::string& line) {
   std::vector<std::string> out(1);
   bool quoted = false;
   for (std::size_t i = 0; i < line.size(); ++i) {
@@ -88,9 +78,12 @@ std::vector<std::string> csv_fields(const std::string& line) {
   return out;
 }
 
+/// video = true: clips (video_folder); false: images (image_folder).
 class MediaFolder : public wick::Dataset {
  public:
-  explicit MediaFolder(const wick::Options& o) : seed_(static_cast<std::uint64_t>(o.get_int("seed"))) {
+  MediaFolder(const wick::Options& o, bool video)
+      : kVideo(video), kName(video ? "video_folder" : "image_folder"), kKey(video ? "video" : "image"),
+        seed_(static_cast<std::uint64_t>(o.get_int("seed"))) {
     const std::string root = o.has("root") ? o.get_string("root") : "";
     const std::string manifest = o.has("manifest") ? o.get_string("manifest") : "";
     if (root.empty() == manifest.empty())
@@ -216,6 +209,10 @@ class MediaFolder : public wick::Dataset {
   }
 
  private:
+  // which of the two plugins this is
+  const bool kVideo;
+  const char* const kName;
+  const char* const kKey;
   std::map<std::string, wick::Value> base_attributes() const {
     return {{"size", size()},
             {"num_classes", static_cast<std::int64_t>(classes_.size())},
@@ -400,7 +397,8 @@ class MediaFolder : public wick::Dataset {
   mutable std::atomic<std::int64_t> frames_decoded_{0}, frames_returned_{0}, seeks_{0};
 };
 
-wick::OptionSchema schema() {
+/// The options of video_folder (video) or image_folder.
+inline wick::OptionSchema schema(bool kVideo) {
   wick::OptionSchema s = {
       wick::opt_string("root", wick::Value(), "a folder per class, files anywhere below it").optional(),
       wick::opt_string("manifest", wick::Value(), "CSV (header with path, label and/or text) or JSONL rows; paths relative to it").optional(),
@@ -445,14 +443,4 @@ wick::OptionSchema schema() {
   return s;
 }
 
-}  // namespace
-
-#ifdef WICK_IMAGE_FOLDER
-WICK_PLUGIN(wick::data_plugin<MediaFolder>(
-    "image_folder", "images (JPEG, PNG, WebP) from a folder per class or a manifest, resized and cropped while decoding",
-    schema()))
-#else
-WICK_PLUGIN(wick::data_plugin<MediaFolder>(
-    "video_folder", "clips from a folder per class or a manifest: max_frames sampled frames, resized while decoding (FFmpeg)",
-    schema()))
-#endif
+}  // namespace wick_plugins::media_folder

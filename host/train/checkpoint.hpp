@@ -9,8 +9,8 @@
 /// through the recomputed graph. Dropout draws the same masks and autocast
 /// casts the same way, so gradients equal those of the plain forward.
 ///
-/// Model plugins rarely call this directly: they declare blocks
-/// (Model::blocks()) and run each through Model::run_block, and the host
+/// Model plugins never call this: they declare blocks (Model::blocks()) and
+/// run each through Model::run_block, and the host's CheckpointRunner (below)
 /// checkpoints the blocks the recipe names.
 
 #include <ATen/ATen.h>
@@ -22,7 +22,11 @@
 
 #include <functional>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
+
+#include "wick/model.hpp"
 
 namespace wick {
 
@@ -172,5 +176,19 @@ inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<a
   }
   return detail::CheckpointFunction::apply(st, at::TensorList(args));
 }
+
+/// The host's Model::run_block: the chosen blocks through checkpoint(), the
+/// others plainly.
+class CheckpointRunner : public BlockRunner {
+ public:
+  explicit CheckpointRunner(std::set<std::string> blocks) : blocks_(std::move(blocks)) {}
+  std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) override {
+    return blocks_.count(block) ? checkpoint(fn, inputs) : fn(inputs);
+  }
+  const std::set<std::string>& blocks() const { return blocks_; }
+
+ private:
+  std::set<std::string> blocks_;
+};
 
 }  // namespace wick
