@@ -11,7 +11,7 @@
 #include <wick/model.hpp>
 #include <wick/weights.hpp>
 
-#include "decoder.hpp"
+#include "lib/decoder/decoder.hpp"
 
 #include <filesystem>
 #include <memory>
