@@ -1,6 +1,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "../../test_util.hpp"
 #include "wick/model.hpp"
 
@@ -85,6 +88,56 @@ TEST(Registry, ANameGivenTwiceIsAnErrorNamingBothFiles) {
   EXPECT_THAT(msg, HasSubstr("given twice"));
   EXPECT_THAT(msg, HasSubstr((a.path / "mlp.so").string()));
   EXPECT_THAT(msg, HasSubstr((b.path / "mlp.so").string()));
+}
+
+// Two plugin folders, searched in the order given: every plugin of the first
+// comes before any of the second, and each name is found in its own folder.
+TEST(Registry, SearchesTwoFoldersInTheOrderGiven) {
+  test::TempDir a, b;
+  fs::copy_file(registry().find("sgd").file, a.path / "sgd.so");
+  fs::copy_file(registry().find("adamw").file, b.path / "adamw.so");
+  fs::copy_file(registry().find("mlp").file, b.path / "mlp.so");
+  for (const auto& [first, second] : {std::pair{a.path, b.path}, std::pair{b.path, a.path}}) {
+    Registry r({first, second});
+    std::vector<fs::path> folders;
+    for (const auto& e : r.entries()) folders.push_back(e.file.parent_path());
+    ASSERT_EQ(folders.size(), 3u);
+    const auto in_first = std::count(folders.begin(), folders.end(), fs::canonical(first));
+    EXPECT_TRUE(std::all_of(folders.begin(), folders.begin() + in_first,
+                            [&](const fs::path& f) { return f == fs::canonical(first); }))
+        << "the first folder's plugins come first";
+  }
+  Registry r({a.path, b.path});
+  EXPECT_EQ(r.find("sgd").file.parent_path(), fs::canonical(a.path));
+  EXPECT_EQ(r.find("adamw").file.parent_path(), fs::canonical(b.path));
+}
+
+// A name in both folders is an error (DESIGN.md: "a name given twice is an
+// error naming both files"), naming the first folder's file first.
+TEST(Registry, ANameInTwoFoldersIsAnErrorNamingThemInSearchOrder) {
+  test::TempDir a, b;
+  const auto mlp = registry().find("mlp").file;
+  fs::copy_file(mlp, a.path / "mlp.so");
+  fs::copy_file(mlp, b.path / "mlp.so");
+  const auto fa = (fs::canonical(a.path) / "mlp.so").string(), fb = (fs::canonical(b.path) / "mlp.so").string();
+  Registry ab({a.path, b.path});
+  EXPECT_THAT(test::error_of([&] { ab.find("mlp"); }), HasSubstr(fa + " and " + fb));
+  Registry ba({b.path, a.path});
+  EXPECT_THAT(test::error_of([&] { ba.find("mlp"); }), HasSubstr(fb + " and " + fa));
+}
+
+// WICK_PLUGIN_PATH's folders come first, in their order, then wick's own.
+TEST(Registry, PluginPathFoldersComeFirstInTheirOrder) {
+  const char* old = std::getenv("WICK_PLUGIN_PATH");
+  const std::string saved = old ? old : "";
+  ::setenv("WICK_PLUGIN_PATH", "/first:/second", /*overwrite=*/1);
+  const auto dirs = Registry::default_search_path();
+  if (old) ::setenv("WICK_PLUGIN_PATH", saved.c_str(), 1);
+  else ::unsetenv("WICK_PLUGIN_PATH");
+  ASSERT_GE(dirs.size(), 3u);
+  EXPECT_EQ(dirs[0], fs::path("/first"));
+  EXPECT_EQ(dirs[1], fs::path("/second"));
+  EXPECT_EQ(dirs.back().filename(), "plugins");
 }
 
 TEST(Registry, SearchesThePathInOrderAndSkipsRepeatedFolders) {
