@@ -1,17 +1,19 @@
-// data `image_folder`: images from a folder per class or a manifest, resized
-// and cropped while decoding (plugins/lib/media).
+// data `image_folder`: images from a folder per class or a manifest, decoded
+// by FFmpeg; the implementation is plugins/lib/media/folder.*.
 
-#include "lib/media/media_folder.hpp"
+#include <wick/data.hpp>
+
+#include "lib/media/folder.hpp"
 
 namespace {
 
-class ImageFolder final : public wick_plugins::media_folder::MediaFolder {
- public:
-  explicit ImageFolder(const wick::Options& o) : MediaFolder(o, /*video=*/false) {}
-};
+std::shared_ptr<wick::Object> create(const wick::Options& options) {
+  return wick::media::make_folder(options, wick::media::Kind::Image);
+}
 
 }  // namespace
 
-WICK_PLUGIN(wick::plugin<ImageFolder>(
-    "image_folder", "images (JPEG, PNG, WebP) from a folder per class or a manifest, resized and cropped while decoding",
-    wick_plugins::media_folder::schema(/*video=*/false)))
+WICK_PLUGIN(wick::make_descriptor(
+    wick::PluginKind::Data, "image_folder",
+    "images (JPEG, PNG, WebP) from a folder per class or a manifest, resized and cropped while decoding",
+    wick::media::folder_options(wick::media::Kind::Image), &create))

@@ -19,7 +19,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tokenizer.hpp"
+#include "lib/tokenizer/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 

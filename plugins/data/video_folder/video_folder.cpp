@@ -1,17 +1,19 @@
-// data `video_folder`: clips from a folder per class or a manifest, max_frames
-// sampled frames each, resized while decoding (plugins/lib/media).
+// data `video_folder`: clips from a folder per class or a manifest, sampled
+// frames decoded by FFmpeg; the implementation is plugins/lib/media/folder.*.
 
-#include "lib/media/media_folder.hpp"
+#include <wick/data.hpp>
+
+#include "lib/media/folder.hpp"
 
 namespace {
 
-class VideoFolder final : public wick_plugins::media_folder::MediaFolder {
- public:
-  explicit VideoFolder(const wick::Options& o) : MediaFolder(o, /*video=*/true) {}
-};
+std::shared_ptr<wick::Object> create(const wick::Options& options) {
+  return wick::media::make_folder(options, wick::media::Kind::Video);
+}
 
 }  // namespace
 
-WICK_PLUGIN(wick::plugin<VideoFolder>(
-    "video_folder", "clips from a folder per class or a manifest: max_frames sampled frames, resized while decoding (FFmpeg)",
-    wick_plugins::media_folder::schema(/*video=*/true)))
+WICK_PLUGIN(wick::make_descriptor(
+    wick::PluginKind::Data, "video_folder",
+    "clips from a folder per class or a manifest: max_frames sampled frames, resized while decoding (FFmpeg)",
+    wick::media::folder_options(wick::media::Kind::Video), &create))

@@ -8,10 +8,11 @@
 // Batches: input_ids [B, T] (int64), labels [B, T] (-100 = ignored; shifted
 // inside, as Hugging Face does). Items are the target tokens.
 
+#include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
 
-#include "decoder.hpp"
+#include "lib/decoder/decoder.hpp"
 
 #include <filesystem>
 #include <memory>

@@ -1,5 +1,5 @@
 // model `vlm`: a LLaVA-style vision-language model: a Vision Transformer
-// (vision/vit.hpp), a projector (LLaVA's multi_modal_projector: linear_1,
+// (lib/vision/vit.hpp), a projector (LLaVA's multi_modal_projector: linear_1,
 // gelu, linear_2; or linear_1 alone) and the LLaMA / Qwen2 decoder
 // (decoder_lm/decoder.hpp), with the parameter names of transformers 5's
 // LlavaForConditionalGeneration (model.vision_tower.embeddings...,
@@ -14,11 +14,12 @@
 // is replaced by the projected visual tokens; their positions carry no loss.
 // Items are the answer tokens (labels other than -100).
 
+#include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
 
-#include "decoder_lm/decoder.hpp"
-#include "vision/vit.hpp"
+#include "lib/decoder/decoder.hpp"
+#include "lib/vision/vit.hpp"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

@@ -1,17 +1,18 @@
-// optim `lora`: LoRA adapters on a model's linear layers, PEFT-compatible
-// (plugins/lib/adapters/adapters.hpp).
+// optim `lora`: low-rank adapters on a model's linear layers (Hu et al.),
+// PEFT-compatible; the implementation is plugins/lib/lora/.
 
-#include "lib/adapters/adapters.hpp"
+#include <wick/optim.hpp>
+
+#include "lib/lora/adapters.hpp"
 
 namespace {
 
-class Lora final : public wick_plugins::Adapters {
- public:
-  explicit Lora(const wick::Options& o) : Adapters(o, /*quantize=*/false) {}
-};
+std::shared_ptr<wick::Object> create(const wick::Options& options) {
+  return wick::lora::make_adapters(options, wick::lora::Base::Float);
+}
 
 }  // namespace
 
-WICK_PLUGIN(wick::plugin<Lora>(
-    "lora", "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
-    wick_plugins::adapter_options()))
+WICK_PLUGIN(wick::make_descriptor(wick::PluginKind::Optim, "lora",
+                                  "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
+                                  wick::lora::lora_options(), &create))

@@ -1,17 +1,20 @@
-// optim `qlora`: LoRA adapters over 4-bit NF4 base weights with
-// double-quantized block constants (plugins/lib/adapters/adapters.hpp).
+// optim `qlora` (Dettmers et al.): LoRA adapters over base weights stored as
+// 4-bit NF4 with double-quantized block constants, dequantized to
+// compute_dtype per product; the implementation is plugins/lib/lora/.
 
-#include "lib/adapters/adapters.hpp"
+#include <wick/optim.hpp>
+
+#include "lib/lora/adapters.hpp"
 
 namespace {
 
-class Qlora final : public wick_plugins::Adapters {
- public:
-  explicit Qlora(const wick::Options& o) : Adapters(o, /*quantize=*/true) {}
-};
+std::shared_ptr<wick::Object> create(const wick::Options& options) {
+  return wick::lora::make_adapters(options, wick::lora::Base::Nf4);
+}
 
 }  // namespace
 
-WICK_PLUGIN(wick::plugin<Qlora>(
-    "qlora", "QLoRA: LoRA adapters over 4-bit NF4 base weights (double-quantized constants); PEFT-compatible adapters",
-    wick_plugins::qlora_options()))
+WICK_PLUGIN(wick::make_descriptor(
+    wick::PluginKind::Optim, "qlora",
+    "QLoRA: LoRA adapters over 4-bit NF4 base weights (double-quantized constants); PEFT-compatible adapters",
+    wick::lora::qlora_options(), &create))

@@ -1,0 +1,326 @@
+// LoRA adapters on a model's linear layers (Hu et al.), shared by optim
+// `lora` and optim `qlora`: y = W x + (alpha / r) B A dropout(x), the base
+// frozen, A and B trained. Adapters save and load as PEFT does
+// (adapter_model.safetensors with base_model.model.<module>.lora_{A,B}.weight,
+// adapter_config.json) and can be merged into the base weights.
+// modules_to_save (PEFT's option) keeps whole modules trainable beside the
+// adapters (a VLM's projector, a new head) and saves them with the adapter as
+// PEFT does: base_model.model.<module>.<parameter>.
+// With Base::Nf4 (`qlora`, Dettmers et al.) the adapted layers' base weights
+// are stored as 4-bit NF4 with double-quantized block constants
+// (wick/kit/nf4.hpp), dequantized to compute_dtype per product.
+
+#include "lib/lora/adapters.hpp"
+
+#include <wick/kit/linear.hpp>
+#include <wick/model.hpp>
+#include <wick/optim.hpp>
+#include <wick/kit/safetensors.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPrefix = "base_model.model.";
+
+class Lora : public wick::Transform {
+ public:
+  Lora(const wick::Options& o, wick::lora::Base base)
+      : nf4_(base == wick::lora::Base::Nf4),
+        name_(nf4_ ? "optim 'qlora'" : "optim 'lora'"),
+        r_(o.get_int("r")),
+        alpha_(o.get_double("alpha")),
+        dropout_(o.get_double("dropout")) {
+    for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
+    bias_ = o.get_string("bias");
+    for (const auto& t : o.at("modules_to_save").as_list()) save_modules_.push_back(t.as_string());
+    compile_patterns();
+    if (nf4_) {
+      const std::string c = o.get_string("compute_dtype");
+      compute_ = c == "fp32" ? at::kFloat : c == "fp16" ? at::kHalf : at::kBFloat16;
+      block_ = o.get_int("block_size");
+    }
+  }
+
+  // "re:PATTERN" entries match whole module names as regular expressions
+  // (PEFT's string form); the others are names or name suffixes.
+  void compile_patterns() {
+    patterns_.clear();
+    for (const auto& t : targets_)
+      if (t.rfind("re:", 0) == 0) {
+        try {
+          patterns_.emplace_back(t.substr(3), std::regex::ECMAScript);
+        } catch (const std::regex_error& e) {
+          throw wick::Error(std::string(name_) + ": target_modules: '" + t + "' is not a valid regular expression: " + e.what());
+        }
+      }
+  }
+
+  bool matches(const std::string& name) const {
+    for (const auto& re : patterns_)
+      if (std::regex_match(name, re)) return true;
+    for (const auto& t : targets_)
+      if (t == "all-linear" || name == t || (name.size() > t.size() && name.ends_with("." + t))) return true;
+    return false;
+  }
+
+  // The biases `bias` trains: "all" every bias of the model, "lora_only" those
+  // of the adapted layers, "none" none (PEFT's choices).
+  std::vector<std::pair<std::string, at::Tensor>> trained_biases(wick::Model& model) const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    if (bias_ == "none") return out;
+    std::set<std::string> adapted_names(applied_.begin(), applied_.end());
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+      const std::string& n = p.key();
+      if (!(n == "bias" || n.ends_with(".bias"))) continue;
+      const std::string owner = n.size() > 5 ? n.substr(0, n.size() - 5) : "";
+      if (bias_ == "all" || adapted_names.count(owner)) out.emplace_back(n, p.value());
+    }
+    return out;
+  }
+
+  // The parameters of modules_to_save: those of a module whose name is an
+  // entry or ends with "." + entry (PEFT's rule), or starts with the entry.
+  std::vector<std::pair<std::string, at::Tensor>> saved_modules(wick::Model& model) const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    if (save_modules_.empty()) return out;
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+      const std::string& n = p.key();
+      bool hit = false;
+      for (std::size_t dot = n.find('.'); dot != std::string::npos && !hit; dot = n.find('.', dot + 1)) {
+        const std::string m = n.substr(0, dot);
+        for (const auto& e : save_modules_)
+          if (m == e || (m.size() > e.size() && m.ends_with("." + e))) hit = true;
+      }
+      // an adapter's own weights stay the adapter's, trained biases are saved as such
+      if (hit && n.find(".lora_A.") == std::string::npos && n.find(".lora_B.") == std::string::npos)
+        out.emplace_back(n, p.value());
+    }
+    std::set<std::string> biases;
+    for (auto& [n, b] : trained_biases(model)) biases.insert(n);
+    std::erase_if(out, [&](const auto& x) { return biases.count(x.first) > 0; });
+    return out;
+  }
+
+  void apply(wick::Model& model) override {
+    if (!applied_.empty()) throw wick::Error(std::string(name_) + ": already applied to a model");
+    auto* targets = wick::capability<wick::AdapterTargets>(model);
+    auto layers = targets ? targets->linear_layers() : std::vector<std::pair<std::string, wick::Linear>>{};
+    if (layers.empty()) throw wick::Error(std::string(name_) + ": the model offers no linear layers for adapters");
+    for (auto& p : model.parameters()) p.set_requires_grad(false);
+    for (auto& [name, lin] : layers)
+      if (matches(name)) {
+        if (nf4_) {
+          if (lin->in_features * lin->out_features % block_ != 0)
+            throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(lin->in_features * lin->out_features) +
+                              " weights, not a multiple of block_size " + std::to_string(block_));
+          base_params_ += lin->in_features * lin->out_features;
+          float_bytes_ += lin->weight_bytes();
+          lin->quantize_nf4(compute_, block_);
+          base_bytes_ += lin->weight_bytes();
+        }
+        lin->add_adapter(r_, alpha_, dropout_);
+        applied_.push_back(name);
+      }
+    for (auto& [n, b] : trained_biases(model)) b.set_requires_grad(true);
+    if (!save_modules_.empty()) {
+      auto kept = saved_modules(model);
+      if (kept.empty()) {
+        std::string all;
+        for (const auto& c : model.named_children()) all += (all.empty() ? "" : ", ") + c.key();
+        throw wick::Error(std::string(name_) + ": modules_to_save matched no module of the model (its top-level "
+                          "modules: " + all + ")");
+      }
+      for (auto& [n, t] : kept) t.set_requires_grad(true);
+    }
+    if (applied_.empty()) {
+      std::string all;
+      for (std::size_t i = 0; i < layers.size() && i < 8; ++i) all += (i ? ", " : "") + layers[i].first;
+      throw wick::Error(std::string(name_) + ": target_modules matched none of the model's linear layers (" + all + ", ...)");
+    }
+  }
+
+  std::vector<std::pair<std::string, wick::Linear>> adapted(wick::Model& model) const {
+    std::set<std::string> names(applied_.begin(), applied_.end());
+    std::vector<std::pair<std::string, wick::Linear>> out;
+    auto* targets = wick::capability<wick::AdapterTargets>(model);
+    if (!targets) throw wick::Error(std::string(name_) + ": the model offers no linear layers for adapters");
+    for (auto& [name, lin] : targets->linear_layers())
+      if (names.count(name) && lin->has_adapter()) out.emplace_back(name, lin);
+    return out;
+  }
+
+  void save(wick::Model& model, const std::string& dir) const override {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (auto& [name, lin] : adapted(model)) {
+      tensors.emplace_back(kPrefix + name + ".lora_A.weight", lin->lora_A->weight);
+      tensors.emplace_back(kPrefix + name + ".lora_B.weight", lin->lora_B->weight);
+    }
+    // PEFT's names: an adapted layer's bias is its base layer's
+    std::set<std::string> adapted_names(applied_.begin(), applied_.end());
+    for (auto& [n, b] : trained_biases(model)) {
+      const std::string owner = n.substr(0, n.size() - 5);
+      tensors.emplace_back(kPrefix + (adapted_names.count(owner) ? owner + ".base_layer.bias" : n), b);
+    }
+    for (auto& [n, t] : saved_modules(model)) tensors.emplace_back(kPrefix + n, t);
+    if (tensors.empty()) throw wick::Error(std::string(name_) + ": no adapters to save (apply it to the model first)");
+    fs::create_directories(dir);
+    wick::write_safetensors(fs::path(dir) / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+    nlohmann::json cfg = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", r_}, {"lora_alpha", alpha_},
+                          {"lora_dropout", dropout_}, {"target_modules", peft_targets()}, {"bias", bias_},
+                          {"fan_in_fan_out", false}, {"inference_mode", false}, {"use_rslora", false},
+                          {"modules_to_save", save_modules_.empty() ? nlohmann::json(nullptr) : nlohmann::json(save_modules_)},
+                          {"base_model_name_or_path", nullptr}};
+    wick::write_file_atomic(fs::path(dir) / "adapter_config.json", cfg.dump(2) + "\n");
+  }
+
+  void load(wick::Model& model, const std::string& dir) override {
+    std::ifstream in(fs::path(dir) / "adapter_config.json");
+    if (!in) throw wick::Error(std::string(name_) + ": " + dir + " has no adapter_config.json");
+    nlohmann::json cfg;
+    try {
+      cfg = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw wick::Error(std::string(name_) + ": " + dir + "/adapter_config.json is not valid JSON: " + e.what());
+    }
+    if (cfg.value("peft_type", std::string("LORA")) != "LORA")
+      throw wick::Error(std::string(name_) + ": " + dir + " holds a " + cfg.value("peft_type", std::string()) + " adapter, not LORA");
+    if (cfg.value("use_rslora", false) || cfg.value("use_dora", false))
+      throw wick::Error(std::string(name_) + ": rsLoRA and DoRA adapters are not supported yet");
+    if (applied_.empty()) {  // the adapter's own settings
+      r_ = cfg.at("r").get<std::int64_t>();
+      alpha_ = cfg.at("lora_alpha").get<double>();
+      targets_.clear();
+      // PEFT: a string is a regular expression over whole names, a list holds names
+      if (cfg.at("target_modules").is_string()) targets_.push_back("re:" + cfg["target_modules"].get<std::string>());
+      else for (const auto& t : cfg["target_modules"]) targets_.push_back(t.get<std::string>());
+      bias_ = cfg.value("bias", std::string("none"));
+      save_modules_.clear();
+      if (cfg.contains("modules_to_save") && cfg["modules_to_save"].is_array())
+        for (const auto& m : cfg["modules_to_save"]) save_modules_.push_back(m.get<std::string>());
+      if (bias_ != "none" && bias_ != "all" && bias_ != "lora_only")
+        throw wick::Error(std::string(name_) + ": " + dir + "/adapter_config.json: bias '" + bias_ + "' is not none, all or lora_only");
+      compile_patterns();
+      apply(model);
+    }
+    auto file = wick::read_safetensors(fs::path(dir) / "adapter_model.safetensors");
+    std::map<std::string, at::Tensor> given;
+    for (auto& [name, t] : file.tensors) {
+      std::string n = name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+      if (auto d = n.find(".default."); d != std::string::npos) n.erase(d, 8);
+      if (auto d = n.find(".base_layer."); d != std::string::npos) n.erase(d, 11);
+      given[n] = t;
+    }
+    at::NoGradGuard no_grad;
+    std::size_t used = 0;
+    for (auto& [name, lin] : adapted(model)) {
+      for (auto [suffix, w] : {std::pair<std::string, at::Tensor>{".lora_A.weight", lin->lora_A->weight},
+                               {".lora_B.weight", lin->lora_B->weight}}) {
+        auto it = given.find(name + suffix);
+        if (it == given.end()) throw wick::Error(std::string(name_) + ": " + dir + " lacks " + kPrefix + name + suffix);
+        if (it->second.sizes() != w.sizes())
+          throw wick::Error(std::string(name_) + ": " + name + suffix + " has another shape in " + dir);
+        w.copy_(it->second);
+        ++used;
+      }
+    }
+    for (auto& [n, b] : trained_biases(model)) {
+      auto it = given.find(n);
+      if (it == given.end()) throw wick::Error(std::string(name_) + ": " + dir + " lacks the trained bias " + kPrefix + n);
+      if (it->second.sizes() != b.sizes()) throw wick::Error(std::string(name_) + ": " + n + " has another shape in " + dir);
+      b.copy_(it->second);
+      ++used;
+    }
+    for (auto& [n, t] : saved_modules(model)) {
+      auto it = given.find(n);
+      if (it == given.end()) throw wick::Error(std::string(name_) + ": " + dir + " lacks " + kPrefix + n + " (modules_to_save)");
+      if (it->second.sizes() != t.sizes()) throw wick::Error(std::string(name_) + ": " + n + " has another shape in " + dir);
+      t.copy_(it->second);
+      ++used;
+    }
+    if (used != given.size())
+      throw wick::Error(std::string(name_) + ": " + dir + " holds " + std::to_string(given.size() - used) +
+                        " tensors for layers the model has no adapter on");
+  }
+
+  void merge(wick::Model& model) override {
+    for (auto& [name, lin] : adapted(model)) lin->merge_adapter();
+    applied_.clear();
+    for (auto& p : model.parameters()) p.set_requires_grad(true);
+  }
+
+  std::map<std::string, wick::Value> attributes() const override {
+    wick::List t;
+    for (const auto& s : targets_) t.push_back(wick::Value(s));
+    wick::List m;
+    for (const auto& s : save_modules_) m.push_back(wick::Value(s));
+    std::map<std::string, wick::Value> a{{"r", r_}, {"alpha", alpha_}, {"layers", static_cast<std::int64_t>(applied_.size())},
+                                         {"target_modules", t}, {"modules_to_save", m}};
+    // what the quantized base weights take: 4.127 bits each with double quantization
+    if (nf4_ && base_params_ > 0) {
+      a["bytes_per_param"] = static_cast<double>(base_bytes_) / static_cast<double>(base_params_);
+      a["base_bytes"] = base_bytes_;
+      a["base_bytes_before"] = float_bytes_;
+    }
+    return a;
+  }
+
+ private:
+  bool nf4_;
+  const char* name_;  // "optim 'lora'" or "optim 'qlora'", the start of every message
+  std::int64_t r_;
+  double alpha_, dropout_;
+  // PEFT's adapter_config form: one regular expression stays a string
+  nlohmann::json peft_targets() const {
+    if (targets_.size() == 1 && targets_[0].rfind("re:", 0) == 0) return targets_[0].substr(3);
+    return targets_;
+  }
+
+  std::vector<std::string> targets_;
+  std::vector<std::regex> patterns_;
+  std::string bias_ = "none";
+  std::vector<std::string> save_modules_;
+  std::vector<std::string> applied_;
+  at::ScalarType compute_ = at::kBFloat16;
+  std::int64_t block_ = 64, base_params_ = 0, base_bytes_ = 0, float_bytes_ = 0;
+};
+
+}  // namespace
+
+namespace wick::lora {
+
+std::shared_ptr<wick::Transform> make_adapters(const wick::Options& options, Base base) {
+  return std::make_shared<Lora>(options, base);
+}
+
+// The adapter options both plugins take.
+wick::OptionSchema lora_options() {
+  return {wick::opt_int("r", 8, "adapter rank").at_least(1),
+          wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
+          wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
+          wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
+                    "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every "
+                    "linear layer but the output head)"),
+          wick::opt_string("bias", "none", "biases trained beside the adapters: none, all, or lora_only (those of adapted layers)")
+              .one_of({"none", "all", "lora_only"}),
+          wick::opt("modules_to_save", wick::OptionType::StringList, wick::List{},
+                    "modules kept trainable beside the adapters and saved with them (PEFT's modules_to_save): a "
+                    "module name, a name suffix (multi_modal_projector, lm_head) or a name prefix")};
+}
+
+wick::OptionSchema qlora_options() {
+  auto o = lora_options();
+  o.push_back(wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product")
+                  .one_of({"bf16", "fp16", "fp32"}));
+  o.push_back(wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2));
+  return o;
+}
+
+}  // namespace wick::lora

@@ -1,0 +1,531 @@
+// The Vision Transformer shared by the vision plugins: see vit.hpp.
+
+#include "lib/vision/vit.hpp"
+
+#include <wick/kit/safetensors.hpp>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace wick::vision {
+
+namespace {
+
+std::string str(std::int64_t v) { return std::to_string(v); }
+
+const std::vector<std::string>& known_activations() {
+  static const std::vector<std::string> a = {"gelu", "quick_gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu"};
+  return a;
+}
+
+void check_sizes(const VitConfig& c, const std::string& where) {
+  if (c.style != "vit" && c.style != "clip")
+    throw Error(where + ": style '" + c.style + "' is not supported (expected vit or clip)");
+  if (c.image_size < 1 || c.patch_size < 1 || c.image_size % c.patch_size)
+    throw Error(where + ": image_size " + str(c.image_size) + " is not a multiple of patch_size " + str(c.patch_size));
+  if (c.heads < 1 || c.hidden % c.heads)
+    throw Error(where + ": hidden_size " + str(c.hidden) + " is not a multiple of " + str(c.heads) + " heads");
+  if (c.layers < 0) throw Error(where + ": layers must be >= 0, got " + str(c.layers));
+  if (c.pool != "cls" && c.pool != "mean")
+    throw Error(where + ": pool '" + c.pool + "' is not supported (expected cls or mean)");
+  check_activation(c.act, where);
+}
+
+// a fresh standalone module to hold children under a dotted path
+std::shared_ptr<torch::nn::Module> container(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+
+// normal(0, std) cut at two standard deviations, as timm and Hugging Face initialise ViTs
+void trunc_normal(at::Tensor t, double mean, double std, double lo, double hi) {
+  at::NoGradGuard g;
+  t.normal_(mean, std).clamp_(lo, hi);
+}
+
+void init_linear(wick::LinearImpl& l) {
+  at::NoGradGuard g;
+  trunc_normal(l.weight, 0.0, 0.02, -0.04, 0.04);
+  if (l.bias.defined()) l.bias.zero_();
+}
+
+}  // namespace
+
+void check_activation(const std::string& act, const std::string& where) {
+  for (const auto& a : known_activations())
+    if (a == act) return;
+  std::string known;
+  for (const auto& a : known_activations()) known += (known.empty() ? "" : ", ") + a;
+  throw Error(where + ": activation '" + act + "' is not supported (expected one of " + known + ")");
+}
+
+at::Tensor activation(const at::Tensor& x, const std::string& act) {
+  if (act == "gelu") return at::gelu(x);
+  if (act == "quick_gelu") return x * at::sigmoid(x * 1.702);
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (act == "relu") return at::relu(x);
+  if (act == "silu") return at::silu(x);
+  throw Error("vision: activation '" + act + "' is not supported");
+}
+
+// ---- block ----
+
+VitBlockImpl::VitBlockImpl(const VitConfig& c) : c_(c) {
+  const auto D = c.hidden, F = c.intermediate;
+  const auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(c.eps)); };
+  q = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
+  k = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
+  v = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
+  o = wick::Linear(D, D, true);
+  fc1 = wick::Linear(D, F, true);
+  fc2 = wick::Linear(F, D, true);
+  ln1 = ln();
+  ln2 = ln();
+  if (c.style == "vit") {
+    // ViTLayer's legacy names, the ones checkpoints on disk carry
+    auto attention = container(*this, "attention");
+    auto inner = attention->register_module("attention", std::make_shared<torch::nn::Module>());
+    inner->register_module("query", q);
+    inner->register_module("key", k);
+    inner->register_module("value", v);
+    attention->register_module("output", std::make_shared<torch::nn::Module>())->register_module("dense", o);
+    container(*this, "intermediate")->register_module("dense", fc1);
+    container(*this, "output")->register_module("dense", fc2);
+    register_module("layernorm_before", ln1);
+    register_module("layernorm_after", ln2);
+    names_ = {{"attention.attention.query", q}, {"attention.attention.key", k}, {"attention.attention.value", v},
+              {"attention.output.dense", o},    {"intermediate.dense", fc1},    {"output.dense", fc2}};
+  } else {
+    auto attn = container(*this, "self_attn");
+    attn->register_module("q_proj", q);
+    attn->register_module("k_proj", k);
+    attn->register_module("v_proj", v);
+    attn->register_module("out_proj", o);
+    register_module("layer_norm1", ln1);
+    auto mlp = container(*this, "mlp");
+    mlp->register_module("fc1", fc1);
+    mlp->register_module("fc2", fc2);
+    register_module("layer_norm2", ln2);
+    names_ = {{"self_attn.q_proj", q}, {"self_attn.k_proj", k}, {"self_attn.v_proj", v},
+              {"self_attn.out_proj", o}, {"mlp.fc1", fc1},        {"mlp.fc2", fc2}};
+  }
+  for (auto* l : {q.get(), k.get(), v.get(), o.get(), fc1.get(), fc2.get()}) init_linear(*l);
+}
+
+at::Tensor VitBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask, bool causal) {
+  const auto N = x.size(0), L = x.size(1), H = c_.heads, hd = c_.hidden / c_.heads;
+  at::Tensor h = ln1->forward(x);
+  at::Tensor qs = q->forward(h).view({N, L, H, hd}).transpose(1, 2);
+  at::Tensor ks = k->forward(h).view({N, L, H, hd}).transpose(1, 2);
+  at::Tensor vs = v->forward(h).view({N, L, H, hd}).transpose(1, 2);
+  // one dtype for the product (under autocast the projections may differ from x)
+  ks = ks.to(qs.scalar_type());
+  vs = vs.to(qs.scalar_type());
+  at::Tensor y;
+  if (mask.defined()) {
+    at::Tensor allowed = mask.to(at::kBool);
+    if (causal) allowed = allowed.logical_and(at::ones({L, L}, allowed.options()).tril());
+    // additive, with the dtype's lowest value as Hugging Face does: a row
+    // with no allowed key attends uniformly instead of giving NaN
+    at::Tensor bias = at::zeros(allowed.sizes(), qs.options())
+                          .masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
+    if (qs.scalar_type() != at::kFloat) bias = bias.clamp_min(-65000.0);  // finite in half precision
+    y = at::scaled_dot_product_attention(qs, ks, vs, bias, 0.0, false);
+  } else {
+    y = at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, causal);
+  }
+  y = o->forward(y.transpose(1, 2).reshape({N, L, c_.hidden}));
+  at::Tensor r = x + y.to(x.scalar_type());
+  at::Tensor m = fc2->forward(activation(fc1->forward(ln2->forward(r)), c_.act));
+  return r + m.to(r.scalar_type());
+}
+
+std::vector<std::pair<std::string, wick::Linear>> VitBlockImpl::linear_layers() const { return names_; }
+
+// ---- encoder ----
+
+VitImpl::VitImpl(VitConfig c) : c_(std::move(c)) {
+  check_sizes(c_, "vit");
+  const auto D = c_.hidden, p = c_.patch_size;
+  const auto P = num_patches();
+  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(c_.eps)); };
+  auto embeddings = container(*this, "embeddings");
+  auto encoder = container(*this, "encoder");
+  auto list = encoder->register_module(c_.style == "vit" ? "layer" : "layers", torch::nn::ModuleList());
+  at::NoGradGuard g;
+  if (c_.style == "vit") {
+    cls_ = embeddings->register_parameter("cls_token", at::zeros({1, 1, D}));
+    pos_ = embeddings->register_parameter("position_embeddings", at::zeros({1, P + 1, D}));
+    patch_ = container(*embeddings, "patch_embeddings")
+                 ->register_module("projection", torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p)));
+    trunc_normal(cls_, 0.0, 0.02, -0.04, 0.04);
+    trunc_normal(pos_, 0.0, 0.02, -0.04, 0.04);
+  } else {
+    cls_ = embeddings->register_parameter("class_embedding", at::zeros({D}));
+    patch_ = embeddings->register_module("patch_embedding",
+                                         torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p).bias(false)));
+    auto table = embeddings->register_module("position_embedding", torch::nn::Embedding(P + 1, D));
+    pos_ = table->weight;
+    torch::nn::init::normal_(cls_, 0.0, 1.0 / std::sqrt(static_cast<double>(D)));
+    torch::nn::init::normal_(pos_, 0.0, 0.02);
+    pre_ = register_module("pre_layrnorm", ln());
+  }
+  trunc_normal(patch_->weight, 0.0, 0.02, -0.04, 0.04);
+  if (patch_->bias.defined()) patch_->bias.zero_();
+  for (std::int64_t i = 0; i < c_.layers; ++i) {
+    blocks_.push_back(VitBlock(c_));
+    list->push_back(blocks_.back());
+  }
+  if (c_.style == "vit") {
+    final_ = register_module("layernorm", ln());
+    if (c_.pooler) {
+      pooler_ = container(*this, "pooler")->register_module("dense", torch::nn::Linear(D, D));
+      trunc_normal(pooler_->weight, 0.0, 0.02, -0.04, 0.04);
+      pooler_->bias.zero_();
+    }
+  } else {
+    final_ = register_module("post_layernorm", ln());
+  }
+}
+
+at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const std::string& prefix, int layer) {
+  if (pixels.dim() != 4 || pixels.size(1) != c_.channels)
+    throw Error("vit: expected images [N, " + str(c_.channels) + ", H, W], got " + c10::str(pixels.sizes()));
+  if (pixels.size(2) != c_.image_size || pixels.size(3) != c_.image_size)
+    throw Error("vit: images are " + str(pixels.size(2)) + "x" + str(pixels.size(3)) + ", the encoder expects " +
+                str(c_.image_size) + "x" + str(c_.image_size) + " (set the data's image_size to " + str(c_.image_size) +
+                ")");
+  const std::int64_t L = c_.layers;
+  const std::int64_t n = layer >= 0 ? layer + 1 : L + layer + 1;
+  if (n < 0 || n > L)
+    throw Error("vit: layer " + std::to_string(layer) + " is outside the encoder's " + str(L) +
+                " blocks (expected -" + str(L + 1) + " .. " + str(L - 1) + ")");
+  const auto N = pixels.size(0), D = c_.hidden;
+  at::Tensor x = pixels.is_floating_point() ? pixels.to(patch_->weight.scalar_type()) : pixels.to(at::kFloat);
+  x = patch_->forward(x).flatten(2).transpose(1, 2);  // [N, P, D]
+  at::Tensor cls = (c_.style == "vit" ? cls_ : cls_.view({1, 1, D})).expand({N, 1, D}).to(x.scalar_type());
+  x = at::cat({cls, x}, 1) + pos_.view({1, -1, D});
+  if (pre_) x = pre_->forward(x);
+  const auto names = block_names(prefix);
+  for (std::int64_t i = 0; i < n; ++i) {
+    VitBlock b = blocks_[static_cast<std::size_t>(i)];
+    auto fn = [b](const at::Tensor& h) mutable { return b->forward(h); };
+    x = owner ? owner->run_block(names[static_cast<std::size_t>(i)], fn, x) : fn(x);
+  }
+  if (c_.style == "vit" && n == L) x = final_->forward(x);
+  return x;
+}
+
+at::Tensor VitImpl::pool(const at::Tensor& tokens) {
+  if (c_.pool == "mean") return tokens.narrow(1, 1, tokens.size(1) - 1).mean(1);
+  at::Tensor first = tokens.select(1, 0);
+  if (c_.style == "clip") return final_->forward(first);
+  if (pooler_) return at::tanh(pooler_->forward(first));
+  return first;
+}
+
+std::vector<std::string> VitImpl::block_names(const std::string& prefix) const {
+  std::string p = prefix;
+  if (!p.empty() && p.back() != '.') p += '.';
+  p += c_.style == "vit" ? "encoder.layer." : "encoder.layers.";
+  std::vector<std::string> out;
+  for (std::int64_t i = 0; i < c_.layers; ++i) out.push_back(p + str(i));
+  return out;
+}
+
+std::vector<std::pair<std::string, wick::Linear>> VitImpl::linear_layers(const std::string& prefix) const {
+  std::vector<std::pair<std::string, wick::Linear>> out;
+  const auto names = block_names(prefix);
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    for (const auto& [n, l] : blocks_[i]->linear_layers()) out.emplace_back(names[i] + "." + n, l);
+  return out;
+}
+
+nlohmann::json VitImpl::hf_config() const {
+  nlohmann::json j = {{"hidden_size", c_.hidden},
+                      {"intermediate_size", c_.intermediate},
+                      {"num_hidden_layers", c_.layers},
+                      {"num_attention_heads", c_.heads},
+                      {"image_size", c_.image_size},
+                      {"patch_size", c_.patch_size},
+                      {"num_channels", c_.channels},
+                      {"layer_norm_eps", c_.eps},
+                      {"hidden_act", c_.act}};
+  if (c_.style == "vit") {
+    j["model_type"] = "vit";
+    j["qkv_bias"] = c_.qkv_bias;
+    j["hidden_dropout_prob"] = 0.0;
+    j["attention_probs_dropout_prob"] = 0.0;
+  } else {
+    j["model_type"] = "clip_vision_model";
+  }
+  return j;
+}
+
+// ---- configs and options ----
+
+VitConfig config_from_hf(const nlohmann::json& config, const std::string& where) {
+  const nlohmann::json* j = &config;
+  if (config.contains("vision_config") && config["vision_config"].is_object()) j = &config["vision_config"];
+  std::string type = j->value("model_type", std::string());
+  if (type.empty() && j != &config) type = "clip_vision_model";  // a nested vision_config without its type
+  VitConfig c;
+  if (type == "vit") {
+    c.style = "vit";
+    c.image_size = 224, c.patch_size = 16, c.hidden = 768, c.intermediate = 3072, c.layers = 12, c.heads = 12;
+    c.eps = 1e-12, c.act = "gelu";
+  } else if (type == "clip_vision_model" || type == "clip") {
+    c.style = "clip";
+    c.image_size = 224, c.patch_size = 32, c.hidden = 768, c.intermediate = 3072, c.layers = 12, c.heads = 12;
+    c.eps = 1e-5, c.act = "quick_gelu";
+  } else {
+    throw Error(where + ": model_type '" + type + "' is not a vision transformer wick reads (expected vit, clip or " +
+                "clip_vision_model, or a config with a vision_config)");
+  }
+  try {
+    c.image_size = j->value("image_size", c.image_size);
+    c.patch_size = j->value("patch_size", c.patch_size);
+    c.channels = j->value("num_channels", c.channels);
+    c.hidden = j->value("hidden_size", c.hidden);
+    c.intermediate = j->value("intermediate_size", c.intermediate);
+    c.layers = j->value("num_hidden_layers", c.layers);
+    c.heads = j->value("num_attention_heads", c.heads);
+    c.eps = j->value("layer_norm_eps", c.eps);
+    c.act = j->value("hidden_act", c.act);
+    if (c.style == "vit") {
+      c.qkv_bias = j->value("qkv_bias", true);
+      if (j->value("pooler_act", std::string("tanh")) != "tanh")
+        throw Error(where + ": pooler_act '" + j->value("pooler_act", std::string()) + "' is not supported (tanh)");
+      if (j->contains("pooler_output_size") && !(*j)["pooler_output_size"].is_null() &&
+          (*j)["pooler_output_size"].get<std::int64_t>() != c.hidden)
+        throw Error(where + ": a pooler_output_size other than hidden_size is not supported");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(where + ": unexpected field type (" + e.what() + ")");
+  }
+  check_sizes(c, where);
+  return c;
+}
+
+std::vector<wick::OptionSpec> vit_options() {
+  return {
+      wick::opt_string("style", "vit", "parameter names and details: vit (ViTModel) or clip (CLIP's vision tower)")
+          .one_of({"vit", "clip"}),
+      wick::opt_int("image_size", 224, "input image side, pixels").at_least(1),
+      wick::opt_int("patch_size", 16, "patch side, pixels").at_least(1),
+      wick::opt_int("hidden_size", 192, "encoder width").at_least(1),
+      wick::opt_int("intermediate_size", 768, "MLP width").at_least(1),
+      wick::opt_int("layers", 12, "encoder blocks").at_least(0),
+      wick::opt_int("heads", 3, "attention heads").at_least(1),
+      wick::opt_float("layer_norm_eps", wick::Value(), "LayerNorm epsilon (default: 1e-12 for vit, 1e-5 for clip)")
+          .at_least(0)
+          .optional(),
+      wick::opt_string("act", wick::Value(), "MLP activation (default: gelu for vit, quick_gelu for clip)")
+          .one_of(known_activations())
+          .optional(),
+      wick::opt_string("pool", "cls", "image features: cls (the class token; clip: post_layernorm of it) or mean (of the patch tokens)")
+          .one_of({"cls", "mean"}),
+      wick::opt(std::string("image_mean"), wick::OptionType::FloatList, wick::Value(),
+                "per-channel mean of the 0..1 pixels (default: 0.5 for vit, CLIP's for clip)")
+          .optional(),
+      wick::opt(std::string("image_std"), wick::OptionType::FloatList, wick::Value(),
+                "per-channel std of the 0..1 pixels (default: 0.5 for vit, CLIP's for clip)")
+          .at_least(1e-12)
+          .optional(),
+  };
+}
+
+VitConfig config_from_options(const wick::Options& o, const std::string& prefix) {
+  VitConfig c;
+  c.style = o.get_string(prefix + "style");
+  c.image_size = o.get_int("image_size");
+  c.patch_size = o.get_int("patch_size");
+  c.hidden = o.get_int(prefix + "hidden_size");
+  c.intermediate = o.get_int(prefix + "intermediate_size");
+  c.layers = o.get_int(prefix + "layers");
+  c.heads = o.get_int(prefix + "heads");
+  c.eps = o.has(prefix + "layer_norm_eps") ? o.get_double(prefix + "layer_norm_eps") : (c.style == "clip" ? 1e-5 : 1e-12);
+  c.act = o.has(prefix + "act") ? o.get_string(prefix + "act") : (c.style == "clip" ? "quick_gelu" : "gelu");
+  if (o.has(prefix + "pool")) c.pool = o.get_string(prefix + "pool");
+  check_sizes(c, "vit options");
+  return c;
+}
+
+PixelStats default_pixel_stats(const std::string& style) {
+  if (style == "clip") return {{0.48145466, 0.4578275, 0.40821073}, {0.26862954, 0.26130258, 0.27577711}};
+  return {{0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}};
+}
+
+PixelStats pixel_stats_from_options(const wick::Options& o, const std::string& style, const std::string& who) {
+  PixelStats s = default_pixel_stats(style);
+  if (o.has("image_mean")) s.mean = o.get_double_list("image_mean");
+  if (o.has("image_std")) s.std = o.get_double_list("image_std");
+  if (s.mean.size() != 3 || s.std.size() != 3)
+    throw Error(who + ": image_mean and image_std need 3 numbers each (one per channel), got " +
+                std::to_string(s.mean.size()) + " and " + std::to_string(s.std.size()));
+  return s;
+}
+
+PixelStats pixel_stats_from_folder(const std::string& dir, const PixelStats& fallback) {
+  const fs::path p = fs::path(dir) / "preprocessor_config.json";
+  if (!fs::exists(p)) return fallback;
+  const nlohmann::json j = read_json_file(p.string());
+  PixelStats s = fallback;
+  try {
+    if (j.contains("image_mean") && j["image_mean"].is_array()) s.mean = j["image_mean"].get<std::vector<double>>();
+    if (j.contains("image_std") && j["image_std"].is_array()) s.std = j["image_std"].get<std::vector<double>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(p.string() + ": image_mean / image_std are not lists of numbers (" + e.what() + ")");
+  }
+  if (s.mean.size() != 3 || s.std.size() != 3)
+    throw Error(p.string() + ": image_mean and image_std need 3 numbers each");
+  return s;
+}
+
+at::Tensor normalize_pixels(const at::Tensor& images, const std::vector<double>& mean, const std::vector<double>& std,
+                            at::ScalarType dtype) {
+  if (images.dim() < 3) throw Error("vision: expected images [..., 3, H, W], got " + c10::str(images.sizes()));
+  if (images.is_floating_point()) return images.to(dtype);
+  const auto C = images.size(-3);
+  if (static_cast<std::int64_t>(mean.size()) != C || static_cast<std::int64_t>(std.size()) != C)
+    throw Error("vision: images have " + str(C) + " channels, the normalisation statistics " + str(mean.size()));
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(images.device());
+  at::Tensor m = at::tensor(mean, at::kDouble).to(opts).view({C, 1, 1});
+  at::Tensor s = at::tensor(std, at::kDouble).to(opts).view({C, 1, 1});
+  // (x / 255 - mean) / std as one multiply-add
+  return (images.to(at::kFloat) * (1.0 / 255.0) - m).div(s).to(dtype);
+}
+
+// ---- folders ----
+
+nlohmann::json read_json_file(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw Error("cannot open " + file);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(file + " is not valid JSON: " + e.what());
+  }
+}
+
+wick::NamedTensorList read_hf_weights(const std::string& dir_, const std::string& who) {
+  const fs::path dir(dir_);
+  std::vector<fs::path> files;
+  if (fs::exists(dir / "model.safetensors")) {
+    files.push_back(dir / "model.safetensors");
+  } else if (fs::exists(dir / "model.safetensors.index.json")) {
+    std::set<std::string> shards;
+    const nlohmann::json index = read_json_file((dir / "model.safetensors.index.json").string());
+    if (!index.contains("weight_map") || !index["weight_map"].is_object())
+      throw Error((dir / "model.safetensors.index.json").string() + ": no weight_map object");
+    for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+    for (const auto& s : shards) files.push_back(dir / s);
+  } else {
+    throw Error(who + ": " + dir.string() + " has no model.safetensors or model.safetensors.index.json");
+  }
+  wick::NamedTensorList all;
+  for (const auto& f : files)
+    for (auto& t : wick::read_safetensors(f).tensors) all.push_back(std::move(t));
+  return all;
+}
+
+std::string find_vit_prefix(const wick::NamedTensorList& tensors, const std::string& style, const std::string& source) {
+  // the patch embedding, in the legacy and the transformers 5 names
+  const std::vector<std::string> marks = style == "vit"
+                                             ? std::vector<std::string>{"embeddings.patch_embeddings.projection.weight"}
+                                             : std::vector<std::string>{"embeddings.patch_embedding.weight"};
+  std::vector<std::string> found;
+  for (const auto& [name, t] : tensors)
+    for (const auto& m : marks)
+      if (name.size() >= m.size() && name.compare(name.size() - m.size(), m.size(), m) == 0) {
+        const std::string p = name.substr(0, name.size() - m.size());
+        if (p.empty() || p.back() == '.') found.push_back(p);
+      }
+  if (found.empty())
+    throw Error("weights in " + source + " hold no " + (style == "vit" ? "ViT" : "CLIP vision") +
+                " encoder (no tensor named ...." + marks[0] + ")");
+  if (found.size() > 1) {
+    std::string list;
+    for (const auto& f : found) list += (list.empty() ? "'" : ", '") + f + "'";
+    throw Error("weights in " + source + " hold several vision encoders (under " + list + "); expected one");
+  }
+  return found[0];
+}
+
+bool has_vit_pooler(const wick::NamedTensorList& tensors, const std::string& prefix) {
+  const std::string want = prefix + "pooler.dense.weight";
+  for (const auto& [name, t] : tensors)
+    if (name == want) return true;
+  return false;
+}
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+void replace_once(std::string& s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+}
+
+// transformers 5's own ViT names (layers.N.attention.q_proj, ...) to the legacy ones
+std::string legacy_vit_name(std::string n) {
+  if (!starts_with(n, "layers.")) return n;
+  n = "encoder.layer." + n.substr(7);
+  replace_once(n, ".attention.q_proj.", ".attention.attention.query.");
+  replace_once(n, ".attention.k_proj.", ".attention.attention.key.");
+  replace_once(n, ".attention.v_proj.", ".attention.attention.value.");
+  replace_once(n, ".attention.o_proj.", ".attention.output.dense.");
+  replace_once(n, ".mlp.fc1.", ".intermediate.dense.");
+  replace_once(n, ".mlp.fc2.", ".output.dense.");
+  return n;
+}
+
+}  // namespace
+
+void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+                      const std::string& source) {
+  static const std::vector<std::string> parts = {"embeddings.", "encoder.",       "layers.",       "layernorm.",
+                                                 "pooler.",     "pre_layrnorm.", "post_layernorm."};
+  wick::NamedTensorList mine;
+  std::set<std::string> ignore = {"embeddings.position_ids"};  // a non-persistent buffer older files carry
+  for (const auto& [name, t] : tensors) {
+    if (!starts_with(name, prefix)) continue;
+    std::string n = name.substr(prefix.size());
+    bool ours = false;
+    for (const auto& p : parts) ours = ours || starts_with(n, p);
+    if (!ours) continue;
+    if (vit.config().style == "vit") n = legacy_vit_name(n);
+    if (!vit.config().pooler && starts_with(n, "pooler.")) ignore.insert(n);
+    mine.emplace_back(n, t);
+  }
+  // layers beyond the encoder's (a tower built shorter than the file's) are not an error
+  for (const auto& [n, t] : mine)
+    for (const std::string p : {"encoder.layer.", "encoder.layers."})
+      if (starts_with(n, p) && std::strtoll(n.c_str() + p.size(), nullptr, 10) >= vit.config().layers) ignore.insert(n);
+  wick::load_state(vit, mine, prefix.empty() ? source : source + " (under '" + prefix + "')", ignore);
+}
+
+Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool) {
+  const std::string cfg_file = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(cfg_file)) throw Error(who + ": " + dir + " has no config.json (expected a Hugging Face model folder)");
+  VitConfig c = config_from_hf(read_json_file(cfg_file), cfg_file);
+  if (!pool.empty()) c.pool = pool;
+  const auto tensors = read_hf_weights(dir, who);
+  const std::string prefix = find_vit_prefix(tensors, c.style, dir);
+  c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
+  Vit vit(c);
+  load_vit_weights(*vit, tensors, prefix, dir);
+  return vit;
+}
+
+}  // namespace wick::vision

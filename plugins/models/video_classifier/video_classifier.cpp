@@ -1,0 +1,171 @@
+// model `video_classifier`: a Vision Transformer on every frame (the `vit`
+// encoder, pooled per frame) and a temporal module over the T frames (mean,
+// or a small pre-norm transformer with learned temporal positions), then a
+// linear head. Batches: `video` uint8 [N, T, 3, H, W] as video_folder gives
+// them (or `image` [N, 3, H, W]: one frame), `label` [N]. Items are samples.
+//
+// The frame encoder runs on all N x T frames at once, so activation memory
+// grows linearly with T (the data's max_frames); its blocks and the temporal
+// blocks are declared, so checkpointing = true keeps one block's activations.
+// Parameter names: vit.* (style vit) or vision_model.* (style clip) as the
+// `vit` plugin, temporal.position_embeddings, temporal.layers.N.*,
+// temporal.layernorm.*, classifier.*.
+
+#include <wick/kit/linear.hpp>
+#include <wick/model.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include "lib/vision/plugin_util.hpp"
+#include "lib/vision/vit.hpp"
+
+using namespace wick::vision;
+
+namespace {
+
+class VideoClassifier : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
+ public:
+  explicit VideoClassifier(const wick::Options& o)
+      : classes_(o.get_int("classes")), temporal_(o.get_string("temporal")), freeze_(o.get_bool("freeze_vision")) {
+    if (o.has("vision_path")) {
+      const std::string dir = o.get_string("vision_path");
+      vit_ = vit_from_folder(dir, "video_classifier", o.get_string("pool"));
+      stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, vit_->config().style, "video_classifier"));
+    } else {
+      vit_ = Vit(config_from_options(o));
+      stats_ = pixel_stats_from_options(o, vit_->config().style, "video_classifier");
+    }
+    const VitConfig& fc = vit_->config();
+    prefix_ = fc.style == "vit" ? "vit." : "vision_model.";
+    register_module(fc.style == "vit" ? "vit" : "vision_model", vit_);
+    const auto D = fc.hidden;
+    if (temporal_ == "transformer") {
+      VitConfig tc = fc;
+      tc.heads = o.has("temporal_heads") ? o.get_int("temporal_heads") : fc.heads;
+      tc.layers = o.get_int("temporal_layers");
+      if (D % tc.heads)
+        throw wick::Error("video_classifier: hidden_size " + std::to_string(D) + " is not a multiple of temporal_heads " +
+                          std::to_string(tc.heads));
+      auto t = register_module("temporal", std::make_shared<torch::nn::Module>());
+      max_frames_ = o.get_int("max_frames");
+      {
+        at::NoGradGuard g;
+        temporal_pos_ = t->register_parameter("position_embeddings", at::randn({1, max_frames_, D}) * 0.02);
+      }
+      auto list = t->register_module("layers", torch::nn::ModuleList());
+      for (std::int64_t i = 0; i < tc.layers; ++i) {
+        temporal_blocks_.push_back(VitBlock(tc));
+        list->push_back(temporal_blocks_.back());
+      }
+      temporal_norm_ = t->register_module("layernorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(fc.eps)));
+    }
+    classifier_ = register_module("classifier", torch::nn::Linear(D, classes_));
+    if (freeze_)
+      for (auto& p : vit_->parameters()) p.set_requires_grad(false);
+    dtype_ = dtype_named(o.get_string("dtype"));
+    if (dtype_ != at::kFloat) to(dtype_);
+  }
+
+  // [N, T, D]: the pooled features of every frame
+  at::Tensor frame_features(const wick::Batch& b) {
+    at::Tensor video;
+    if (auto it = b.find("video"); it != b.end()) {
+      video = it->second;
+      if (video.dim() != 5)
+        throw wick::Error("video_classifier: expected video [N, T, 3, H, W], got " + c10::str(video.sizes()));
+    } else if (auto im = b.find("image"); im != b.end()) {
+      video = im->second.unsqueeze(1);  // still images: clips of one frame
+    } else {
+      batch_tensor(b, "video", "video_classifier", "clips [N, T, 3, H, W] from video_folder");
+    }
+    const auto N = video.size(0), T = video.size(1);
+    if (temporal_ == "transformer" && T > max_frames_)
+      throw wick::Error("video_classifier: clips have " + std::to_string(T) + " frames, the temporal positions cover " +
+                        std::to_string(max_frames_) + " (set the model's max_frames to at least the data's)");
+    at::Tensor frames = normalize_pixels(video.flatten(0, 1), stats_.mean, stats_.std, dtype_);
+    at::Tensor pooled;
+    if (freeze_) {  // a frozen encoder keeps no activations for backward
+      at::NoGradGuard g;
+      pooled = vit_->pool(vit_->forward(frames));
+    } else {
+      pooled = vit_->pool(vit_->forward(frames, this, prefix_));
+    }
+    return pooled.view({N, T, -1});
+  }
+
+  at::Tensor logits(const wick::Batch& b) {
+    at::Tensor h = frame_features(b);
+    if (temporal_ == "transformer") {
+      h = h + temporal_pos_.narrow(1, 0, h.size(1)).to(h.scalar_type());
+      for (std::size_t i = 0; i < temporal_blocks_.size(); ++i) {
+        VitBlock blk = temporal_blocks_[i];
+        h = run_block("temporal.layers." + std::to_string(i), [blk](const at::Tensor& x) mutable { return blk->forward(x); }, h);
+      }
+      h = temporal_norm_->forward(h);
+    }
+    return classifier_->forward(h.mean(1));
+  }
+
+  wick::ForwardResult forward(const wick::Batch& b) override {
+    at::Tensor y = checked_labels(b, classes_, "video_classifier");
+    return classification(logits(b), y);
+  }
+
+  at::Tensor predict(const wick::Batch& b) override { return logits(b); }
+
+  std::vector<std::string> blocks() const override {
+    auto out = vit_->block_names(prefix_);
+    for (std::size_t i = 0; i < temporal_blocks_.size(); ++i) out.push_back("temporal.layers." + std::to_string(i));
+    return out;
+  }
+
+  std::vector<std::pair<std::string, wick::Linear>> linear_layers() override {
+    auto out = vit_->linear_layers(prefix_);
+    for (std::size_t i = 0; i < temporal_blocks_.size(); ++i)
+      for (const auto& [n, l] : temporal_blocks_[i]->linear_layers())
+        out.emplace_back("temporal.layers." + std::to_string(i) + "." + n, l);
+    return out;
+  }
+
+
+  std::map<std::string, wick::Value> attributes() const override {
+    const auto& c = vit_->config();
+    return {{"hidden_size", c.hidden}, {"image_size", c.image_size}, {"classes", classes_},
+            {"temporal", temporal_},   {"style", c.style},           {"frozen_vision", freeze_}};
+  }
+
+ private:
+  std::int64_t classes_, max_frames_ = 0;
+  std::string temporal_, prefix_;
+  bool freeze_;
+  at::ScalarType dtype_ = at::kFloat;
+  PixelStats stats_;
+  Vit vit_{nullptr};
+  at::Tensor temporal_pos_;
+  std::vector<VitBlock> temporal_blocks_;
+  torch::nn::LayerNorm temporal_norm_{nullptr};
+  torch::nn::Linear classifier_{nullptr};
+};
+
+wick::OptionSchema schema() {
+  wick::OptionSchema s = {
+      wick::opt_int("classes", wick::Value(), "classes (data.num_classes)").at_least(1).required(),
+      wick::opt_string("vision_path", wick::Value(),
+                       "Hugging Face folder for the frame encoder (ViT, CLIPVision or CLIP); overrides the sizes")
+          .optional(),
+      wick::opt_bool("freeze_vision", false, "keep the frame encoder fixed (no gradients, no stored activations)"),
+      wick::opt_string("temporal", "mean", "temporal module: mean of the frame features, or transformer")
+          .one_of({"mean", "transformer"}),
+      wick::opt_int("temporal_layers", 1, "temporal transformer blocks").at_least(1),
+      wick::opt_int("temporal_heads", wick::Value(), "temporal attention heads (default: the encoder's)").at_least(1).optional(),
+      wick::opt_int("max_frames", 64, "frames the temporal position table covers (at least the data's max_frames)").at_least(1),
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
+  for (auto& o : vit_options()) s.push_back(o);
+  return s;
+}
+
+}  // namespace
+
+WICK_PLUGIN(wick::plugin<VideoClassifier>(
+    "video_classifier", "video classifier: a ViT per frame, then mean or a temporal transformer over the frames", schema()))

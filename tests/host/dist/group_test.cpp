@@ -1,0 +1,181 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "../../test_util.hpp"
+#include "dist/group.hpp"
+#include "dist/reducer.hpp"
+#include "train/trainer.hpp"
+#include "wick/optim.hpp"
+
+using ::testing::HasSubstr;
+
+namespace wick {
+namespace {
+
+TEST(DistEnv, ReadsTorchrunVariables) {
+  auto d = parse_dist_env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.world_size, 4);
+  EXPECT_EQ(d.local_rank, 1);
+  EXPECT_EQ(d.local_world_size, 2);
+  EXPECT_EQ(d.master_addr, "node7");
+  EXPECT_EQ(d.master_port, 1234);
+}
+
+TEST(DistEnv, ReadsSlurmVariables) {
+  auto d = parse_dist_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                           {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_NODELIST", "gpu[03-04],cpu1"}});
+  EXPECT_EQ(d.source, "SLURM");
+  EXPECT_EQ(d.rank, 5);
+  EXPECT_EQ(d.world_size, 8);
+  EXPECT_EQ(d.local_rank, 1);
+  EXPECT_EQ(d.local_world_size, 4);
+  EXPECT_EQ(d.master_addr, "gpu03");
+  EXPECT_EQ(d.master_port, 29500);
+}
+
+TEST(DistEnv, FirstSlurmHost) {
+  EXPECT_EQ(first_slurm_host("a1"), "a1");
+  EXPECT_EQ(first_slurm_host("a1,a2"), "a1");
+  EXPECT_EQ(first_slurm_host("gpu[07,09-12]"), "gpu07");
+}
+
+TEST(DistEnv, NoVariablesMeansOneProcess) {
+  auto d = parse_dist_env({});
+  EXPECT_EQ(d.world_size, 1);
+  EXPECT_EQ(d.rank, 0);
+}
+
+TEST(DistEnv, InconsistentValuesAreErrors) {
+  EXPECT_THAT(test::error_of([] { parse_dist_env({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); }),
+              HasSubstr("rank 2 is outside [0, 2)"));
+  EXPECT_THAT(test::error_of([] { parse_dist_env({{"RANK", "x"}, {"WORLD_SIZE", "2"}}); }),
+              HasSubstr("RANK=x is not an integer"));
+  EXPECT_THAT(test::error_of([] { parse_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}); }),
+              HasSubstr("master port 70000"));
+}
+
+using test::free_port;
+using test::two_ranks;
+
+TEST(Group, SumsBroadcastsAndChecksAgreement) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    EXPECT_EQ(g->sum(g->rank() + 10, "test"), 21);
+    std::vector<at::Tensor> t{at::full({3}, static_cast<double>(g->rank() + 1))};
+    g->broadcast(t, "test");
+    EXPECT_TRUE(at::equal(t[0], at::ones({3})));
+    g->check_same("options", "a=1");
+    auto msg = test::error_of([&] { g->check_same("options", g->rank() == 0 ? "a=1" : "a=2"); });
+    EXPECT_THAT(msg, HasSubstr("rank 1's options differs from rank 0's: a=2 vs a=1"));
+  });
+}
+
+TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    // three layers, buckets small enough that each parameter has its own
+    // the same weights on both ranks, from a generator of this thread's own
+    // (the global one is shared by the two threads)
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    std::vector<at::Tensor> w;
+    for (int k = 0; k < 3; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
+    GradReducer r(g, w, /*bucket_mb=*/0.01);
+    EXPECT_EQ(r.buckets(), 3u);
+    auto loss_of = [&](int rank) {
+      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
+      for (auto& p : w) x = at::tanh(x.mm(p));
+      return x.sum();
+    };
+    r.arm();
+    loss_of(g->rank()).backward();
+    EXPECT_GE(r.launched_during_backward(), 2u);  // the last layers' buckets went before the backward ended
+    r.finish(1);
+    // reference: both ranks' losses in one backward on fresh copies
+    std::vector<at::Tensor> ref;
+    for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
+    at::Tensor total = at::zeros({});
+    for (int rank = 0; rank < 2; ++rank) {
+      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
+      for (auto& p : ref) x = at::tanh(x.mm(p));
+      total = total + x.sum();
+    }
+    total.backward();
+    for (std::size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(at::allclose(w[k].grad(), ref[k].grad(), 1e-5, 1e-6));
+  });
+}
+
+}  // namespace
+}  // namespace wick
+
+namespace wick {
+namespace {
+
+// A linear model that records, at each forward, the collectives its rank has
+// started so far and its current (local) gradient.
+class Probe : public Model {
+ public:
+  explicit Probe(Group* g) : g_(g) { w_ = register_parameter("w", at::randn({4, 3})); }
+  ForwardResult forward(const Batch& b) override {
+    seen.push_back({g_->collectives(), w_.grad().defined() ? w_.grad().clone() : at::Tensor()});
+    at::Tensor out = b.at("x").mm(w_);
+    return {at::cross_entropy_loss(out, b.at("y"), {}, at::Reduction::Sum), b.at("x").size(0), {}};
+  }
+  struct Seen {
+    std::int64_t collectives;
+    at::Tensor grad;
+  };
+  std::vector<Seen> seen;
+  at::Tensor w_;
+
+ private:
+  Group* g_;
+};
+
+TEST(Trainer, RanksExchangeNothingBeforeTheWindowsLastBackwardAndAgreeAfterIt) {
+  std::vector<std::vector<Probe::Seen>> seen(2);
+  std::vector<at::Tensor> grads(2), weights(2);
+  std::vector<std::int64_t> before(2), after(2);
+  auto opt0 = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}});
+  auto opt1 = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}});
+  two_ranks([&](std::shared_ptr<Group> g) {
+    const int r = g->rank();
+    at::manual_seed(100 + r);  // different starting weights: the trainer must broadcast rank 0's
+    auto model = std::make_shared<Probe>(g.get());
+    Trainer t(model, r == 0 ? opt0 : opt1, nullptr, {.group = g});
+    std::vector<Batch> window;
+    for (int m = 0; m < 3; ++m)  // each rank its own data
+      window.push_back({{"x", at::randn({2, 4}) * (r + 1)}, {"y", at::randint(0, 3, {2})}});
+    before[r] = g->collectives();
+    t.step(window);
+    after[r] = g->collectives();
+    seen[r] = model->seen;
+    grads[r] = model->w_.grad().clone();
+    weights[r] = model->w_.detach().clone();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(seen[r].size(), 3u);
+    // the item count is the window's only collective before its last backward
+    EXPECT_EQ(seen[r][0].collectives, before[r] + 1);
+    EXPECT_EQ(seen[r][1].collectives, before[r] + 1);
+    EXPECT_EQ(seen[r][2].collectives, before[r] + 1);
+    // then the out-of-memory agreement (before the last backward), one bucket
+    // of gradients and one of loss and flags
+    EXPECT_EQ(after[r], before[r] + 4);
+  }
+  EXPECT_FALSE(at::allclose(seen[0][2].grad, seen[1][2].grad));  // local gradients differ before the boundary
+  EXPECT_TRUE(at::equal(grads[0], grads[1]));                     // the reduced ones are the same
+  EXPECT_TRUE(at::equal(weights[0], weights[1]));
+}
+
+}  // namespace
+}  // namespace wick

@@ -1,0 +1,212 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../../test_util.hpp"
+#include "train/loader.hpp"
+#include "train/trainer.hpp"
+#include "wick/kit/safetensors.hpp"
+
+using ::testing::HasSubstr;
+
+namespace wick {
+namespace {
+
+struct TrainRun {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Dataset> data;
+  std::unique_ptr<Trainer> trainer;
+  std::unique_ptr<Loader> loader;
+};
+
+struct Spec {
+  std::int64_t micro = 8, accumulate = 1, max_items = 0;
+  std::string optim = "adamw";
+  std::map<std::string, Value> optim_opts = {{"lr", Value(1e-2)}};
+  bool schedule = true;  // cosine with 3 warmup steps; false: constant lr
+  double clip = 0;
+};
+
+TrainRun make_run(const Spec& s) {
+  TrainRun r;
+  at::manual_seed(0);  // same initial weights in every run
+  r.model = test::make<Model>("mlp", PluginKind::Model,
+                              {{"inputs", Value(8)}, {"hidden", Value(List{Value(16)})}, {"outputs", Value(3)}});
+  r.data = test::make<Dataset>("synthetic", PluginKind::Data,
+                               {{"size", Value(96)}, {"inputs", Value(8)}, {"classes", Value(3)},
+                                {"max_items", Value(s.max_items)}, {"seed", Value(1)}});
+  auto opt = test::make<Optimizer>(s.optim, PluginKind::Optim, s.optim_opts);
+  std::shared_ptr<Schedule> sched;
+  if (s.schedule)
+    sched = test::make<Schedule>("schedule", PluginKind::Optim, {{"type", Value("cosine")}, {"warmup_steps", Value(3)}});
+  r.trainer = std::make_unique<Trainer>(r.model, opt, sched, TrainerConfig{.clip_grad_norm = s.clip, .total_steps = 20});
+  r.loader = std::make_unique<Loader>(r.data, LoaderConfig{.micro_batch = s.micro, .accumulate = s.accumulate, .seed = 4});
+  return r;
+}
+
+void train_to(TrainRun& r, std::int64_t steps) {
+  while (r.trainer->steps() < steps) {
+    auto w = r.loader->next_window();
+    if (!w) {
+      r.loader->start_epoch(r.loader->epoch() + 1);
+      continue;
+    }
+    r.trainer->step(*w);
+  }
+}
+
+std::vector<at::Tensor> weights(TrainRun& r) {
+  std::vector<at::Tensor> out;
+  for (auto& p : r.model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_rel_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, ((a[i] - b[i]).abs().max() / b[i].abs().max()).item<double>());
+  return worst;
+}
+
+std::vector<at::Tensor> trained(const Spec& s, std::int64_t steps = 20) {
+  TrainRun r = make_run(s);
+  train_to(r, steps);
+  return weights(r);
+}
+
+TEST(Trainer, AccumulationEqualsTheFullBatchAfter20AdamWSteps) {
+  auto full = trained({.micro = 8, .accumulate = 1});
+  auto split = trained({.micro = 2, .accumulate = 4});
+  EXPECT_LT(max_rel_diff(split, full), 1e-5);
+  // and training moved the weights: the comparison is not between two copies of the start
+  TrainRun fresh = make_run({});
+  EXPECT_GT(max_rel_diff(weights(fresh), full), 1e-2);
+}
+
+TEST(Trainer, AccumulationEqualsTheFullBatchWhenSamplesCarryDifferentItemCounts) {
+  auto full = trained({.micro = 8, .accumulate = 1, .max_items = 5});
+  auto split = trained({.micro = 2, .accumulate = 4, .max_items = 5});
+  auto odd = trained({.micro = 3, .accumulate = 3, .max_items = 5}, 10);  // short last micro-batches too
+  auto odd_full = trained({.micro = 9, .accumulate = 1, .max_items = 5}, 10);
+  EXPECT_LT(max_rel_diff(split, full), 1e-5);
+  EXPECT_LT(max_rel_diff(odd, odd_full), 1e-5);
+}
+
+TEST(Trainer, AccumulationEqualsTheFullBatchWithSgdMomentumAndNesterov) {
+  Spec s{.optim = "sgd",
+         .optim_opts = {{"lr", Value(0.1)}, {"momentum", Value(0.9)}, {"nesterov", Value(true)},
+                        {"weight_decay", Value(1e-3)}}};
+  Spec full = s, split = s;
+  split.micro = 2;
+  split.accumulate = 4;
+  EXPECT_LT(max_rel_diff(trained(split), trained(full)), 1e-5);
+}
+
+// The loss is divided by the window's item count, not averaged per micro-batch:
+// one SGD step with lr 1 moves the weights by exactly the full batch's gradient.
+TEST(Trainer, OneStepMovesWeightsByTheFullBatchGradient) {
+  TrainRun r = make_run({.micro = 3, .accumulate = 3, .max_items = 4, .optim = "sgd",
+                         .optim_opts = {{"lr", Value(1.0)}}, .schedule = false});
+  auto before = weights(r);
+  auto w = r.loader->next_window();
+  ASSERT_TRUE(w);
+  // reference: the same samples as one batch, mean over all their items
+  Batch full;
+  for (const auto& [name, t] : (*w)[0]) {
+    std::vector<at::Tensor> parts;
+    for (auto& b : *w) parts.push_back(b.at(name));
+    full[name] = at::cat(parts);
+  }
+  auto ref = r.model->forward(full);
+  (ref.loss_sum / ref.items).backward();
+  std::vector<at::Tensor> grads;
+  for (auto& p : r.model->parameters()) {
+    grads.push_back(p.grad().clone());
+    p.mutable_grad() = at::Tensor();
+  }
+  auto stats = r.trainer->step(*w);
+  EXPECT_EQ(stats.items, ref.items);
+  EXPECT_EQ(stats.micro_batches, 3);
+  EXPECT_NEAR(stats.loss, (ref.loss_sum / ref.items).item<double>(), 1e-6);
+  auto moved = weights(r);
+  for (std::size_t i = 0; i < moved.size(); ++i)
+    EXPECT_TRUE(at::allclose(before[i] - moved[i], grads[i], 1e-5, 1e-7)) << "parameter " << i;
+}
+
+TEST(Trainer, ClipsTheGlobalNormLikeClipGradNorm) {
+  TrainRun r = make_run({.optim = "sgd", .optim_opts = {{"lr", Value(1.0)}}, .schedule = false, .clip = 1e-3});
+  auto before = weights(r);
+  auto s = r.trainer->step(*r.loader->next_window());
+  EXPECT_GT(s.grad_norm, 1e-3);
+  double moved_sq = 0;
+  auto after = weights(r);
+  for (std::size_t i = 0; i < after.size(); ++i) moved_sq += (before[i] - after[i]).pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(moved_sq), 1e-3, 1e-6);  // lr 1: the step is the clipped gradient
+}
+
+TEST(Trainer, SameSeedGivesIdenticalRuns) {
+  auto a = trained({.micro = 4, .accumulate = 2}, 12);
+  auto b = trained({.micro = 4, .accumulate = 2}, 12);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i]));
+}
+
+TEST(Trainer, ResumedRunEndsWhereTheUnbrokenRunEnds) {
+  test::TempDir dir;
+  Spec s{.micro = 4, .accumulate = 2, .max_items = 3};
+  auto unbroken = trained(s, 20);
+  {
+    TrainRun first = make_run(s);
+    train_to(first, 7);
+    first.trainer->save(dir.path, {{"epoch", first.loader->epoch()}, {"window", first.loader->window()}});
+  }
+  TrainRun second = make_run(s);  // fresh weights and optimizer, then the checkpoint
+  auto ckpt = latest_checkpoint(dir.path);
+  ASSERT_EQ(ckpt.filename(), "step-00000007");
+  auto extra = second.trainer->load(ckpt);
+  EXPECT_EQ(second.trainer->steps(), 7);
+  second.loader->start_epoch(extra["epoch"].get<std::int64_t>(), extra["window"].get<std::int64_t>());
+  train_to(second, 20);
+  auto resumed = weights(second);
+  for (std::size_t i = 0; i < resumed.size(); ++i) EXPECT_TRUE(at::equal(resumed[i], unbroken[i])) << i;
+}
+
+TEST(Trainer, KeepsOnlyTheNewestCheckpoints) {
+  test::TempDir dir;
+  TrainRun r = make_run({});
+  for (int k = 0; k < 5; ++k) {
+    train_to(r, k + 1);
+    r.trainer->save(dir.path, nlohmann::json::object(), /*keep=*/2);
+  }
+  std::vector<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"last", "step-00000004", "step-00000005"}));
+}
+
+TEST(Trainer, LoadingWeightsThatDoNotFitNamesTheProblem) {
+  test::TempDir dir;
+  TrainRun r = make_run({});
+  write_safetensors(dir.path / "w.safetensors", {{"0.weight", at::zeros({16, 8})}, {"9.weight", at::zeros({1})},
+                                                 {"2.weight", at::zeros({4, 16})}});
+  auto msg = test::error_of([&] { load_model(*r.model, dir.path / "w.safetensors"); });
+  EXPECT_THAT(msg, HasSubstr("do not fit the model"));
+  EXPECT_THAT(msg, HasSubstr("missing 0.bias, 2.bias"));
+  EXPECT_THAT(msg, HasSubstr("unexpected 9.weight"));
+  EXPECT_THAT(msg, HasSubstr("shape mismatch 2.weight (file [4, 16], model [3, 16])"));
+}
+
+TEST(Trainer, EvaluateAveragesLossAndMetricsOverItems) {
+  TrainRun r = make_run({.max_items = 4});
+  auto s = evaluate(*r.model, r.data, 7, "cpu");
+  // reference: every sample in one batch
+  std::vector<Sample> all;
+  for (std::int64_t i = 0; i < r.data->size(); ++i) all.push_back(r.data->get(i));
+  auto ref = r.model->forward(r.data->collate(all));
+  EXPECT_EQ(s.items, ref.items);
+  EXPECT_NEAR(s.loss, ref.loss_sum.item<double>() / ref.items, 1e-5);
+  EXPECT_NEAR(s.metrics.at("accuracy"), ref.metrics.at("accuracy").item<double>() / ref.items, 1e-12);
+}
+
+}  // namespace
+}  // namespace wick
