@@ -71,7 +71,7 @@ double wick_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes,
       {{"inputs", Value(inputs)}, {"hidden", Value(wick::List{Value(hidden), Value(hidden)})}, {"outputs", Value(classes)}}));
   req.objects.optim = reg.create("adamw", wick::PluginKind::Optim, {{"lr", Value(1e-3)}});
   req.options = {{"micro_batch", Value(micro)}, {"accumulate", Value(accumulate)}, {"max_steps", Value(steps)},
-                 {"quiet", Value(true)}, {"out", Value(out)}};
+                 {"quiet", Value(true)}, {"out", Value(out)}, {"overwrite", Value(true)}};
   const auto run = wick::run_training(req);
   return run.at("seconds").get<double>() / run.at("steps").get<double>();
 }

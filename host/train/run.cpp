@@ -612,6 +612,7 @@ nlohmann::json run_training(const RunRequest& req) {
   bool interrupted_run = false;
   int signal = 0;
   std::int64_t held_before = 0;
+  std::pair<std::int64_t, std::int64_t> resident_now{0, 0};  // the last read of the process's memory
   try {
     for (auto& o : observers) o->on_start(start);
     started = true;
@@ -623,6 +624,10 @@ nlohmann::json run_training(const RunRequest& req) {
       auto m = memory_stats(cuda);
       held_before = std::max<std::int64_t>(0, (cuda ? m["cuda_allocated"] : m["cpu_tensors"]) - bd.at("weights") -
                                                   bd.at("gradients") - bd.at("optimizer"));
+    }
+    {
+      auto m0 = memory_stats(false);
+      resident_now = {m0["resident"], m0["peak_resident"]};
     }
     const std::int64_t log_every = r.o.get_int("log_every");
     const std::int64_t save_every = r.o.get_int("save_every"), eval_every = r.o.get_int("eval_every");
@@ -639,7 +644,15 @@ nlohmann::json run_training(const RunRequest& req) {
         window.reset();  // now: a window can be large
         p.epoch = epoch;
         p.time = now_seconds() - t_start;
-        p.memory = memory_stats(cuda);
+        // the process's figures (a read of /proc) only on steps whose numbers are read now
+        const std::int64_t n = p.stats.step;
+        const bool read_now = every_step || n % log_every == 0 || n == 1 || p.stats.stop || n == total;
+        p.memory = memory_stats(cuda, read_now || cuda);
+        if (!cuda) {
+          if (read_now) resident_now = {p.memory["resident"], p.memory["peak_resident"]};
+          p.memory["resident"] = resident_now.first;
+          p.memory["peak_resident"] = resident_now.second;
+        }
         const std::int64_t now_peak = cuda ? p.memory["cuda_peak"] : p.memory["peak_resident"];
         peak = std::max(peak, now_peak);
         step_peak = std::max(step_peak, cuda ? p.memory["cuda_peak"] : p.memory["cpu_tensors_peak"]);
@@ -655,7 +668,7 @@ nlohmann::json run_training(const RunRequest& req) {
         const std::int64_t step = s.step;
         const bool skipped = s.skipped;
         pending.push_back(std::move(p));
-        if (every_step || step % log_every == 0 || step == 1 || stop || step == total) flush();
+        if (read_now) flush();
         if (skipped && r.rank0 && !r.quiet) {
           flush();
           note(strf("%s: step %lld skipped: inf/nan gradients at loss scale %g", L.c_str(), static_cast<long long>(step),

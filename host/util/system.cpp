@@ -65,11 +65,13 @@ void install_signal_handlers() {
 bool interrupted() { return g_signal != 0; }
 int interrupt_signal() { return g_signal; }
 
-std::map<std::string, std::int64_t> memory_stats(bool cuda) {
+std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident) {
   std::map<std::string, std::int64_t> m;
-  const auto [rss, hwm] = resident_and_peak();
-  m["resident"] = rss;
-  m["peak_resident"] = hwm;
+  if (resident) {
+    const auto [rss, hwm] = resident_and_peak();
+    m["resident"] = rss;
+    m["peak_resident"] = hwm;
+  }
   const CpuTensorMemory t = cpu_tensor_memory();
   m["cpu_tensors"] = t.allocated;
   m["cpu_tensors_peak"] = t.peak;

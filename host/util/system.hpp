@@ -11,7 +11,9 @@ namespace wick {
 /// "cpu_tensors", "cpu_tensors_peak" (bytes held by CPU tensors, see
 /// util/memory.hpp) always; with CUDA in use,
 /// "cuda_allocated", "cuda_reserved", "cuda_peak" for the current device.
-std::map<std::string, std::int64_t> memory_stats(bool cuda);
+/// resident = false skips the process's figures (a read of /proc): the
+/// tensor and CUDA figures alone, cheap enough for every step.
+std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident = true);
 void reset_cuda_peak();
 /// CUDA caching allocator controls for the current device; no effect without CUDA.
 void cuda_empty_cache();
