@@ -18,6 +18,16 @@
 
 namespace wick::test {
 
+// Two ranks as two threads of one process (two_ranks below) share c10d's
+// process-wide flight recorder, whose bookkeeping is not safe for two process
+// groups enqueueing at once (a crash inside it, now and then); separate
+// processes, as real ranks are, never share it. Off before any group exists.
+inline const bool kFlightRecorderOff = [] {
+  ::setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
+  ::setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0", 1);
+  return true;
+}();
+
 inline std::filesystem::path test_plugin_dir() {
   return Registry::default_search_path().back().parent_path() / "test-plugins";
 }
