@@ -215,6 +215,7 @@ int cmd_plugins(bool json) {
       nlohmann::json j = {{"name", e.name}, {"file", e.file.string()}};
       if (e.descriptor) {
         j["kind"] = wick::to_string(e.descriptor->kind);
+        j["makes"] = wick::to_string(e.descriptor->makes);
         j["summary"] = e.descriptor->summary;
         auto opts = nlohmann::json::array();
         for (const auto& o : e.descriptor->options) opts.push_back(o.name);
@@ -230,9 +231,9 @@ int cmd_plugins(bool json) {
   if (reg.entries().empty()) std::cout << "no plugins found\n";
   for (const auto& e : reg.entries()) {
     if (e.descriptor)
-      std::printf("%-6s %-16s %s\n", wick::to_string(e.descriptor->kind), e.name.c_str(), e.descriptor->summary);
+      std::printf("%-15s %-16s %s\n", wick::kind_label(*e.descriptor).c_str(), e.name.c_str(), e.descriptor->summary);
     else
-      std::printf("%-6s %-16s unusable: %s\n", "?", e.name.c_str(), e.error.c_str());
+      std::printf("%-15s %-16s unusable: %s\n", "?", e.name.c_str(), e.error.c_str());
   }
   std::printf("\nsearched: ");
   for (std::size_t i = 0; i < reg.search_path().size(); ++i)
@@ -248,7 +249,7 @@ int cmd_describe(const std::string& name) {
   }
   const auto& e = wick::registry().find(name);
   const auto& d = *e.descriptor;
-  std::printf("%s (%s plugin): %s\nfile: %s\n\noptions:\n", d.name, wick::to_string(d.kind), d.summary,
+  std::printf("%s (%s plugin): %s\nfile: %s\n\noptions:\n", d.name, wick::kind_label(d).c_str(), d.summary,
               e.file.c_str());
   if (d.options.empty()) std::printf("  (none)\n");
   for (const auto& o : d.options) {

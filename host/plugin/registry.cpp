@@ -49,6 +49,10 @@ std::string schema_problem(const PluginDescriptor& d) {
   if (!d.summary || !d.create) return "lacks a summary or a factory";
   if (d.kind != PluginKind::Model && d.kind != PluginKind::Data && d.kind != PluginKind::Optim)
     return "declares an unknown kind " + std::to_string(static_cast<int>(d.kind));
+  if (static_cast<unsigned>(d.makes) > static_cast<unsigned>(ObjectKind::Transform))
+    return "declares that it makes an unknown object kind " + std::to_string(static_cast<int>(d.makes));
+  if (plugin_kind_of(d.makes) != d.kind)
+    return std::string("is a ") + to_string(d.kind) + " plugin that declares it makes a " + to_string(d.makes);
   std::set<std::string> names;
   for (const auto& o : d.options) {
     if (o.name.empty()) return "declares an option without a name";
@@ -251,12 +255,9 @@ std::shared_ptr<Object> Registry::create(const std::string& name_or_path, Plugin
     throw Error(label + " (" + e.file.string() + ") failed to build: " + ex.what());
   }
   if (!obj) throw Error(label + " (" + e.file.string() + ") returned nothing from its factory");
-  const ObjectKind k = obj->object_kind();
-  const bool kind_ok = (kind == PluginKind::Model && k == ObjectKind::Model) ||
-                       (kind == PluginKind::Data && k == ObjectKind::Dataset) ||
-                       (kind == PluginKind::Optim &&
-                        (k == ObjectKind::Optimizer || k == ObjectKind::Schedule || k == ObjectKind::Transform));
-  if (!kind_ok) throw Error(label + " (" + e.file.string() + ") made an object of the wrong kind");
+  if (obj->object_kind() != d.makes)
+    throw Error(label + " (" + e.file.string() + ") made a " + to_string(obj->object_kind()) +
+                " where it declares a " + to_string(d.makes));
   // The object keeps its library loaded: the holder owns both, and destroys
   // the object before the library.
   struct Holder {

@@ -63,4 +63,9 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
 /// The process-wide registry (built on first use).
 Registry& registry();
 
+/// The kind as `wick plugins` shows it: model, data, or optim/<what it makes>.
+inline std::string kind_label(const PluginDescriptor& d) {
+  return d.kind == PluginKind::Optim ? std::string("optim/") + to_string(d.makes) : to_string(d.kind);
+}
+
 }  // namespace wick

@@ -46,8 +46,8 @@ using Batch = std::map<std::string, at::Tensor>;
 
 class Dataset : public Object {
  public:
-  static constexpr PluginKind plugin_kind = PluginKind::Data;
-  ObjectKind object_kind() const final { return ObjectKind::Dataset; }
+  static constexpr ObjectKind object_type = ObjectKind::Dataset;
+  ObjectKind object_kind() const final { return object_type; }
 
   /// Required: number of samples.
   virtual std::int64_t size() const = 0;

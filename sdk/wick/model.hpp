@@ -53,8 +53,8 @@ class BlockRunner {
 /// deriving from them too, and that the host looks for with capability<C>().
 class Model : public Object, public torch::nn::Module {
  public:
-  static constexpr PluginKind plugin_kind = PluginKind::Model;
-  ObjectKind object_kind() const final { return ObjectKind::Model; }
+  static constexpr ObjectKind object_type = ObjectKind::Model;
+  ObjectKind object_kind() const final { return object_type; }
 
   /// Required: loss sum, item count and metric sums for one micro-batch.
   virtual ForwardResult forward(const Batch& batch) = 0;

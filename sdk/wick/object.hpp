@@ -12,6 +12,17 @@ namespace wick {
 /// What a factory returned; the host checks it against the plugin's kind.
 enum class ObjectKind { Model, Dataset, Optimizer, Schedule, Transform };
 
+inline const char* to_string(ObjectKind k) {
+  switch (k) {
+    case ObjectKind::Model: return "model";
+    case ObjectKind::Dataset: return "dataset";
+    case ObjectKind::Optimizer: return "optimizer";
+    case ObjectKind::Schedule: return "schedule";
+    case ObjectKind::Transform: return "transform";
+  }
+  return "?";
+}
+
 class Object {
  public:
   virtual ~Object() = default;

@@ -51,8 +51,8 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 /// step(lr) once per optimizer step with the scheduled learning rate.
 class Optimizer : public Object {
  public:
-  static constexpr PluginKind plugin_kind = PluginKind::Optim;
-  ObjectKind object_kind() const final { return ObjectKind::Optimizer; }
+  static constexpr ObjectKind object_type = ObjectKind::Optimizer;
+  ObjectKind object_kind() const final { return object_type; }
 
   /// Required: the trainable parameters, by name. Called once.
   virtual void attach(NamedTensors params) = 0;
@@ -78,8 +78,8 @@ class Optimizer : public Object {
 /// A learning-rate multiplier per optimizer step.
 class Schedule : public Object {
  public:
-  static constexpr PluginKind plugin_kind = PluginKind::Optim;
-  ObjectKind object_kind() const final { return ObjectKind::Schedule; }
+  static constexpr ObjectKind object_type = ObjectKind::Schedule;
+  ObjectKind object_kind() const final { return object_type; }
   /// Required: the factor for 0-based optimizer step `step` of `total_steps`.
   virtual double factor(std::int64_t step, std::int64_t total_steps) const = 0;
 };
@@ -90,8 +90,8 @@ class Model;
 /// apply() once; save() and load() what it added, merge() folds it back.
 class Transform : public Object {
  public:
-  static constexpr PluginKind plugin_kind = PluginKind::Optim;
-  ObjectKind object_kind() const final { return ObjectKind::Transform; }
+  static constexpr ObjectKind object_type = ObjectKind::Transform;
+  ObjectKind object_kind() const final { return object_type; }
   /// Required.
   virtual void apply(Model& model) = 0;
   /// Optional: write / read what the transform added, in a folder.

@@ -44,7 +44,17 @@
 /// its kind. wick/kit/ holds optional helpers (safetensors files, Hugging
 /// Face weights, linear layers with LoRA and NF4) that plugins may use.
 ///
-/// ABI versions (WICK_ABI_VERSION): 5 made Model a small core (forward,
+/// A factory that picks one of several classes from its options (as lora and
+/// qlora, or video_folder and image_folder, share one implementation) names
+/// their common base and passes the factory:
+/// \code
+///   WICK_PLUGIN(wick::plugin<wick::Transform>("lora", "LoRA adapters", options, &make_adapters))
+/// \endcode
+///
+/// ABI versions (WICK_ABI_VERSION): 6 added the descriptor's `makes` (the
+/// object kind the factory builds: optimizer, schedule or transform for an
+/// optim plugin), checked against what the factory returns; make_descriptor
+/// left the public API (wick::plugin<T> is the one builder). 5 made Model a small core (forward,
 /// count_items, item_name, blocks, run_block) with capabilities found by
 /// capability<C>(); targets() went; block checkpointing state left Model
 /// for a host-side BlockRunner; one builder, wick::plugin<T>, takes the kind
@@ -64,7 +74,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 5
+#define WICK_ABI_VERSION 6
 
 namespace wick {
 
@@ -91,7 +101,8 @@ struct PluginDescriptor {
   const char* torch_version;   ///< Required: the LibTorch version built against
   const char* name;            ///< Required: unique plugin name
   // ---- read only after the versions match ----
-  PluginKind kind;             ///< Required
+  PluginKind kind;             ///< Required: the recipe function that builds it (wick.model/data/optim)
+  ObjectKind makes;            ///< Required: what the factory returns (an optim plugin: optimizer, schedule or transform)
   const char* summary;         ///< Required: one line
   OptionSchema options;        ///< Optional: declared options
   Factory create;              ///< Required: builds the object from validated options
@@ -105,9 +116,10 @@ std::shared_ptr<Object> make_object(const Options& o) {
 }
 }  // namespace detail
 
-inline PluginDescriptor make_descriptor(PluginKind kind, const char* name, const char* summary,
-                                        OptionSchema options, Factory create) {
-  return PluginDescriptor{kAbiVersion, TORCH_VERSION, name, kind, summary, std::move(options), create};
+/// The plugin kind of each object kind: optimizers, schedules and transforms
+/// are all built by wick.optim.
+constexpr PluginKind plugin_kind_of(ObjectKind k) {
+  return k == ObjectKind::Model ? PluginKind::Model : k == ObjectKind::Dataset ? PluginKind::Data : PluginKind::Optim;
 }
 
 /// The descriptor of plugin class T, its kind taken from T's base (Model,
@@ -116,7 +128,18 @@ template <class T>
 PluginDescriptor plugin(const char* name, const char* summary, OptionSchema options = {}) {
   static_assert(std::is_base_of_v<Object, T>, "a plugin class derives from wick::Model, wick::Dataset, "
                                               "wick::Optimizer, wick::Schedule or wick::Transform");
-  return make_descriptor(T::plugin_kind, name, summary, std::move(options), &detail::make_object<T, Object>);
+  return PluginDescriptor{kAbiVersion, TORCH_VERSION, name, plugin_kind_of(T::object_type), T::object_type,
+                          summary, std::move(options), &detail::make_object<T, Object>};
+}
+
+/// The same, with a factory of its own: Base is the base class of what it
+/// returns (the host checks), for a plugin that picks its class from options.
+template <class Base>
+PluginDescriptor plugin(const char* name, const char* summary, OptionSchema options, Factory create) {
+  static_assert(std::is_base_of_v<Object, Base>, "Base is wick::Model, wick::Dataset, wick::Optimizer, "
+                                                 "wick::Schedule or wick::Transform");
+  return PluginDescriptor{kAbiVersion, TORCH_VERSION, name, plugin_kind_of(Base::object_type), Base::object_type,
+                          summary, std::move(options), create};
 }
 
 }  // namespace wick

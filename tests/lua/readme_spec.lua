@@ -70,6 +70,7 @@ describe("README.md", function()
       local name = assert(obj:match('"name":%s*"([^"]*)"'), obj)
       local kind = obj:match('"kind":%s*"([^"]*)"')
       assert.truthy(kind, "plugin " .. name .. " is unusable: " .. (obj:match('"error":%s*"([^"]*)"') or obj))
+      if kind == "optim" then kind = kind .. "/" .. assert(obj:match('"makes":%s*"([^"]*)"'), obj) end
       listed[name] = kind .. " | " .. assert(obj:match('"summary":%s*"([^"]*)"'), obj)
     end
     assert.truthy(listed.mlp and listed.vlm and listed.qlora, out)

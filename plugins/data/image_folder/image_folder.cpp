@@ -13,7 +13,7 @@ std::shared_ptr<wick::Object> create(const wick::Options& options) {
 
 }  // namespace
 
-WICK_PLUGIN(wick::make_descriptor(
-    wick::PluginKind::Data, "image_folder",
+WICK_PLUGIN(wick::plugin<wick::Dataset>(
+    "image_folder",
     "images (JPEG, PNG, WebP) from a folder per class or a manifest, resized and cropped while decoding",
     wick::media::folder_options(wick::media::Kind::Image), &create))

@@ -13,7 +13,7 @@ std::shared_ptr<wick::Object> create(const wick::Options& options) {
 
 }  // namespace
 
-WICK_PLUGIN(wick::make_descriptor(
-    wick::PluginKind::Data, "video_folder",
+WICK_PLUGIN(wick::plugin<wick::Dataset>(
+    "video_folder",
     "clips from a folder per class or a manifest: max_frames sampled frames, resized while decoding (FFmpeg)",
     wick::media::folder_options(wick::media::Kind::Video), &create))

@@ -13,6 +13,6 @@ std::shared_ptr<wick::Object> create(const wick::Options& options) {
 
 }  // namespace
 
-WICK_PLUGIN(wick::make_descriptor(wick::PluginKind::Optim, "lora",
+WICK_PLUGIN(wick::plugin<wick::Transform>("lora",
                                   "LoRA adapters on a model's linear layers; PEFT-compatible save, load and merge",
                                   wick::lora::lora_options(), &create))

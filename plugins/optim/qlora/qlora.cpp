@@ -14,7 +14,7 @@ std::shared_ptr<wick::Object> create(const wick::Options& options) {
 
 }  // namespace
 
-WICK_PLUGIN(wick::make_descriptor(
-    wick::PluginKind::Optim, "qlora",
+WICK_PLUGIN(wick::plugin<wick::Transform>(
+    "qlora",
     "QLoRA: LoRA adapters over 4-bit NF4 base weights (double-quantized constants); PEFT-compatible adapters",
     wick::lora::qlora_options(), &create))

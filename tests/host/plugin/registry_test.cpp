@@ -60,6 +60,27 @@ TEST(Registry, RefusesASelfContradictingSchema) {
   EXPECT_THAT(msg, HasSubstr("expected integer"));
 }
 
+TEST(Registry, RefusesAnObjectOfAnotherKindThanDeclared) {
+  auto r = test_registry();
+  EXPECT_EQ(r.find("wrong_object").descriptor->makes, ObjectKind::Transform);
+  const auto msg = test::error_of([&] { r.create("wrong_object", PluginKind::Optim, {}); });
+  EXPECT_THAT(msg, HasSubstr("test_wrong_object.so"));
+  EXPECT_THAT(msg, HasSubstr("made a schedule where it declares a transform"));
+}
+
+TEST(Registry, RefusesADescriptorWhoseKindContradictsWhatItMakes) {
+  auto r = test_registry();
+  const auto msg = test::error_of([&] { r.find("kind_mismatch"); });
+  EXPECT_THAT(msg, HasSubstr("is a data plugin that declares it makes a model"));
+}
+
+TEST(Registry, BuiltinsDeclareWhatTheyMake) {
+  const std::map<std::string, ObjectKind> want = {{"adamw", ObjectKind::Optimizer}, {"schedule", ObjectKind::Schedule},
+                                                  {"lora", ObjectKind::Transform},  {"qlora", ObjectKind::Transform},
+                                                  {"video_folder", ObjectKind::Dataset}, {"mlp", ObjectKind::Model}};
+  for (const auto& [name, makes] : want) EXPECT_EQ(registry().find(name).descriptor->makes, makes) << name;
+}
+
 TEST(Registry, ListsLibrariesThatAreNotPluginsAsUnusable) {
   auto r = test_registry();
   bool seen = false;
