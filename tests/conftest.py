@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-WICK = os.environ.get("WICK", str(Path(__file__).resolve().parents[2] / "build" / "bin" / "wick"))
+WICK = os.environ.get("WICK", str(Path(__file__).resolve().parents[1] / "build" / "bin" / "wick"))
 
 
 @pytest.fixture
