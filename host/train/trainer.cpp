@@ -536,10 +536,11 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     metric_sums.clear();
     if (device.is_cuda()) cuda_empty_cache();
     if ((largest + split_ - 1) / split_ <= 1)
-      throw Error("step " + std::to_string(step_ + 1) + ": out of memory even with micro-batches of one sample" +
-                  (oom.empty() ? std::string(" (on another rank)") : ": " + oom) +
-                  "; lower the memory a sample needs (precision = \"bf16-mixed\", checkpointing = true, a shorter "
-                  "max_length or a smaller image_size)");
+      throw Error("step " + std::to_string(step_ + 1) + ": out of memory even at micro_batch 1 (halved " +
+                  std::to_string(s.oom_retries) + " times to micro-batches of one sample)" +
+                  (oom.empty() ? std::string(" on another rank") : ": " + oom) +
+                  "; lower the memory the step needs (precision = \"bf16-mixed\", checkpointing = true, lora, a "
+                  "shorter max_length or a smaller image_size) or raise the limit");
     split_ *= 2;
     ++s.oom_retries;
     for (auto& [gen, state] : rng) {

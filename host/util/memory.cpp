@@ -27,9 +27,11 @@ class CountingAllocator final : public c10::Allocator {
     if (cap > 0 && now > cap) {
       allocated_.fetch_sub(bytes);
       failures_.fetch_add(1);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format(bytes), " with ",
-                       format(now - bytes), " held by tensors and a cap of ", format(cap),
-                       " (WICK_CPU_MEMORY_LIMIT or core.set_memory_limit)");
+      // Thrown without a C++ backtrace (what() is the message alone): code
+      // that reports e.what() of a failed plugin build shows one line.
+      throw c10::OutOfMemoryError("CPU out of memory: tensors would hold " + format(now) + " (" +
+                                  format(now - bytes) + " held + " + format(bytes) + " more), over the cap of " +
+                                  format(cap) + " (WICK_CPU_MEMORY_LIMIT or core.set_memory_limit)");
     }
     std::int64_t p = peak_.load();
     while (now > p && !peak_.compare_exchange_weak(p, now)) {
@@ -76,10 +78,14 @@ class CountingAllocator final : public c10::Allocator {
   };
   static void release(void* p);
 
+  // Bytes as a person reads them: 96 B, 3.0 KiB, 1.50 MiB, 8.00 GiB (small
+  // caps and requests stay visible instead of rounding to 0.00 MiB).
   static std::string format(std::int64_t b) {
     char buf[48];
     if (b >= (1LL << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(b) / (1LL << 30));
-    else std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1LL << 20));
+    else if (b >= (1LL << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(b) / (1LL << 20));
+    else if (b >= (1LL << 10)) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(b) / (1LL << 10));
+    else std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
     return buf;
   }
 
@@ -155,8 +161,14 @@ std::int64_t parse_bytes(const std::string& text, const std::string& what) {
   else if (unit == "kib") mult = 1024.0;
   else if (unit == "mib") mult = 1024.0 * 1024;
   else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
-  if (end == s || mult == 0 || !std::isfinite(v) || v < 0)
+  // a plain decimal number: strtod alone would also take " 1", "0x10", "inf" and "nan"
+  const bool plain = end != s && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.') &&
+                     std::string(s, static_cast<std::size_t>(end - s)).find_first_of("xXpP") == std::string::npos;
+  if (!plain || mult == 0 || !std::isfinite(v) || v < 0)
     throw Error(what + ": expected a size such as 8GiB, 512MiB, 2GB or a number of bytes, got '" + text + "'");
+  // beyond what an int64 holds (1e30) would wrap to a negative size
+  if (v * mult >= 9.2e18)
+    throw Error(what + ": expected a size below 8 EiB, got '" + text + "'");
   return static_cast<std::int64_t>(v * mult);
 }
 

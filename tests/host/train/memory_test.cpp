@@ -546,7 +546,10 @@ TEST(OutOfMemory, ABatchThatCannotBeSplitFurtherIsAClearError) {
   Trainer split(m, sgd(0.5), nullptr, {});
   const Batch b4 = batch(4, 8, 3);
   Limit cap(cpu_tensor_memory().allocated + (32 << 10));
-  EXPECT_THAT(test::error_of([&] { split.step({b4}); }), HasSubstr("out of memory even with micro-batches of one sample"));
+  const auto msg = test::error_of([&] { split.step({b4}); });
+  EXPECT_THAT(msg, HasSubstr("out of memory even at micro_batch 1"));
+  EXPECT_THAT(msg, HasSubstr("over the cap of"));  // the cap and what the step asked for
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;  // one line: no C++ frames
 }
 
 // A model that runs out of memory on rank 1 for micro-batches larger than
