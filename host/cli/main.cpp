@@ -276,8 +276,21 @@ int cmd_version() {
   return 0;
 }
 
+// A key=value pair where the recipe belongs (`wick run a=1 recipe.lua`): the
+// recipe comes first. A file of that name is a recipe all the same.
+void recipe_first(const std::string& recipe, const std::vector<std::string>& pairs, const char* command) {
+  std::error_code ec;
+  if (recipe.find('=') == std::string::npos || recipe[0] == '=' || std::filesystem::exists(recipe, ec)) return;
+  std::string rest;
+  for (const auto& p : pairs)
+    if (p.find('=') == std::string::npos || p[0] == '=') rest = p;
+  throw UsageError("'" + recipe + "' is not a recipe file: the recipe comes first, then the key=value pairs" +
+                   (rest.empty() ? std::string() : " (wick " + std::string(command) + " " + rest + " " + recipe + " ...)"));
+}
+
 int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   if (recipe.empty()) throw UsageError("'wick run' needs a recipe file");
+  recipe_first(recipe, pairs, "run");
   auto kv = key_values(pairs, "recipe");
   wick::install_signal_handlers();
   wick::LuaRuntime rt(std::move(kv));
@@ -295,6 +308,7 @@ int cmd_plan(const std::string& recipe, const std::string& device_memory_text, c
     }
   }
   if (recipe.empty()) throw UsageError("'wick plan' needs a recipe file");
+  recipe_first(recipe, pairs, "plan");
   auto kv = key_values(pairs, "recipe");
   wick::LuaRuntime rt(std::move(kv));
   rt.set_plan(device_memory);
@@ -391,6 +405,7 @@ int cmd_launch(const LaunchFlags& f) {
   if (o.nnodes > 1 && o.master_port == 0)
     throw UsageError("with several nodes, give every node the same --master-port");
   if (f.recipe.empty()) throw UsageError("a recipe is required");
+  recipe_first(f.recipe, f.pairs, "launch");
   key_values(f.pairs, "recipe");  // refused here once, not by every rank
   o.run_args.push_back(f.recipe);
   o.run_args.insert(o.run_args.end(), f.pairs.begin(), f.pairs.end());

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "util/args.hpp"
 #include "wick/options.hpp"
@@ -27,8 +28,21 @@ int traceback(lua_State* L) {
   if (lua_touserdata(L, 1) == plan_done_sentinel()) return 1;
   if (!lua_isstring(L, 1)) {
     // error objects that are not strings: their __tostring, or what they are
+    // and where they were raised (the innermost Lua function: error() is C)
     if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) return 1;
-    lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    std::string where;
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); ++level) {
+      if (lua_getinfo(L, "Sl", &ar) && ar.currentline > 0) {
+        where = std::string(ar.short_src) + ":" + std::to_string(ar.currentline) + ": ";
+        break;
+      }
+    }
+    const char* type = luaL_typename(L, 1);
+    if (lua_istable(L, 1) || lua_isuserdata(L, 1))
+      lua_pushfstring(L, "%serror object is a %s (no __tostring to describe it)", where.c_str(), type);
+    else
+      lua_pushfstring(L, "%serror object is a %s value", where.c_str(), type);
     return 1;
   }
   if (std::getenv("WICK_TRACEBACK")) {
@@ -127,6 +141,10 @@ void LuaRuntime::call(const std::string& module, const std::string& fn, const st
 
 int LuaRuntime::run_file(const fs::path& recipe) {
   std::error_code ec;
+  if (fs::is_directory(recipe, ec)) {
+    std::fprintf(stderr, "wick: error: recipe %s is a directory, expected a Lua file\n", recipe.c_str());
+    return 1;
+  }
   if (!fs::is_regular_file(recipe, ec)) {
     std::fprintf(stderr, "wick: error: recipe %s does not exist (expected a Lua file)\n", recipe.c_str());
     return 1;
