@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/launch.hpp"
+#include "dist/group.hpp"
 #include "lua/runtime.hpp"
 #include "media/make_clips.hpp"
 #include "plugin/registry.hpp"
@@ -288,13 +289,34 @@ void recipe_first(const std::string& recipe, const std::vector<std::string>& pai
                    (rest.empty() ? std::string() : " (wick " + std::string(command) + " " + rest + " " + recipe + " ...)"));
 }
 
+// After a recipe ran to its end: the key=value pairs it never used (neither
+// read from wick.args nor taken as a wick.train option), named on rank 0.
+// A warning: the recipe did run.
+void warn_unused(wick::LuaRuntime& rt) {
+  const auto unused = rt.unused_args();
+  if (unused.empty()) return;
+  try {
+    if (wick::dist_env().rank != 0) return;
+  } catch (const std::exception&) {
+  }
+  std::string list;
+  for (const auto& [k, v] : unused) list += (list.empty() ? "" : " ") + k + "=" + v;
+  const bool one = unused.size() == 1;
+  std::fprintf(stderr,
+               "wick: warning: command-line %s %s never used: no wick.train option took %s and the recipe never "
+               "read %s from wick.args\n",
+               one ? "key" : "keys", list.c_str(), one ? "it" : "them", one ? "it" : "them");
+}
+
 int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   if (recipe.empty()) throw UsageError("'wick run' needs a recipe file");
   recipe_first(recipe, pairs, "run");
   auto kv = key_values(pairs, "recipe");
   wick::install_signal_handlers();
   wick::LuaRuntime rt(std::move(kv));
-  return rt.run_file(recipe);
+  const int rc = rt.run_file(recipe);
+  if (rc == 0) warn_unused(rt);
+  return rc;
 }
 
 // The recipe runs up to its wick.train call, which measures memory instead of training.

@@ -96,6 +96,31 @@ LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : 
     lua_rawseti(L_, -2, ++i);
   }
   lua_setfield(L_, LUA_REGISTRYINDEX, "wick.raw_args");
+  // the keys used so far: read from wick.args (init.lua's proxy), or taken
+  // as wick.train option overrides (core.train)
+  lua_newtable(L_);
+  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args_used");
+}
+
+std::vector<std::pair<std::string, std::string>> LuaRuntime::unused_args() {
+  std::vector<std::pair<std::string, std::string>> out;
+  lua_getfield(L_, LUA_REGISTRYINDEX, "wick.args_used");
+  lua_getfield(L_, LUA_REGISTRYINDEX, "wick.raw_args");
+  if (lua_istable(L_, -1) && lua_istable(L_, -2)) {
+    const int n = static_cast<int>(lua_objlen(L_, -1));
+    for (int i = 1; i <= n; ++i) {
+      lua_rawgeti(L_, -1, i);
+      lua_getfield(L_, -1, "k");
+      lua_getfield(L_, -2, "v");
+      std::string k = lua_tostring(L_, -2), v = lua_tostring(L_, -1);
+      lua_pop(L_, 3);
+      lua_getfield(L_, -2, k.c_str());
+      if (!lua_toboolean(L_, -1)) out.emplace_back(std::move(k), std::move(v));
+      lua_pop(L_, 1);
+    }
+  }
+  lua_pop(L_, 2);
+  return out;
 }
 
 void* plan_done_sentinel() {

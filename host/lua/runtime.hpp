@@ -31,6 +31,10 @@ class LuaRuntime {
 
   lua_State* state() { return L_; }
 
+  /// The key=value pairs the recipe neither read from wick.args nor had
+  /// taken as wick.train option overrides (in command-line order).
+  std::vector<std::pair<std::string, std::string>> unused_args();
+
   /// `wick plan`: the recipe's wick.train call measures memory for each knob
   /// (device_memory bytes to fit; 0: the device's own) and ends the recipe.
   void set_plan(std::int64_t device_memory);

@@ -187,6 +187,20 @@ int core_train(lua_State* L) {
   req.objects = collect_run_table(L, 1, "wick.train", req.options);
   req.overrides = raw_args(L);
   req.recipe = recipe_path(L);
+  // the keys the recipe read so far; those this call takes count as used from now
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.args_used");
+  if (lua_istable(L, -1)) {
+    for (const auto& [k, text] : req.overrides) {
+      lua_getfield(L, -1, k.c_str());
+      if (lua_toboolean(L, -1)) req.args_read.insert(k);
+      lua_pop(L, 1);
+    }
+    for (const auto& k : taken_overrides(req)) {
+      lua_pushboolean(L, 1);
+      lua_setfield(L, -2, k.c_str());
+    }
+  }
+  lua_pop(L, 1);
   lua_getfield(L, LUA_REGISTRYINDEX, "wick.plan");
   const bool plan = !lua_isnil(L, -1);
   const auto device_memory = static_cast<std::int64_t>(lua_tonumber(L, -1));
@@ -340,7 +354,11 @@ int core_latest_checkpoint(lua_State* L) {
 }
 
 int core_seed(lua_State* L) {
-  at::manual_seed(static_cast<std::uint64_t>(luaL_checknumber(L, 1)));
+  const double seed = luaL_checknumber(L, 1);
+  // a seed is a whole number: inf, nan, 1.5 or -1 would be cast to some other one
+  if (!(seed >= 0 && seed < 9.007199254740992e15 && std::floor(seed) == seed))
+    throw Error("wick.seed: expected a whole number from 0 to 2^53, got " + Value(seed).repr());
+  at::manual_seed(static_cast<std::uint64_t>(seed));
   return 0;
 }
 

@@ -121,6 +121,8 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
     }
     std::vector<Value> scalars = converted.is_list() ? converted.as_list() : List{converted};
     for (const auto& x : scalars) {
+      // one rule for every number option: inf and nan (lr = 1/0, tonumber("inf")) are never a setting
+      if (x.is_number() && !std::isfinite(x.as_double())) throw bad("a finite number");
       if (x.is_number() && (spec.min || spec.max)) {
         const double d = x.as_double();
         if ((spec.min && d < *spec.min) || (spec.max && d > *spec.max) || std::isnan(d)) {

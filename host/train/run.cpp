@@ -127,6 +127,24 @@ struct Resolved {
   std::int64_t micro_batch = 1, accumulate = 1;
 };
 
+}  // namespace
+
+std::vector<std::string> taken_overrides(const RunRequest& req) {
+  const auto ov = req.options.find("overrides");
+  const bool apply = ov == req.options.end() || !ov->second.is_bool() || ov->second.as_bool();
+  std::vector<std::string> out;
+  if (!apply) return out;
+  for (const auto& [k, text] : req.overrides) {
+    if (k == "overrides") continue;  // the recipe's to say, not the command line's
+    const bool known =
+        std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == k && o.run; });
+    if (known && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  }
+  return out;
+}
+
+namespace {
+
 Resolved resolve(const RunRequest& req) {
   Resolved r;
   r.label = req.label;
@@ -141,13 +159,9 @@ Resolved resolve(const RunRequest& req) {
   if (r.obj.eval_data) objects.push_back("eval_data");
   // command-line overrides: key=value naming an option, read as it declares
   std::vector<std::string> overridden;
-  const auto ov = given.find("overrides");
-  const bool apply_overrides = ov == given.end() || !ov->second.is_bool() || ov->second.as_bool();
-  for (const auto& [k, text] : apply_overrides ? req.overrides : decltype(req.overrides){}) {
-    if (k == "overrides") continue;
-    const bool known =
-        std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == k && o.run; });
-    if (!known) continue;
+  const auto taken = taken_overrides(req);
+  for (const auto& [k, text] : req.overrides) {
+    if (std::find(taken.begin(), taken.end(), k) == taken.end()) continue;
     Value v = parse_run_option(k, text);
     auto it = given.find(k);
     if (it != given.end() && it->second.repr() == v.repr()) continue;
@@ -177,6 +191,22 @@ Resolved resolve(const RunRequest& req) {
   r.dist = dist_env();
   r.rank0 = r.dist.rank == 0;
   if (!r.rank0) r.quiet = true;
+  // keys that no option takes and the recipe has not read (yet): a typo such
+  // as epoch=3 is named before a long run, not after it
+  if (r.rank0) {
+    std::string unused;
+    int n = 0;
+    for (const auto& [k, text] : req.overrides)
+      if (std::find(taken.begin(), taken.end(), k) == taken.end() && !req.args_read.count(k)) {
+        unused += (unused.empty() ? "" : " ") + k + "=" + text;
+        ++n;
+      }
+    if (n)
+      err_line("wick: warning: " + L + ": command-line " + (n == 1 ? "key " : "keys ") + unused +
+               (n == 1 ? " is" : " are") + " not used so far: no wick.train option has " +
+               (n == 1 ? "its name" : "their names") + " and the recipe has not read " + (n == 1 ? "it" : "them") +
+               " from wick.args (`wick describe train` lists the options)");
+  }
   if (!overridden.empty() && !r.quiet) {
     std::sort(overridden.begin(), overridden.end());
     std::string s;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,11 +38,18 @@ struct RunRequest {
   /// key=value pairs from the command line: those naming a run option
   /// override it, parsed as the option declares.
   std::vector<std::pair<std::string, std::string>> overrides;
+  /// Keys of `overrides` the recipe has read from wick.args so far: a key
+  /// neither read nor taken as an option is named in a warning at the start.
+  std::set<std::string> args_read;
   std::string recipe;  ///< the recipe's path, for run.json and the ranks' fingerprint
   std::string label = "wick.train";
   /// Observers beyond the built-in progress line and run folder log.
   std::vector<std::shared_ptr<Observer>> observers;
 };
+
+/// The command-line keys this call takes as option overrides: those naming a
+/// wick.train option, unless the recipe says overrides = false.
+std::vector<std::string> taken_overrides(const RunRequest& request);
 
 /// Runs training to its end (or a signal) and returns the summary: status,
 /// steps, skipped_steps, final_loss, best_loss, history (every step's

@@ -242,8 +242,6 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
       throw Error(label + ": option '" + o.name + "': expected " + join(types, " or ") + ", got " + v.type_name() +
                   " " + v.repr());
     }
-    if (v.is_number() && !std::isfinite(v.as_double()))
-      throw Error(label + ": option '" + o.name + "': expected a finite number, got " + v.repr());
     out[o.name] = validate_options(label, {*fitting}, {{o.name, v}}).at(o.name);
   }
   // wick.train's own rules between options
@@ -292,6 +290,16 @@ Value parse_run_option(const std::string& name, const std::string& text) {
     out = Value(v.as_double());
     return true;
   };
+  // a number the form's range refuses (seed=-1) goes on to the next form and,
+  // failing all, to the error below that names every form with its range
+  auto in_range = [&](const OptionSpec& f, const Value& v) {
+    try {
+      validate_options(name, {f}, {{name, v}});
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
   for (const auto& f : opt->forms) {
     Value v;
     switch (f.type) {
@@ -299,10 +307,10 @@ Value parse_run_option(const std::string& name, const std::string& text) {
         if (text == "true" || text == "false") return Value(text == "true");
         break;
       case OptionType::Int:
-        if (as_int(text, v)) return v;
+        if (as_int(text, v) && in_range(f, v)) return v;
         break;
       case OptionType::Float:
-        if (as_float(text, v)) return v;
+        if (as_float(text, v) && in_range(f, v)) return v;
         break;
       case OptionType::String:
         if (f.choices.empty() || std::find(f.choices.begin(), f.choices.end(), text) != f.choices.end())
@@ -319,7 +327,7 @@ Value parse_run_option(const std::string& name, const std::string& text) {
           else if (f.type == OptionType::IntList ? !as_int(item, x) : !as_float(item, x)) ok = false;
           l.push_back(x);
         }
-        if (ok) return Value(l);
+        if (ok && in_range(f, Value(l))) return Value(l);
         break;
       }
     }

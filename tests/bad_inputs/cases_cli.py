@@ -16,7 +16,62 @@ def recipe(text):
     return files(**{"recipe.lua": text})
 
 
+TRAIN = """local wick = require 'wick'
+local data = wick.data('synthetic', { size = 32, inputs = 8, classes = 2 })
+local model = wick.model('mlp', { inputs = 8, hidden = { 8 }, outputs = 2 })
+local lr = tonumber(wick.args.lr) or 0.1
+wick.train { model = model, data = data, optim = wick.optim('sgd', { lr = lr }), micro_batch = 8, quiet = true }
+"""
+
+READS_LATER = """local wick = require 'wick'
+local data = wick.data('synthetic', { size = 32, inputs = 8, classes = 2 })
+local model = wick.model('mlp', { inputs = 8, hidden = { 8 }, outputs = 2 })
+wick.train { model = model, data = data, optim = wick.optim('sgd', { lr = 0.1 }), micro_batch = 8, quiet = true }
+print('tag ' .. tostring(wick.args.tag))
+"""
+
+NO_TRAIN = "local wick = require 'wick'\nprint(wick.args.a)\n"
+
+ITERATES = """local wick = require 'wick'
+local n = 0
+for k, v in pairs(wick.args) do n = n + 1 end
+print(n .. ' pairs')
+"""
+
 CASES = [
+    # key=value pairs the recipe never uses: a warning, the run goes on (exit 0)
+    Case("unused key named at wick.train's start", ["run", "recipe.lua", "epoch=3"],
+         r"^wick: warning: wick\.train: command-line key epoch=3 is not used so far", rc=0, setup=recipe(TRAIN)),
+    Case("unused keys named when the recipe ends", ["run", "recipe.lua", "epoch=3", "lrr=0.5", "max_steps=1"],
+         r"^wick: warning: command-line keys epoch=3 lrr=0\.5 never used", rc=0, setup=recipe(TRAIN)),
+    Case("unused key without wick.train", ["run", "recipe.lua", "a=1", "b=2"],
+         r"^wick: warning: command-line key b=2 never used: no wick\.train option took it and the recipe never read it",
+         rc=0, setup=recipe(NO_TRAIN)),
+    Case("a key read after wick.train is only warned about so far", ["run", "recipe.lua", "tag=x", "bogus=1"],
+         r"^wick: warning: command-line key bogus=1 never used", rc=0, setup=recipe(READS_LATER)),
+    Case("pairs() over wick.args uses every key", ["run", "recipe.lua", "a=1", "b=2"], r"^2 pairs$", rc=0,
+         setup=recipe(ITERATES)),
+    # numbers that are no setting
+    Case("lr=inf read by the recipe", ["run", "recipe.lua", "lr=inf"],
+         r"optim 'sgd': option 'lr': expected a finite number, got number inf", setup=recipe(TRAIN)),
+    Case("lr=nan read by the recipe", ["run", "recipe.lua", "lr=nan"],
+         r"optim 'sgd': option 'lr': expected a finite number", setup=recipe(TRAIN)),
+    Case("lr=1e999 read by the recipe", ["run", "recipe.lua", "lr=1e999"],
+         r"optim 'sgd': option 'lr': expected a finite number", setup=recipe(TRAIN)),
+    Case("seed=inf", ["run", "recipe.lua", "seed=inf"], r"command line: seed=inf: expected integer >= 0",
+         setup=recipe(TRAIN)),
+    Case("seed=nan", ["run", "recipe.lua", "seed=nan"], r"command line: seed=nan: expected integer >= 0",
+         setup=recipe(TRAIN)),
+    Case("seed=1.5", ["run", "recipe.lua", "seed=1.5"], r"command line: seed=1\.5: expected integer >= 0",
+         setup=recipe(TRAIN)),
+    Case("seed=-1", ["run", "recipe.lua", "seed=-1"], r"command line: seed=-1: expected integer >= 0",
+         setup=recipe(NO_TRAIN)),
+    Case("wick.seed(1/0)", ["run", "recipe.lua"], r"recipe\.lua:2: wick\.seed: expected a whole number",
+         setup=recipe("local wick = require 'wick'\nwick.seed(1/0)\n")),
+    Case("clip_grad_norm = 1/0 in the recipe", ["run", "recipe.lua"],
+         r"option 'clip_grad_norm': expected a finite number, got number inf",
+         setup=recipe(TRAIN.replace("quiet = true", "quiet = true, clip_grad_norm = 1/0"))),
+
     Case("error with a table", ["run", "recipe.lua"],
          r"^wick: error: recipe\.lua:2: error object is a table \(no __tostring",
          setup=recipe("local wick = require 'wick'\nerror({ code = 3 })\n")),

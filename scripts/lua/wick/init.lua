@@ -6,8 +6,38 @@ local core = require "wick.core"
 local wick = {}
 
 wick.core = core
---- The key=value pairs given after the recipe on the command line.
-wick.args = core.args()
+--- The key=value pairs given after the recipe on the command line. Reads go
+-- through a proxy that notes each key read (pairs() reads them all), so that
+-- a key no wick.train option takes and the recipe never reads is named in a
+-- warning, at wick.train's start and when the recipe ends.
+local arg_values, args_used = core.args()
+wick.args = setmetatable({}, {
+  __index = function(_, k)
+    args_used[k] = true
+    return arg_values[k]
+  end,
+  __newindex = function(_, k, v) arg_values[k] = v end,
+  __pairs = function()
+    for k in next, arg_values do args_used[k] = true end
+    return next, arg_values, nil
+  end,
+})
+
+-- pairs() honours __pairs as in Lua 5.2 (LuaJIT does only when built with
+-- 5.2 compatibility), so `for k, v in pairs(wick.args)` sees the pairs.
+do
+  local raw_pairs = pairs
+  local probe = false
+  for _ in raw_pairs(setmetatable({}, { __pairs = function() probe = true return next, {}, nil end })) do end
+  if not probe then
+    function pairs(t)
+      local mt = getmetatable(t)
+      local f = type(mt) == "table" and rawget(mt, "__pairs")
+      if f then return f(t) end
+      return raw_pairs(t)
+    end
+  end
+end
 
 --- This process among the ranks (torchrun-style variables or SLURM's):
 -- wick.rank, wick.world_size, wick.local_rank.
@@ -111,7 +141,9 @@ function wick.train(cfg)
   return require("wick.train").train(cfg)
 end
 
--- Runs start from the same weights: seed 0 unless seed=N is on the command line.
-core.seed(tonumber(wick.args.seed) or 0)
+-- Runs start from the same weights: seed 0 unless seed=N is on the command
+-- line, read as wick.train's seed option reads it (a whole number >= 0).
+if rawget(arg_values, "seed") ~= nil then args_used.seed = true end
+core.seed(core.run_option_arg("seed") or 0)
 
 return wick
