@@ -95,7 +95,11 @@ void RunLogObserver::on_start(const RunStart& start) {
       std::string line;
       while (std::getline(in, line)) {
         const auto rec = nlohmann::json::parse(line, nullptr, false);
-        if (rec.is_object() && rec.value("step", std::int64_t{0}) <= start.start_step) kept += line + "\n";
+        // (a step that is not a number reads as unreadable, like a line that is not JSON)
+        if (!rec.is_object()) continue;
+        const auto st = rec.find("step");
+        if (st == rec.end() || (st->is_number() && st->get<double>() <= static_cast<double>(start.start_step)))
+          kept += line + "\n";
       }
       if (kept != text) write_file_atomic(metrics, kept);
     }

@@ -17,8 +17,37 @@ local function esc(s)
   return (tostring(s):gsub("[&<>\"]", { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;" }))
 end
 
---- Reads a run folder: { meta = run.json or {}, steps = {records}, evals = {records}, recipe = text }.
--- A line that is not JSON (a run killed mid-write) ends the reading there.
+-- What is wrong with a decoded metrics.jsonl record, or nil when it is one
+-- wick.train writes: an object whose step is a whole number >= 0, eval and
+-- skipped booleans, every other field a number or a boolean (null: absent).
+function M.record_problem(rec)
+  if type(rec) ~= "table" or rec[1] ~= nil then return "not a JSON object" end
+  if type(rec.step) ~= "number" then
+    return "'step' is " .. (rec.step == nil and "missing" or ("a " .. type(rec.step))) .. ", expected a whole number"
+  end
+  if rec.step < 0 or rec.step ~= math.floor(rec.step) or rec.step == math.huge then
+    return "'step' is " .. tostring(rec.step) .. ", expected a whole number >= 0"
+  end
+  local keys = {}
+  for k in pairs(rec) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local t = type(rec[k])
+    if k == "eval" or k == "skipped" then
+      if t ~= "boolean" then return "'" .. k .. "' is a " .. t .. ", expected true or false" end
+    elseif t ~= "number" and t ~= "boolean" then
+      return "'" .. k .. "' is a " .. t .. ", expected a number"
+    end
+  end
+  if rec.eval and type(rec.loss) ~= "number" then return "an evaluation record without a number 'loss'" end
+  return nil
+end
+
+--- Reads a run folder: { meta = run.json or {}, steps = {records}, evals = {records}, recipe = text,
+-- bad = {{line = N, why = text}, ...} }.
+-- A record that is not JSON or not of the types wick.train writes is skipped
+-- and listed in `bad` (its line and what is wrong); the last line of a
+-- running run may be half written and is left out without a word.
 function M.read_run(dir)
   local text = runlog.read_file(dir .. "/metrics.jsonl")
   if not text then
@@ -27,16 +56,29 @@ function M.read_run(dir)
     f:close()
     fail(dir .. " has no metrics.jsonl: not a run folder (wick.train writes one when given out = ...)")
   end
-  local run = { meta = runlog.read_json(dir .. "/run.json") or {}, steps = {}, evals = {}, dir = dir }
+  local meta = runlog.read_json(dir .. "/run.json")
+  if type(meta) ~= "table" or meta[1] ~= nil then meta = {} end
+  local run = { meta = meta, steps = {}, evals = {}, dir = dir, bad = {} }
   local n = 0
-  for line in text:gmatch("[^\n]+") do
+  for line, nl in text:gmatch("([^\n]*)(\n?)") do
+    if line == "" and nl == "" then break end
     n = n + 1
-    local ok, rec = pcall(core.json_decode, line)
-    if not ok or type(rec) ~= "table" then
-      run.bad_line = n
-      break
+    if line:find("%S") then
+      local ok, rec = pcall(core.json_decode, line)
+      local why = not ok and "not JSON" or M.record_problem(rec)
+      if why then
+        if nl == "" then
+          -- the last line, without its newline: being written, or cut off by a kill
+          if meta.status ~= "running" then run.bad[#run.bad + 1] = { line = n, why = "cut short (the run stopped while writing it)" } end
+        else
+          run.bad[#run.bad + 1] = { line = n, why = why }
+        end
+      elseif rec.eval then
+        run.evals[#run.evals + 1] = rec
+      else
+        run.steps[#run.steps + 1] = rec
+      end
     end
-    if rec.eval then run.evals[#run.evals + 1] = rec else run.steps[#run.steps + 1] = rec end
   end
   -- a resumed run repeats the steps after its checkpoint: the later record wins
   local by_step, order = {}, {}
@@ -231,17 +273,17 @@ function M.html(run, limit)
     '<meta name="viewport" content="width=device-width,initial-scale=1">',
     '<title>wick run ', esc(name), '</title><style>', STYLE, '</style></head><body>')
   w('<header><h1>', esc(name), '<span class="badge ', esc(status), '">', esc(status), '</span></h1><div class="sub">',
-    esc(meta.recipe or "recipe unknown"), meta.started and (" &middot; started " .. os.date("%Y-%m-%d %H:%M:%S", meta.started)) or "",
+    esc(meta.recipe or "recipe unknown"),
+    type(meta.started) == "number" and (" &middot; started " .. os.date("%Y-%m-%d %H:%M:%S", meta.started)) or "",
     meta.host and (" &middot; " .. esc(meta.host)) or "", '</div></header><main>')
   if meta.error then w('<p class="error">', esc(meta.error), '</p>') end
-  if run.bad_line then
-    w('<p class="error">metrics.jsonl line ', run.bad_line, ' is not complete JSON (the run stopped while writing it): ',
-      'the report shows the records before it.</p>')
+  if #run.bad > 0 then
+    w('<p class="error">', esc(M.bad_note(run)), ': the report shows the others.</p>')
   end
   local total = meta.total_steps
   w('<div class="facts">')
   w(fact("steps", (last and last.step or 0) .. (total and (" / " .. total) or "")))
-  w(fact("final loss", last and string.format("%.4f", last.loss) or "-"))
+  w(fact("final loss", last and type(last.loss) == "number" and string.format("%.4f", last.loss) or "-"))
   w(fact("best loss", best and string.format("%.4f", best) or "-"))
   local ev = run.evals[#run.evals]
   if ev then
@@ -295,7 +337,7 @@ function M.html(run, limit)
     w('<h2>Evaluations</h2><table><tr><th>step</th><th>loss</th><th>accuracy</th></tr>')
     for _, r in ipairs(run.evals) do
       w(string.format('<tr><td>%d</td><td>%.4f</td><td>%s</td></tr>', r.step, r.loss,
-        r.accuracy and string.format("%.4f", r.accuracy) or "-"))
+        type(r.accuracy) == "number" and string.format("%.4f", r.accuracy) or "-"))
     end
     w('</table>')
   end
@@ -316,10 +358,28 @@ function M.html(run, limit)
   return table.concat(o)
 end
 
+--- "2 unreadable records in metrics.jsonl skipped (line 3: not JSON; line 7: 'loss' is a string, expected a number)"
+function M.bad_note(run)
+  local n = #run.bad
+  local parts = {}
+  for i = 1, math.min(n, 3) do parts[i] = "line " .. run.bad[i].line .. ": " .. run.bad[i].why end
+  if n > 3 then parts[#parts + 1] = (n - 3) .. " more" end
+  return string.format("%d unreadable record%s in metrics.jsonl skipped (%s)", n, n == 1 and "" or "s",
+    table.concat(parts, "; "))
+end
+
 --- wick report RUN_DIR [-o FILE]
 function M.main(dir, out)
   if not dir or dir == "" then fail("needs a run folder (the `out` of a wick.train call)") end
   local run = M.read_run(dir)
+  local file = dir:gsub("/+$", "") .. "/metrics.jsonl"
+  for i, b in ipairs(run.bad) do
+    if i > 10 then
+      io.stderr:write(string.format("wick: warning: %s: %d more unreadable records skipped\n", file, #run.bad - 10))
+      break
+    end
+    io.stderr:write(string.format("wick: warning: %s:%d: record skipped: %s\n", file, b.line, b.why))
+  end
   if #run.steps == 0 then fail(dir .. "/metrics.jsonl holds no step yet") end
   out = (out and out ~= "") and out or (dir:gsub("/+$", "") .. "/report.html")
   core.write_file(out, M.html(run))

@@ -30,7 +30,10 @@ end
 
 --- One run's summary row.
 function M.summary(dir)
-  local meta = runlog.read_json(dir .. "/run.json") or {}
+  local meta = runlog.read_json(dir .. "/run.json")
+  if type(meta) ~= "table" or meta[1] ~= nil then meta = {} end
+  -- run.json's fields as wick.train writes them; anything else counts as absent
+  local function typed(v, t) return type(v) == t and v or nil end
   local ok, run = pcall(report.read_run, dir)
   local steps = ok and run.steps or {}
   local last = steps[#steps]
@@ -40,18 +43,22 @@ function M.summary(dir)
     local p = r.mem_peak or r.mem_peak_resident
     if type(p) == "number" and p > peak then peak = p end
   end
-  local status = meta.status or (last and "unknown" or "empty")
+  local status = typed(meta.status, "string") or (last and "unknown" or "empty")
   local proc = core.process()
-  if status == "running" and meta.pid and meta.host == proc.host and not core.pid_alive(meta.pid) then
+  if status == "running" and type(meta.pid) == "number" and meta.host == proc.host and not core.pid_alive(meta.pid) then
     status = "failed"  -- the process ended without writing an end: killed or crashed
     meta.error = meta.error or "the process ended without finishing the run (killed?)"
   end
   local ev = ok and run.evals[#run.evals] or nil
   return {
-    run = dir, recipe = meta.recipe, status = status, steps = last and last.step or 0, total_steps = meta.total_steps,
+    run = dir, recipe = typed(meta.recipe, "string"), status = status, steps = last and last.step or 0,
+    total_steps = typed(meta.total_steps, "number"),
     final_loss = last and last.loss, best_loss = best, eval_loss = ev and ev.loss, eval_accuracy = ev and ev.accuracy,
     peak_memory = peak > 0 and peak or nil, memory_kind = last and (last.mem_peak and "device" or "resident") or nil,
-    seconds = meta.seconds or (last and last.time), started = meta.started, error = meta.error,
+    seconds = typed(meta.seconds, "number") or (last and last.time), started = typed(meta.started, "number"),
+    error = meta.error ~= nil and tostring(meta.error) or nil,
+    bad_records = ok and #run.bad > 0 and #run.bad or nil,
+    bad_note = ok and #run.bad > 0 and report.bad_note(run) or nil,
   }
 end
 
@@ -94,6 +101,11 @@ function M.main(dir, json)
       cells[i] = right and string.rep(" ", width[i] - #v) .. v or v .. string.rep(" ", width[i] - #v)
     end
     print((table.concat(cells, "  "):gsub("%s+$", "")))
+  end
+  -- the numbers above leave out records that could not be read: say which
+  io.stdout:flush()
+  for _, r in ipairs(rows) do
+    if r.bad_note then io.stderr:write("wick: warning: ", r.run, ": ", r.bad_note, "\n") end
   end
 end
 

@@ -159,7 +159,7 @@ def test_report_of_a_run_cut_short(run_dir, tmp_path, run_wick):
     (cut / "metrics.jsonl").write_text(text[: len(text) - 40])
     run_wick("report", cut, "-o", tmp_path / "cut.html")
     html = (tmp_path / "cut.html").read_text()
-    assert "is not complete JSON" in html
+    assert "1 unreadable record in metrics.jsonl skipped" in html and "cut short" in html
     dom = Dom()
     dom.feed(chrome("--dump-dom", (tmp_path / "cut.html").as_uri()).stdout)
     assert [a for t, a in dom.elements if t == "body"][0].get("data-rendered") == "ok"
