@@ -130,6 +130,10 @@ void ProgressObserver::on_end(const nlohmann::json& run) {
   if (run.contains("skipped_files"))
     note(strf("wick: %lld data files could not be decoded and were skipped (named above)",
               static_cast<long long>(num(run, "skipped_files"))));
+  if (run.contains("skipped_items"))
+    note(strf("wick: %lld data item%s had nothing to learn from and %s skipped (named above)",
+              static_cast<long long>(num(run, "skipped_items")), num(run, "skipped_items") == 1 ? "" : "s",
+              num(run, "skipped_items") == 1 ? "was" : "were"));
   if (num(run, "skipped_steps") > 0)
     note(strf("wick: %lld of %lld steps skipped for inf/nan gradients (fp16 loss scale now %g)",
               static_cast<long long>(num(run, "skipped_steps")), static_cast<long long>(num(run, "steps")),

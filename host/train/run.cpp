@@ -549,7 +549,7 @@ nlohmann::json run_training(const RunRequest& req) {
                                {"skipped_steps", trainer.skipped_steps()}, {"checkpoint", resume_from.string()},
                                {"out", out.string()}, {"already_finished", true}};
         for (const char* k : {"final_loss", "best_loss", "eval", "micro_batch", "accumulate", "memory", "peak_memory",
-                              "seconds", "loss_scale", "split", "skipped_files"})
+                              "seconds", "loss_scale", "split", "skipped_files", "skipped_items"})
           if (prior.meta.contains(k)) done[k] = prior.meta[k];
         return done;
       }
@@ -762,10 +762,12 @@ nlohmann::json run_training(const RunRequest& req) {
                      {"other", held_before},         {"activations", std::max<std::int64_t>(0, step_peak - held)},
                      {"resident_peak", m["peak_resident"]}};
   }
-  // media data sets count the files they skipped (each named once when it happened)
+  // media data sets count the files they skipped (each named once when it
+  // happened), the text data set the documents with nothing to learn from
   const auto attrs = data.attributes();
-  if (auto it = attrs.find("skipped_files"); it != attrs.end() && it->second.is_number() && it->second.as_double() > 0)
-    run["skipped_files"] = it->second.as_double();
+  for (const char* k : {"skipped_files", "skipped_items"})
+    if (auto it = attrs.find(k); it != attrs.end() && it->second.is_number() && it->second.as_double() > 0)
+      run[k] = it->second.as_double();
   if (last.is_object()) run["final_loss"] = last["loss"];
   if (best) run["best_loss"] = *best;
   run["peak_memory"] = peak;

@@ -509,7 +509,12 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     largest = std::max<std::int64_t>(largest, b.begin()->second.dim() ? b.begin()->second.size(0) : 1);
   }
   if (group) s.items = group->sum(s.items, "the item count of step " + std::to_string(step_ + 1));
-  if (s.items <= 0) throw Error("the window holds no items to learn from");
+  if (s.items <= 0)
+    throw Error("step " + std::to_string(step_ + 1) + ": the window of " + std::to_string(window.size()) +
+                " micro-batch" + (window.size() == 1 ? "" : "es") + " (" + (window.empty() ? "none" : describe(window.front())) +
+                (window.size() > 1 ? ", ..." : "") +
+                ") holds no items to learn from (every label masked, or samples of a single token): the data set "
+                "should leave such samples out");
   const at::Device device(cfg_.device);
   model_->train(true);
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);

@@ -6,6 +6,10 @@
 // Truncation to max_length, or packing of documents into max_length chunks.
 // Batches: input_ids [B, T] padded with end-of-text, labels [B, T] with -100
 // on padding and prompts.
+// A document with nothing to learn from (one token, so no next token to
+// predict, or every label masked) is skipped: named on stderr with its file
+// (and JSONL line), counted in the `skipped_items` attribute; only a source
+// with nothing left at all is an error.
 
 #include <wick/data.hpp>
 
@@ -14,6 +18,7 @@
 
 #include <wick/kit/safetensors.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,7 +34,19 @@ constexpr std::int64_t kIgnore = -100;
 
 struct Doc {
   std::vector<std::int64_t> ids, labels;
+  std::int64_t source = 0, line = 0;  // index into the sources; JSONL line (0: a plain file)
 };
+
+// Why a sample teaches nothing (a causal model predicts token t+1 from the
+// tokens up to t: labels from the second on count), or "" when it teaches.
+std::string nothing_to_learn(const Doc& d) {
+  if (d.ids.size() < 2)
+    return std::to_string(d.ids.size()) + " token" + (d.ids.size() == 1 ? "" : "s") +
+           ", and a sample needs 2 (a token and the next one to predict)";
+  for (std::size_t t = 1; t < d.labels.size(); ++t)
+    if (d.labels[t] != kIgnore) return "";
+  return "every label after the first token is masked (a prompt without a completion, or one that fills max_length)";
+}
 
 class Text : public wick::Dataset {
  public:
@@ -53,11 +70,26 @@ class Text : public wick::Dataset {
     if (!cache.empty() && read_cache(cache, docs)) {
       cached_ = true;
     } else {
+      std::int64_t k = 0;
       if (o.has("files"))
-        for (const auto& f : o.at("files").as_list()) docs.push_back(text_doc(read_file(f.as_string())));
-      if (o.has("file")) read_jsonl(o.get_string("file"), docs);
+        for (const auto& f : o.at("files").as_list()) {
+          docs.push_back(text_doc(read_file(f.as_string())));
+          docs.back().source = k++;
+        }
+      if (o.has("file")) read_jsonl(o.get_string("file"), k, docs);
       if (!cache.empty()) write_cache(cache, docs);
     }
+    auto where = [&](const Doc& d) {
+      const auto i = static_cast<std::size_t>(d.source);
+      const std::string src = i < sources.size() ? sources[i] : "?";
+      return d.line > 0 ? src + ":" + std::to_string(d.line) : src;
+    };
+    std::string first_skip;
+    auto skip = [&](const std::string& what, const std::string& why) {
+      if (skipped_ < 10) std::fprintf(stderr, "wick: data 'text': skipping %s: %s\n", what.c_str(), why.c_str());
+      if (first_skip.empty()) first_skip = what + ": " + why;
+      ++skipped_;
+    };
     if (o.get_bool("pack")) {
       Doc all;
       for (auto& d : docs) {
@@ -67,7 +99,14 @@ class Text : public wick::Dataset {
       for (std::size_t i = 0; i < all.ids.size(); i += static_cast<std::size_t>(max_length_)) {
         const auto end = std::min(all.ids.size(), i + static_cast<std::size_t>(max_length_));
         if (end - i < 2) break;  // a chunk needs a target
-        samples_.push_back({{all.ids.begin() + i, all.ids.begin() + end}, {all.labels.begin() + i, all.labels.begin() + end}});
+        Doc chunk{{all.ids.begin() + i, all.ids.begin() + end}, {all.labels.begin() + i, all.labels.begin() + end}};
+        if (const auto why = nothing_to_learn(chunk); !why.empty()) {
+          skip("packed chunk " + std::to_string(i / static_cast<std::size_t>(max_length_) + 1) + " (tokens " +
+                   std::to_string(i) + " to " + std::to_string(end - 1) + ")",
+               why);
+          continue;
+        }
+        samples_.push_back(std::move(chunk));
       }
     } else {
       for (auto& d : docs) {
@@ -75,9 +114,19 @@ class Text : public wick::Dataset {
           d.ids.resize(max_length_);
           d.labels.resize(max_length_);
         }
+        if (const auto why = nothing_to_learn(d); !why.empty()) {
+          skip(where(d), why);
+          continue;
+        }
         samples_.push_back(std::move(d));
       }
     }
+    if (skipped_ > 10)
+      std::fprintf(stderr, "wick: data 'text': skipping %lld more with nothing to learn from (%lld in all)\n",
+                   static_cast<long long>(skipped_ - 10), static_cast<long long>(skipped_));
+    if (samples_.empty() && skipped_ > 0)
+      throw wick::Error("data 'text': no sample has anything to learn from (" + std::to_string(skipped_) +
+                        " skipped; the first: " + first_skip + ")");
     if (samples_.empty()) throw wick::Error("data 'text': the sources hold no text");
   }
 
@@ -110,7 +159,7 @@ class Text : public wick::Dataset {
     std::int64_t tokens = 0;
     for (const auto& d : samples_) tokens += static_cast<std::int64_t>(d.ids.size());
     return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_},
-            {"cached", cached_}, {"cache_file", cache_path_}};
+            {"cached", cached_}, {"cache_file", cache_path_}, {"skipped_items", skipped_}};
   }
 
  private:
@@ -135,12 +184,13 @@ class Text : public wick::Dataset {
     return d;
   }
 
-  void read_jsonl(const std::string& path, std::vector<Doc>& docs) const {
+  void read_jsonl(const std::string& path, std::int64_t source, std::vector<Doc>& docs) const {
     std::ifstream in(path);
     if (!in) throw wick::Error("data 'text': cannot open " + path);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::size_t before = docs.size();
       const std::string where = path + ":" + std::to_string(n);
       nlohmann::json j;
       try {
@@ -165,6 +215,10 @@ class Text : public wick::Dataset {
       } else {
         throw wick::Error("data 'text': " + where + " has none of text, input_ids, or prompt and completion");
       }
+      for (std::size_t k = before; k < docs.size(); ++k) {
+        docs[k].source = source;
+        docs[k].line = n;
+      }
     }
   }
 
@@ -180,7 +234,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v1\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v2\n" + tok + "\n" + eos + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -204,7 +258,9 @@ class Text : public wick::Dataset {
     try {
       auto f = wick::read_safetensors(file);
       const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
-      if (!ids || !labels || !offsets) return false;
+      const at::Tensor *source = f.get("source"), *line = f.get("line");
+      if (!ids || !labels || !offsets || !source || !line) return false;
+      if (source->numel() + 1 != offsets->numel() || line->numel() + 1 != offsets->numel()) return false;
       const auto* pi = ids->data_ptr<std::int64_t>();
       const auto* pl = labels->data_ptr<std::int64_t>();
       const auto* po = offsets->data_ptr<std::int64_t>();
@@ -212,6 +268,8 @@ class Text : public wick::Dataset {
         Doc doc;
         doc.ids.assign(pi + po[d], pi + po[d + 1]);
         doc.labels.assign(pl + po[d], pl + po[d + 1]);
+        doc.source = source->data_ptr<std::int64_t>()[d];
+        doc.line = line->data_ptr<std::int64_t>()[d];
         docs.push_back(std::move(doc));
       }
       return true;
@@ -222,22 +280,26 @@ class Text : public wick::Dataset {
   }
 
   static void write_cache(const fs::path& file, const std::vector<Doc>& docs) {
-    std::vector<std::int64_t> ids, labels, offsets{0};
+    std::vector<std::int64_t> ids, labels, offsets{0}, source, line;
     for (const auto& d : docs) {
       ids.insert(ids.end(), d.ids.begin(), d.ids.end());
       labels.insert(labels.end(), d.labels.begin(), d.labels.end());
       offsets.push_back(static_cast<std::int64_t>(ids.size()));
+      source.push_back(d.source);
+      line.push_back(d.line);
     }
     try {
       fs::create_directories(file.parent_path());
       wick::write_safetensors(file, {{"ids", at::tensor(ids, at::kLong)}, {"labels", at::tensor(labels, at::kLong)},
-                                     {"offsets", at::tensor(offsets, at::kLong)}});
+                                     {"offsets", at::tensor(offsets, at::kLong)},
+                                     {"source", at::tensor(source, at::kLong)}, {"line", at::tensor(line, at::kLong)}});
     } catch (const std::exception&) {
       // a cache that cannot be written is only slower next time
     }
   }
 
   bool cached_ = false;
+  std::int64_t skipped_ = 0;
   std::string cache_path_;
   std::int64_t max_length_;
   std::unique_ptr<wick::text::Tokenizer> tokenizer_;

@@ -92,5 +92,35 @@ TEST(TextData, BadLinesAreNamedWithFileAndLine) {
   EXPECT_THAT(msg, HasSubstr("e.jsonl:1 has none of text, input_ids, or prompt and completion"));
 }
 
+TEST(TextData, ADocumentWithNothingToLearnFromIsSkippedCountedAndNamed) {
+  test::TempDir dir;
+  const auto file = dir.path / "d.jsonl";
+  // line 2: one token (the end of text), nothing after it to predict; line 4:
+  // a prompt that fills max_length, every label masked
+  std::ofstream(file) << R"({"text": "ab"})" "\n" << R"({"text": ""})" "\n" << R"({"text": "cd"})" "\n"
+                      << R"({"prompt": "a long prompt", "completion": "x"})" "\n";
+  const std::map<std::string, Value> opts{{"file", Value(file.string())}, {"max_length", Value(4)},
+                                          {"cache_dir", Value((dir.path / "cache").string())}};
+  for (int pass = 0; pass < 2; ++pass) {  // tokenized, then read from the cache: the same names
+    testing::internal::CaptureStderr();
+    auto d = test::make<Dataset>("text", PluginKind::Data, opts);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(d->attributes().at("cached").as_bool(), pass == 1);
+    EXPECT_EQ(d->size(), 2);
+    EXPECT_EQ(d->attributes().at("skipped_items").as_int(), 2);
+    EXPECT_EQ(row(d->get(1).at("input_ids")), (std::vector<std::int64_t>{'c', 'd', 256}));
+    EXPECT_THAT(err, HasSubstr(file.string() + ":2: 1 token, and a sample needs 2"));
+    EXPECT_THAT(err, HasSubstr(file.string() + ":4: every label after the first token is masked"));
+  }
+  // nothing left at all: an error naming the first
+  std::ofstream(dir.path / "e.jsonl") << R"({"text": ""})" "\n";
+  testing::internal::CaptureStderr();
+  const auto msg = test::error_of([&] {
+    test::make<Dataset>("text", PluginKind::Data, {{"file", Value((dir.path / "e.jsonl").string())}, {"cache_dir", Value("none")}});
+  });
+  testing::internal::GetCapturedStderr();
+  EXPECT_THAT(msg, HasSubstr("no sample has anything to learn from (1 skipped; the first: " + (dir.path / "e.jsonl").string() + ":1"));
+}
+
 }  // namespace
 }  // namespace wick
