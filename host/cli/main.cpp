@@ -53,7 +53,8 @@ const Command kCommands[] = {
     {"run", "RECIPE [key=value ...]", "run a Lua recipe",
      "The pairs are wick.args and override wick.train options of the same name. "
      "A value reads as a boolean (true, false), an integer (42, -7), a number "
-     "(0.5, 3e-4) or else as the string given (nan, inf, 0x10, 1e5x stay strings)."},
+     "(0.5, 3e-4) or else as the string given (nan, inf, 0x10, 1e5x stay strings). A pair that no "
+     "option takes and the recipe never reads is named in a warning."},
     {"launch", "--nproc-per-node N [options] RECIPE [key=value ...]",
      "run a recipe on N local ranks, one `wick run` process each",
      "Each rank gets torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, "
