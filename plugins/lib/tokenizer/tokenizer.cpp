@@ -200,7 +200,7 @@ class Bpe : public Tokenizer {
       for (const auto& t : {a, b, a + b})
         if (!vocab_.count(t))
           throw Error(where + ": " + at + ", but '" + t + "' is not in model.vocab, expected merges of tokens in the vocabulary");
-      ranks_.emplace(a + '\x01' + b, rank++);  // a merge given twice keeps its first rank
+      ranks_[a + '\x01' + b] = rank++;  // a merge given twice takes its last rank, as in tokenizers
     }
     ignore_merges_ = m.flag("ignore_merges", false);
     if (j.has("added_tokens")) {
