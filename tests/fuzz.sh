@@ -24,9 +24,9 @@ esac
 BIN=$OUT/fuzz_$TARGET
 # rebuilt only when a source or a header it may include changed
 if [ ! -x "$BIN" ] || [ -n "$(find "${SOURCES[@]}" "$SRC/sdk/wick" "$SRC/plugins/lib/decoder" "$SRC/plugins/lib/tokenizer" \
-     "$SRC/plugins/data/text/jsonl.hpp" -newer "$BIN" -print -quit)" ]; then
+     -newer "$BIN" -print -quit)" ]; then
   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 \
-    -I"$SRC/sdk" -I"$SRC/plugins" -I"$SRC/plugins/data/text" "${SOURCES[@]}" "${LIBS[@]}" -o "$BIN"
+    -I"$SRC/sdk" -I"$SRC/plugins" "${SOURCES[@]}" "${LIBS[@]}" -o "$BIN"
 fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

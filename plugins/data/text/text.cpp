@@ -19,7 +19,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "jsonl.hpp"
+#include "lib/tokenizer/jsonl.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
 
 namespace fs = std::filesystem;

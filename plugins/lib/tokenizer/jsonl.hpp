@@ -1,8 +1,9 @@
 #pragma once
-// One line of data `text`'s JSONL file, parsed and checked without LibTorch
-// (the JSONL fuzz target builds it alone): an object with "input_ids" (a
-// list of token ids below the vocabulary size), "prompt" and "completion"
-// (strings), or "text" (a string). Errors name the file and line.
+// One line of data `text`'s JSONL file (plugins/data/text), parsed and
+// checked without LibTorch (the JSONL fuzz target builds it alone): an
+// object with "input_ids" (a list of token ids below the vocabulary size),
+// "prompt" and "completion" (strings), or "text" (a string). Errors name the
+// file and line.
 
 #include <wick/kit/json_fields.hpp>
 #include <wick/options.hpp>
