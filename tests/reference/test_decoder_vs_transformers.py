@@ -170,3 +170,34 @@ def test_a_folder_saved_by_wick_loads_in_transformers(tmp_path, run_wick):
     with torch.no_grad():
         want = hf(input_ids=ids).logits
     assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("same", [False, True])
+def test_a_tied_config_with_its_own_lm_head_weight_does_what_transformers_does(tmp_path, run_wick, same):
+    """tie_word_embeddings true, and the file holds an lm_head.weight: transformers
+    leaves the head untied and uses the file's when it differs from the token
+    embedding (saying so), and ties it when it is the same. wick generates the
+    same tokens and says so too."""
+    torch.manual_seed(5)
+    ref = tiny("llama", True).float().eval()
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" not in n:
+                p.mul_(4.0)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    assert "lm_head.weight" not in weights
+    embed = weights["model.embed_tokens.weight"]
+    weights["lm_head.weight"] = embed.clone() if same else torch.randn_like(embed) * 4
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert torch.equal(loaded.lm_head.weight, weights["lm_head.weight"])
+    prompt = torch.tensor([[5, 17, 42, 8]])
+    with torch.no_grad():
+        want = loaded.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 4:].tolist()
+        untied_tokens = ref.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[0, 4:].tolist()
+    assert same or want != untied_tokens  # the case tells the two readings apart
+    (tmp_path / "g.lua").write_text(GEN)
+    p = run_wick("run", tmp_path / "g.lua", f"path={tmp_path / 'hf'}")
+    assert [int(x) for x in p.stdout.split("\n")[0].split()] == want
+    assert ("stays a separate output head, as transformers leaves it" in p.stderr) == (not same)

@@ -69,9 +69,31 @@ TEST(Safetensors, CorruptFilesAreNamedWithTheProblem) {
       {std::string("\xe8\x03\0\0\0\0\0\0", 8) + "{}", "exceeds the file size"},
       {header_file("{not json}", ""), "not valid JSON"},
       {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "1234"), "outside the file"},
-      {header_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"), "its shape and dtype need 12"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "12345678"), "dtype F32 need 12"},
       {header_file(R"({"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", "12345678"), "unsupported dtype C64"},
-      {header_file(R"({"a":{"dtype":"F32"}})", ""), "lacks dtype, shape or data_offsets"},
+      {header_file(R"({"a":{"dtype":"F32"}})", ""), "tensor 'a' lacks shape"},
+      // what the reference library refuses as well
+      {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                   "12345678"), "tensor 'b': data_offsets begin at byte 0, expected 8 where 'a' ends"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "12345678"), "begin at byte 4, expected 0"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "12345678"), "cover 4 of the file's 8 data bytes"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                   "12345678"), "tensor 'a' is named twice"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[16.5,8],"data_offsets":[0,8]}})", "12345678"), "shape[0] is 16.5, expected a non-negative integer"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", "12345678"), "shape[0] is 2.0"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", "12345678"), "shape[0] is -2"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,0]}})", ""), "more bytes than 64 bits can count"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[0,1099511627776,1099511627776],"data_offsets":[0,0]}})", ""), "more bytes than 64 bits"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""), "more bytes than 64 bits"},
+      {header_file(R"({"a":{"dtype":3,"shape":[2],"data_offsets":[0,8]}})", "12345678"), "tensor 'a': dtype is 3, expected a string"},
+      {header_file(R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", "12345678"), "tensor 'a': shape is \"2\", expected a list"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":["0","8"]}})", "12345678"), "data_offsets is [\"0\",\"8\"]"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", "12345678"), "end before they begin"},
+      {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", "12345678"), "expected two non-negative integers"},
+      {header_file(R"({"__metadata__":{"a":1}})", ""), "__metadata__ key 'a' is 1, expected a string"},
+      {header_file(R"([1])", ""), "header is a JSON array, expected an object"},
+      {header_file(std::string(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") + std::string(2, '\0'), "12345678"),
+       "NUL byte"},
   };
   for (const auto& c : cases) {
     write_raw(p, c.bytes);
@@ -79,6 +101,46 @@ TEST(Safetensors, CorruptFilesAreNamedWithTheProblem) {
     EXPECT_THAT(msg, HasSubstr("corrupt safetensors file " + p.string())) << c.want;
     EXPECT_THAT(msg, HasSubstr(c.want));
   }
+}
+
+TEST(Safetensors, AcceptsWhatTheReferenceAccepts) {
+  test::TempDir dir;
+  const auto p = dir.path / "ok.safetensors";
+  // entries in any order, zero-sized tensors anywhere, null metadata, spaces around the JSON
+  write_raw(p, header_file(R"(  {"__metadata__":null,"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                           R"("z":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("y":{"dtype":"I8","shape":[0],"data_offsets":[0,0],"extra":1}}   )",
+                           std::string("\0\0\x80\x3f\0\0\0\x40", 8)));
+  auto f = read_safetensors(p);
+  ASSERT_EQ(f.tensors.size(), 4u);
+  EXPECT_EQ(f.get("a")->item<float>(), 1.0f);
+  EXPECT_EQ(f.get("b")->item<float>(), 2.0f);
+  EXPECT_EQ(f.get("z")->sizes(), (std::vector<std::int64_t>{0, 3}));
+}
+
+TEST(Safetensors, ADirectoryIsNamedAsOne) {
+  test::TempDir dir;
+  auto msg = test::error_of([&] { read_safetensors(dir.path); });
+  EXPECT_THAT(msg, HasSubstr(dir.path.string() + " is a directory, expected a .safetensors file"));
+}
+
+TEST(Safetensors, AShardIndexNamesOnlyFilesInsideItsFolder) {
+  test::TempDir dir;
+  write_safetensors(dir.path / "a.safetensors", {{"x", at::ones({2})}});
+  write_safetensors(dir.path / "b.safetensors", {{"x", at::ones({2})}});
+  auto index = [&](const std::string& map) {
+    std::ofstream(dir.path / "model.safetensors.index.json") << R"({"metadata":{},"weight_map":)" << map << "}";
+    return test::error_of([&] { read_safetensors_folder(dir.path, "m"); });
+  };
+  EXPECT_THAT(index(R"({"x":"/etc/passwd"})"), HasSubstr("weight_map.x names the shard \"/etc/passwd\", expected a file inside the model folder"));
+  EXPECT_THAT(index(R"({"x":"../../../../etc/passwd"})"), HasSubstr("names the shard \"../../../../etc/passwd\""));
+  EXPECT_THAT(index(R"({"x":"sub/../../a.safetensors"})"), HasSubstr("expected a file inside the model folder"));
+  EXPECT_THAT(index(R"({"x":"c.safetensors"})"), HasSubstr("weight_map.x is in the shard \"c.safetensors\", which does not exist"));
+  EXPECT_THAT(index(R"({"x":3})"), HasSubstr("weight_map.x is 3, expected the name of a .safetensors file"));
+  EXPECT_THAT(index(R"([1])"), HasSubstr("weight_map is [1], expected an object"));
+  EXPECT_THAT(index(R"({"x":"a.safetensors","y":"b.safetensors"})"), HasSubstr("tensor 'x' is in both"));
+  std::ofstream(dir.path / "model.safetensors.index.json") << R"({"weight_map":{"x":"./a.safetensors"}})";
+  EXPECT_EQ(read_safetensors_folder(dir.path, "m").size(), 1u);
 }
 
 TEST(Safetensors, WritesAtomicallyLeavingNoTemporaryFiles) {

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "lib/tokenizer/jsonl.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -185,35 +186,23 @@ class Text : public wick::Dataset {
   }
 
   void read_jsonl(const std::string& path, std::int64_t source, std::vector<Doc>& docs) const {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) throw wick::Error("data 'text': file " + path + " is a directory, expected a JSONL file");
     std::ifstream in(path);
     if (!in) throw wick::Error("data 'text': cannot open " + path);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::size_t before = docs.size();
-      const std::string where = path + ":" + std::to_string(n);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const std::exception& e) {
-        throw wick::Error("data 'text': " + where + " is not valid JSON (" + e.what() + ")");
-      }
-      if (j.contains("input_ids")) {
+      auto r = wick::text::parse_jsonl_line(line, path + ":" + std::to_string(n), vocab_);
+      if (r.kind == wick::text::JsonlRecord::Ids) {
         Doc d;
-        for (const auto& x : j["input_ids"]) {
-          if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= vocab_)
-            throw wick::Error("data 'text': " + where + ": input_ids must be integers in [0, " +
-                              std::to_string(vocab_) + ")");
-          d.ids.push_back(x.get<std::int64_t>());
-        }
+        d.ids = std::move(r.ids);
         d.labels = d.ids;
         docs.push_back(std::move(d));
-      } else if (j.contains("prompt") && j.contains("completion")) {
-        docs.push_back(text_doc(j["completion"].get<std::string>(), j["prompt"].get<std::string>()));
-      } else if (j.contains("text") && j["text"].is_string()) {
-        docs.push_back(text_doc(j["text"].get<std::string>()));
-      } else {
-        throw wick::Error("data 'text': " + where + " has none of text, input_ids, or prompt and completion");
+      } else if (r.kind == wick::text::JsonlRecord::PromptCompletion) {
+        docs.push_back(text_doc(r.text, r.prompt));
+      } else if (r.kind == wick::text::JsonlRecord::Text) {
+        docs.push_back(text_doc(r.text));
       }
       for (std::size_t k = before; k < docs.size(); ++k) {
         docs[k].source = source;
@@ -264,6 +253,12 @@ class Text : public wick::Dataset {
       const auto* pi = ids->data_ptr<std::int64_t>();
       const auto* pl = labels->data_ptr<std::int64_t>();
       const auto* po = offsets->data_ptr<std::int64_t>();
+      // a damaged cache is tokenized again, never read past its end
+      if (ids->numel() != labels->numel() || offsets->numel() < 1 || po[0] != 0 ||
+          po[offsets->numel() - 1] != ids->numel())
+        return false;
+      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d)
+        if (po[d + 1] < po[d]) return false;
       for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
         Doc doc;
         doc.ids.assign(pi + po[d], pi + po[d + 1]);

@@ -4,6 +4,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 
@@ -93,131 +94,24 @@ BodyImpl::BodyImpl(const Config& c) {
   norm = register_module("norm", RMSNorm(c.hidden, c.eps));
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw wick::Error("cannot open " + p.string());
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw wick::Error(p.string() + " is not valid JSON: " + e.what());
-  }
-}
-
-void finish_config(Config& c, const std::string& who) {
-  if (c.head_dim == 0) {
-    if (c.hidden % c.heads)
-      throw wick::Error(who + ": hidden size " + std::to_string(c.hidden) + " is not a multiple of " +
-                        std::to_string(c.heads) + " heads");
-    c.head_dim = c.hidden / c.heads;
-  }
-  if (c.heads % c.kv_heads)
-    throw wick::Error(who + ": " + std::to_string(c.heads) + " heads are not a multiple of " +
-                      std::to_string(c.kv_heads) + " key/value heads");
-}
-
-Config config_from_hf(const nlohmann::json& j, const std::string& who) {
-  Config c;
-  const std::string type = j.value("model_type", "llama");
-  if (type != "llama" && type != "qwen2")
-    throw wick::Error(who + ": model_type '" + type + "' is not supported (expected llama or qwen2)");
-  c.family = type;
-  c.vocab = j.at("vocab_size").get<std::int64_t>();
-  c.hidden = j.at("hidden_size").get<std::int64_t>();
-  c.intermediate = j.at("intermediate_size").get<std::int64_t>();
-  c.layers = j.at("num_hidden_layers").get<std::int64_t>();
-  c.heads = j.at("num_attention_heads").get<std::int64_t>();
-  c.kv_heads = j.value("num_key_value_heads", c.heads);
-  if (j.contains("num_key_value_heads") && j["num_key_value_heads"].is_null()) c.kv_heads = c.heads;
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = j["head_dim"].get<std::int64_t>();
-  // older configs: rope_theta (and rope_scaling); newer: rope_parameters {rope_theta, rope_type}
-  c.rope_theta = j.value("rope_theta", 10000.0);
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    const auto& rp = j["rope_parameters"];
-    c.rope_theta = rp.value("rope_theta", c.rope_theta);
-    const std::string kind = rp.value("rope_type", std::string("default"));
-    if (kind != "default") throw wick::Error(who + ": rope_type '" + kind + "' is not supported yet (default)");
-  }
-  if (j.value("mlp_bias", false)) throw wick::Error(who + ": mlp_bias is not supported");
-  c.eps = j.value("rms_norm_eps", 1e-6);
-  c.tie = j.value("tie_word_embeddings", false);
-  c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
-  if (j.value("hidden_act", std::string("silu")) != "silu")
-    throw wick::Error(who + ": hidden_act '" + j.value("hidden_act", std::string()) + "' is not supported (silu)");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw wick::Error(who + ": rope_scaling is not supported yet");
-  finish_config(c, who);
-  return c;
-}
-
-Config config_from_options(const wick::Options& o) {
-  Config c;
-  c.family = o.get_string("family");
-  c.vocab = o.get_int("vocab_size");
-  c.hidden = o.get_int("hidden_size");
-  c.intermediate = o.get_int("intermediate_size");
-  c.layers = o.get_int("layers");
-  c.heads = o.get_int("heads");
-  c.kv_heads = o.has("kv_heads") ? o.get_int("kv_heads") : c.heads;
-  c.rope_theta = o.get_double("rope_theta");
-  c.eps = o.get_double("rms_norm_eps");
-  c.tie = o.get_bool("tie_embeddings");
-  c.qkv_bias = c.family == "qwen2";
-  return c;
-}
-
-wick::OptionSchema size_options() {
-  return {wick::opt_string("family", "llama", "llama, or qwen2 (q/k/v bias)").one_of({"llama", "qwen2"}),
-          wick::opt_int("vocab_size", 256, "vocabulary size").at_least(1),
-          wick::opt_int("hidden_size", 256, "model width").at_least(1),
-          wick::opt_int("intermediate_size", 688, "MLP width").at_least(1),
-          wick::opt_int("layers", 4, "decoder layers").at_least(1),
-          wick::opt_int("heads", 4, "attention heads").at_least(1),
-          wick::opt_int("kv_heads", wick::Value(), "key/value heads (grouped-query attention; default: heads)")
-              .at_least(1)
-              .optional(),
-          wick::opt_float("rope_theta", 10000.0, "rotary embedding base").at_least(1),
-          wick::opt_float("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
-          wick::opt_bool("tie_embeddings", false, "output head shares the token embedding")};
-}
-
-nlohmann::json hf_config(const Config& c) {
-  const bool qwen = c.family == "qwen2";
-  nlohmann::json j = {{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-                      {"model_type", c.family},
-                      {"vocab_size", c.vocab},
-                      {"hidden_size", c.hidden},
-                      {"intermediate_size", c.intermediate},
-                      {"num_hidden_layers", c.layers},
-                      {"num_attention_heads", c.heads},
-                      {"num_key_value_heads", c.kv_heads},
-                      {"head_dim", c.head_dim},
-                      {"hidden_act", "silu"},
-                      {"rms_norm_eps", c.eps},
-                      {"rope_theta", c.rope_theta},
-                      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
-                      {"tie_word_embeddings", c.tie},
-                      {"max_position_embeddings", 4096},
-                      {"torch_dtype", "float32"}};
-  if (!qwen) j["attention_bias"] = c.qkv_bias;
-  return j;
-}
-
 wick::NamedTensorList read_folder(const fs::path& dir, const std::string& who) {
-  wick::NamedTensorList all;
-  std::vector<fs::path> files;
-  if (fs::exists(dir / "model.safetensors")) {
-    files.push_back(dir / "model.safetensors");
-  } else if (fs::exists(dir / "model.safetensors.index.json")) {
-    std::set<std::string> shards;
-    const nlohmann::json index = read_json(dir / "model.safetensors.index.json");
-    for (const auto& [name, file] : index.at("weight_map").items()) shards.insert(file.get<std::string>());
-    for (const auto& s : shards) files.push_back(dir / s);
-  } else {
-    throw wick::Error(who + ": " + dir.string() + " has no model.safetensors or model.safetensors.index.json");
+  return wick::read_safetensors_folder(dir, who);
+}
+
+void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const std::string& embed,
+                       const std::string& head, const std::string& where) {
+  if (!c.tie) return;
+  const at::Tensor *e = nullptr, *h = nullptr;
+  for (const auto& [n, t] : weights) {
+    if (n == embed) e = &t;
+    if (n == head) h = &t;
   }
-  for (const auto& f : files)
-    for (auto& t : wick::read_safetensors(f).tensors) all.push_back(std::move(t));
-  return all;
+  if (!h || (e && e->sizes() == h->sizes() && e->scalar_type() == h->scalar_type() && at::equal(*e, *h))) return;
+  c.tie = false;
+  std::fprintf(stderr,
+               "wick: %s: tie_word_embeddings is true but the weights hold a %s other than %s: it stays a separate "
+               "output head, as transformers leaves it\n",
+               where.c_str(), head.c_str(), embed.c_str());
 }
 
 std::int64_t pick_token(const at::Tensor& l, const wick::GenerateOptions& g, at::Generator& gen) {

@@ -16,6 +16,8 @@
 #include <wick/kit/linear.hpp>
 #include <wick/kit/weights.hpp>
 
+#include "lib/decoder/config.hpp"
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/container/modulelist.h>
@@ -31,13 +33,6 @@
 namespace wick::decoder {
 
 constexpr std::int64_t kIgnore = -100;
-
-struct Config {
-  std::string family = "llama";
-  std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
-  double rope_theta = 10000, eps = 1e-6;
-  bool tie = false, qkv_bias = false;
-};
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -92,22 +87,15 @@ class BodyImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Body);
 
-nlohmann::json read_json(const std::filesystem::path& p);
-
-/// A Hugging Face config.json (llama or qwen2); `where` names it in errors.
-Config config_from_hf(const nlohmann::json& j, const std::string& where = "decoder_lm");
-/// decoder_lm's size options (family, vocab_size, hidden_size, ...).
-Config config_from_options(const wick::Options& o);
-/// Fills head_dim and checks the head counts; `who` names the plugin in errors.
-void finish_config(Config& c, const std::string& who);
-/// The options config_from_options reads.
-wick::OptionSchema size_options();
-/// The config.json that transformers reads for this decoder.
-nlohmann::json hf_config(const Config& c);
-
 /// The tensors of a Hugging Face folder: model.safetensors or the shards of
-/// model.safetensors.index.json, with their names in the file.
+/// model.safetensors.index.json (wick::read_safetensors_folder).
 wick::NamedTensorList read_folder(const std::filesystem::path& dir, const std::string& who);
+
+/// tie_word_embeddings with a separate `head` tensor in the weights that
+/// differs from `embed`: transformers then leaves the head untied and uses
+/// the file's; so does this (c.tie becomes false), saying so on stderr.
+void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const std::string& embed,
+                       const std::string& head, const std::string& where);
 
 /// Sampling of the next token from the last position's logits (greedy when
 /// temperature is 0).

@@ -15,6 +15,7 @@
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/optim.hpp>
+#include <wick/kit/json_fields.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <nlohmann/json.hpp>
@@ -182,35 +183,55 @@ class Lora : public wick::Transform {
   }
 
   void load(wick::Model& model, const std::string& dir) override {
-    std::ifstream in(fs::path(dir) / "adapter_config.json");
-    if (!in) throw wick::Error(std::string(name_) + ": " + dir + " has no adapter_config.json");
-    nlohmann::json cfg;
-    try {
-      cfg = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw wick::Error(std::string(name_) + ": " + dir + "/adapter_config.json is not valid JSON: " + e.what());
-    }
-    if (cfg.value("peft_type", std::string("LORA")) != "LORA")
-      throw wick::Error(std::string(name_) + ": " + dir + " holds a " + cfg.value("peft_type", std::string()) + " adapter, not LORA");
-    if (cfg.value("use_rslora", false) || cfg.value("use_dora", false))
+    const fs::path cfg_file = fs::path(dir) / "adapter_config.json";
+    if (!fs::exists(cfg_file)) throw wick::Error(std::string(name_) + ": " + dir + " has no adapter_config.json");
+    const nlohmann::json json = wick::read_json_file(cfg_file);
+    const wick::JsonFields cfg(json, std::string(name_) + ": " + cfg_file.string());
+    if (cfg.string("peft_type", "LORA") != "LORA")
+      throw wick::Error(std::string(name_) + ": " + dir + " holds a " + cfg.string("peft_type") + " adapter, not LORA");
+    if (cfg.flag("use_rslora", false) || cfg.flag("use_dora", false))
       throw wick::Error(std::string(name_) + ": rsLoRA and DoRA adapters are not supported yet");
+    for (const char* key : {"rank_pattern", "alpha_pattern"})
+      if (cfg.has(key) && !(cfg.json()[key].is_object() && cfg.json()[key].empty()))
+        cfg.bad(key, "{} (a rank or alpha per module is not supported yet)");
+    const std::int64_t r = cfg.integer("r", 1);
+    const double alpha = cfg.number("lora_alpha", 0.0, 0);
+    if (!cfg.has("lora_alpha")) cfg.bad("lora_alpha", "a number");
+    std::vector<std::string> targets;
+    // PEFT: a string is a regular expression over whole names, a list holds names
+    if (cfg.has("target_modules") && json["target_modules"].is_string()) {
+      targets.push_back("re:" + json["target_modules"].get<std::string>());
+    } else {
+      for (const auto& t : cfg.array("target_modules")) {
+        if (!t.is_string()) cfg.bad("target_modules", "a list of module names or one regular expression");
+        targets.push_back(t.get<std::string>());
+      }
+    }
+    std::vector<std::string> save_modules;
+    if (cfg.has("modules_to_save"))
+      for (const auto& m : cfg.array("modules_to_save")) {
+        if (!m.is_string()) cfg.bad("modules_to_save", "a list of module names");
+        save_modules.push_back(m.get<std::string>());
+      }
+    const std::string bias = cfg.string("bias", "none");
+    if (bias != "none" && bias != "all" && bias != "lora_only") cfg.bad("bias", "none, all or lora_only");
     if (applied_.empty()) {  // the adapter's own settings
-      r_ = cfg.at("r").get<std::int64_t>();
-      alpha_ = cfg.at("lora_alpha").get<double>();
-      targets_.clear();
-      // PEFT: a string is a regular expression over whole names, a list holds names
-      if (cfg.at("target_modules").is_string()) targets_.push_back("re:" + cfg["target_modules"].get<std::string>());
-      else for (const auto& t : cfg["target_modules"]) targets_.push_back(t.get<std::string>());
-      bias_ = cfg.value("bias", std::string("none"));
-      save_modules_.clear();
-      if (cfg.contains("modules_to_save") && cfg["modules_to_save"].is_array())
-        for (const auto& m : cfg["modules_to_save"]) save_modules_.push_back(m.get<std::string>());
-      if (bias_ != "none" && bias_ != "all" && bias_ != "lora_only")
-        throw wick::Error(std::string(name_) + ": " + dir + "/adapter_config.json: bias '" + bias_ + "' is not none, all or lora_only");
+      r_ = r;
+      alpha_ = alpha;
+      targets_ = targets;
+      bias_ = bias;
+      save_modules_ = save_modules;
       compile_patterns();
       apply(model);
+    } else if (r != r_ || alpha != alpha_) {  // the adapters on the model scale by their own alpha / r
+      cfg.fail(r != r_ ? "r" : "lora_alpha",
+               "is " + (r != r_ ? std::to_string(r) : wick::json_brief(json["lora_alpha"])) +
+                   ", the adapters already on the model have " +
+                   (r != r_ ? "r " + std::to_string(r_) : "alpha " + wick::json_brief(nlohmann::json(alpha_))) +
+                   ", expected the adapter saved with the same settings");
     }
-    auto file = wick::read_safetensors(fs::path(dir) / "adapter_model.safetensors");
+    const std::string weights_file = (fs::path(dir) / "adapter_model.safetensors").string();
+    auto file = wick::read_safetensors(weights_file);
     std::map<std::string, at::Tensor> given;
     for (auto& [name, t] : file.tensors) {
       std::string n = name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
@@ -225,8 +246,18 @@ class Lora : public wick::Transform {
                                {".lora_B.weight", lin->lora_B->weight}}) {
         auto it = given.find(name + suffix);
         if (it == given.end()) throw wick::Error(std::string(name_) + ": " + dir + " lacks " + kPrefix + name + suffix);
-        if (it->second.sizes() != w.sizes())
-          throw wick::Error(std::string(name_) + ": " + name + suffix + " has another shape in " + dir);
+        const at::Tensor& g = it->second;
+        // A is [r, in], B is [out, r]: the rank the config states must be the weights'
+        const bool is_a = suffix == ".lora_A.weight";
+        if (g.dim() == 2 && g.size(is_a ? 0 : 1) != r_ && g.size(is_a ? 1 : 0) == w.size(is_a ? 1 : 0))
+          throw wick::Error(std::string(name_) + ": " + weights_file + ": " + kPrefix + name + suffix + " has rank " +
+                            std::to_string(g.size(is_a ? 0 : 1)) + " (shape " + c10::str(g.sizes()) + "), but " +
+                            cfg_file.string() + " says r " + std::to_string(r_) +
+                            ", expected the adapter's weights and config to agree");
+        if (g.sizes() != w.sizes())
+          throw wick::Error(std::string(name_) + ": " + weights_file + ": " + kPrefix + name + suffix + " has shape " +
+                            c10::str(g.sizes()) + ", the model's adapter " + c10::str(w.sizes()) +
+                            ", expected an adapter made for this model");
         w.copy_(it->second);
         ++used;
       }

@@ -10,6 +10,7 @@
 #include <climits>
 #include <fstream>
 
+#include <wick/kit/json_fields.hpp>
 #include <wick/options.hpp>
 
 namespace wick::text {
@@ -124,26 +125,32 @@ class Regex {
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;
 
-  // Split with "Isolated" behaviour: matches and the text between them are pieces.
+  // Split with "Isolated" behaviour: matches and the text between them are
+  // pieces, as the tokenizers library splits: every match counts, an empty
+  // one too (it cuts the text there), but not an empty match right where the
+  // last match ended (the search then moves on one character).
   std::vector<std::string> split(const std::string& s) const {
     std::vector<std::string> out;
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
-    std::size_t pos = 0, last = 0;
-    while (pos <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), pos, 0, md, nullptr);
+    std::size_t from = 0, prev = 0, last_end = 0;
+    bool matched = false;
+    while (from <= s.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), from, 0, md, nullptr);
       if (rc < 0) break;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const std::size_t b = ov[0], e = ov[1];
-      if (e == b) {  // empty match: step over one character
-        if (b >= s.size()) break;
-        pos = b + chars(s.substr(b, 4)).front().size();
+      if (e == b && matched && e == last_end) {
+        if (from >= s.size()) break;
+        from += chars(s.substr(from, 4)).front().size();
         continue;
       }
-      if (b > last) out.push_back(s.substr(last, b - last));
-      out.push_back(s.substr(b, e - b));
-      last = pos = e;
+      from = last_end = e;
+      matched = true;
+      if (b > prev) out.push_back(s.substr(prev, b - prev));
+      if (e > b) out.push_back(s.substr(b, e - b));
+      prev = e;
     }
-    if (last < s.size()) out.push_back(s.substr(last));
+    if (prev < s.size()) out.push_back(s.substr(prev));
     pcre2_match_data_free(md);
     return out;
   }
@@ -157,69 +164,90 @@ const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
 class Bpe : public Tokenizer {
  public:
   explicit Bpe(const std::string& path) : path_(path) {
-    std::ifstream in(path);
-    if (!in) throw Error("cannot open tokenizer " + path);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw Error("tokenizer " + path + " is not valid JSON: " + e.what());
+    const nlohmann::json json = wick::read_json_file(path);
+    const std::string where = "tokenizer " + path;
+    const wick::JsonFields j(json, where);
+    const wick::JsonFields m = j.object("model");
+    if (m.string("type", "BPE") != "BPE") unsupported("model type " + m.string("type"));
+    // ids are u32, as the tokenizers library reads them
+    constexpr std::int64_t kMaxId = 0xFFFFFFFFLL;
+    const wick::JsonFields vocab = m.object("vocab");
+    for (auto it = vocab.json().begin(); it != vocab.json().end(); ++it) {
+      const std::int64_t id = vocab.integer(it.key(), 0, kMaxId);
+      vocab_[it.key()] = id;
+      max_id_ = std::max(max_id_, id);
     }
-    const auto& m = j.at("model");
-    if (m.value("type", std::string("BPE")) != "BPE") unsupported("model type " + m.value("type", std::string()));
-    for (auto it = m.at("vocab").begin(); it != m.at("vocab").end(); ++it) {
-      vocab_[it.key()] = it.value().get<std::int64_t>();
-      max_id_ = std::max(max_id_, it.value().get<std::int64_t>());
-    }
+    // merges: "a b" or ["a", "b"], a, b and ab each in the vocabulary
+    const auto& merges = m.array("merges");
     std::int64_t rank = 0;
-    for (const auto& mg : m.at("merges")) {
+    for (std::size_t i = 0; i < merges.size(); ++i) {
+      const auto& mg = merges[i];
+      const std::string at = "model.merges[" + std::to_string(i) + "] is " + wick::json_brief(mg);
       std::string a, b;
       if (mg.is_string()) {
         const auto s = mg.get<std::string>();
         const auto sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          throw Error(where + ": " + at + ", expected two tokens separated by one space");
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
+      } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+        a = mg[0].get<std::string>();
+        b = mg[1].get<std::string>();
       } else {
-        a = mg.at(0).get<std::string>();
-        b = mg.at(1).get<std::string>();
+        throw Error(where + ": " + at + ", expected \"a b\" or [\"a\", \"b\"]");
       }
-      ranks_[a + '\x01' + b] = rank++;
+      for (const auto& t : {a, b, a + b})
+        if (!vocab_.count(t))
+          throw Error(where + ": " + at + ", but '" + t + "' is not in model.vocab, expected merges of tokens in the vocabulary");
+      ranks_[a + '\x01' + b] = rank++;  // a merge given twice takes its last rank, as in tokenizers
     }
-    ignore_merges_ = m.value("ignore_merges", false);
-    if (j.contains("added_tokens"))
-      for (const auto& t : j["added_tokens"]) {
-        added_.emplace_back(t.at("content").get<std::string>(), t.at("id").get<std::int64_t>());
-        max_id_ = std::max(max_id_, added_.back().second);
+    ignore_merges_ = m.flag("ignore_merges", false);
+    if (j.has("added_tokens")) {
+      const auto& added = j.array("added_tokens");
+      for (std::size_t i = 0; i < added.size(); ++i) {
+        const wick::JsonFields t(added[i], where, "added_tokens[" + std::to_string(i) + "].");
+        const std::string content = t.string("content");
+        const std::int64_t id = t.integer("id", 0, kMaxId);
+        max_id_ = std::max(max_id_, id);
+        by_id_[id] = content, added_ids_[id] = content;
+        if (!content.empty()) added_.emplace_back(content, id);  // an empty one never matches, as in tokenizers
       }
+    }
     std::sort(added_.begin(), added_.end(), [](auto& x, auto& y) { return x.first.size() > y.first.size(); });
-    for (auto& [s, id] : vocab_) by_id_[id] = s;
-    for (auto& [s, id] : added_) by_id_[id] = s, added_ids_[id] = s;
+    for (auto& [s, id] : vocab_)
+      if (!added_ids_.count(id)) by_id_[id] = s;
     // normalizer: none or NFC
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-      const auto& n = j["normalizer"];
-      const std::string t = n.value("type", std::string());
+    if (j.has("normalizer")) {
+      const wick::JsonFields n = j.object("normalizer");
+      const std::string t = n.string("type");
       if (t == "NFC") nfc_ = true;
-      else if (!(t == "Sequence" && n.value("normalizers", nlohmann::json::array()).empty())) unsupported("normalizer " + t);
+      else if (!(t == "Sequence" && n.array("normalizers").empty())) unsupported("normalizer " + t);
     }
     // pre-tokenizer: ByteLevel, or a Sequence of Split(Isolated) and ByteLevel
-    const auto& pt = j.at("pre_tokenizer");
-    std::vector<nlohmann::json> steps;
-    if (pt.value("type", std::string()) == "Sequence") {
-      for (const auto& s : pt.at("pretokenizers")) steps.push_back(s);
+    if (!j.has("pre_tokenizer")) unsupported("no pre-tokenizer (expected ByteLevel)");
+    const wick::JsonFields pt = j.object("pre_tokenizer");
+    std::vector<wick::JsonFields> steps;
+    const nlohmann::json* list = nullptr;
+    if (pt.string("type") == "Sequence") {
+      list = &pt.array("pretokenizers");
+      for (std::size_t i = 0; i < list->size(); ++i)
+        steps.emplace_back((*list)[i], where, "pre_tokenizer.pretokenizers[" + std::to_string(i) + "].");
     } else {
       steps.push_back(pt);
     }
     for (const auto& s : steps) {
-      const std::string t = s.value("type", std::string());
+      const std::string t = s.string("type");
       if (t == "Split") {
-        if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
-          unsupported("Split behaviour " + s.value("behavior", std::string()));
-        if (!s.at("pattern").contains("Regex")) unsupported("a Split on a plain string");
-        splits_.push_back(std::make_unique<Regex>(s["pattern"]["Regex"].get<std::string>(), "tokenizer " + path));
+        if (s.string("behavior") != "Isolated" || s.flag("invert", false))
+          unsupported("Split behaviour " + s.string("behavior") + (s.flag("invert", false) ? " inverted" : ""));
+        const wick::JsonFields pattern = s.object("pattern");
+        if (!pattern.has("Regex")) unsupported("a Split on a plain string");
+        splits_.push_back(std::make_unique<Regex>(pattern.string("Regex"), "tokenizer " + path));
       } else if (t == "ByteLevel") {
         byte_level_ = true;
-        prefix_space_ = s.value("add_prefix_space", false);
-        if (s.value("use_regex", true)) splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, "tokenizer " + path));
+        prefix_space_ = s.flag("add_prefix_space", false);
+        if (s.flag("use_regex", true)) splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, "tokenizer " + path));
       } else {
         unsupported("pre-tokenizer " + t);
       }

@@ -2,6 +2,7 @@
 
 #include "lib/vision/vit.hpp"
 
+#include <wick/kit/json_fields.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <ATen/ATen.h>
@@ -274,10 +275,11 @@ nlohmann::json VitImpl::hf_config() const {
 // ---- configs and options ----
 
 VitConfig config_from_hf(const nlohmann::json& config, const std::string& where) {
-  const nlohmann::json* j = &config;
-  if (config.contains("vision_config") && config["vision_config"].is_object()) j = &config["vision_config"];
-  std::string type = j->value("model_type", std::string());
-  if (type.empty() && j != &config) type = "clip_vision_model";  // a nested vision_config without its type
+  const wick::JsonFields top(config, where);
+  const bool nested = top.has("vision_config") && config["vision_config"].is_object();
+  const wick::JsonFields j = nested ? top.object("vision_config") : top;
+  std::string type = j.string("model_type", "");
+  if (type.empty() && nested) type = "clip_vision_model";  // a nested vision_config without its type
   VitConfig c;
   if (type == "vit") {
     c.style = "vit";
@@ -291,26 +293,21 @@ VitConfig config_from_hf(const nlohmann::json& config, const std::string& where)
     throw Error(where + ": model_type '" + type + "' is not a vision transformer wick reads (expected vit, clip or " +
                 "clip_vision_model, or a config with a vision_config)");
   }
-  try {
-    c.image_size = j->value("image_size", c.image_size);
-    c.patch_size = j->value("patch_size", c.patch_size);
-    c.channels = j->value("num_channels", c.channels);
-    c.hidden = j->value("hidden_size", c.hidden);
-    c.intermediate = j->value("intermediate_size", c.intermediate);
-    c.layers = j->value("num_hidden_layers", c.layers);
-    c.heads = j->value("num_attention_heads", c.heads);
-    c.eps = j->value("layer_norm_eps", c.eps);
-    c.act = j->value("hidden_act", c.act);
-    if (c.style == "vit") {
-      c.qkv_bias = j->value("qkv_bias", true);
-      if (j->value("pooler_act", std::string("tanh")) != "tanh")
-        throw Error(where + ": pooler_act '" + j->value("pooler_act", std::string()) + "' is not supported (tanh)");
-      if (j->contains("pooler_output_size") && !(*j)["pooler_output_size"].is_null() &&
-          (*j)["pooler_output_size"].get<std::int64_t>() != c.hidden)
-        throw Error(where + ": a pooler_output_size other than hidden_size is not supported");
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(where + ": unexpected field type (" + e.what() + ")");
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  c.image_size = j.integer("image_size", c.image_size, 1, kMax);
+  c.patch_size = j.integer("patch_size", c.patch_size, 1, kMax);
+  c.channels = j.integer("num_channels", c.channels, 1, kMax);
+  c.hidden = j.integer("hidden_size", c.hidden, 1, kMax);
+  c.intermediate = j.integer("intermediate_size", c.intermediate, 1, kMax);
+  c.layers = j.integer("num_hidden_layers", c.layers, 0, kMax);
+  c.heads = j.integer("num_attention_heads", c.heads, 1, kMax);
+  c.eps = j.number("layer_norm_eps", c.eps, 0);
+  c.act = j.string("hidden_act", c.act);
+  if (c.style == "vit") {
+    c.qkv_bias = j.flag("qkv_bias", true);
+    if (j.string("pooler_act", "tanh") != "tanh") j.bad("pooler_act", "tanh");
+    if (j.integer("pooler_output_size", c.hidden, 1, kMax) != c.hidden)
+      j.bad("pooler_output_size", "hidden_size (" + str(c.hidden) + "; another size is not supported)");
   }
   check_sizes(c, where);
   return c;
@@ -384,7 +381,7 @@ PixelStats pixel_stats_from_folder(const std::string& dir, const PixelStats& fal
     if (j.contains("image_mean") && j["image_mean"].is_array()) s.mean = j["image_mean"].get<std::vector<double>>();
     if (j.contains("image_std") && j["image_std"].is_array()) s.std = j["image_std"].get<std::vector<double>>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(p.string() + ": image_mean / image_std are not lists of numbers (" + e.what() + ")");
+    throw Error(p.string() + ": image_mean / image_std are not lists of numbers (" + wick::json_error_text(e) + ")");
   }
   if (s.mean.size() != 3 || s.std.size() != 3)
     throw Error(p.string() + ": image_mean and image_std need 3 numbers each");
@@ -407,35 +404,10 @@ at::Tensor normalize_pixels(const at::Tensor& images, const std::vector<double>&
 
 // ---- folders ----
 
-nlohmann::json read_json_file(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw Error("cannot open " + file);
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(file + " is not valid JSON: " + e.what());
-  }
-}
+nlohmann::json read_json_file(const std::string& file) { return wick::read_json_file(file); }
 
-wick::NamedTensorList read_hf_weights(const std::string& dir_, const std::string& who) {
-  const fs::path dir(dir_);
-  std::vector<fs::path> files;
-  if (fs::exists(dir / "model.safetensors")) {
-    files.push_back(dir / "model.safetensors");
-  } else if (fs::exists(dir / "model.safetensors.index.json")) {
-    std::set<std::string> shards;
-    const nlohmann::json index = read_json_file((dir / "model.safetensors.index.json").string());
-    if (!index.contains("weight_map") || !index["weight_map"].is_object())
-      throw Error((dir / "model.safetensors.index.json").string() + ": no weight_map object");
-    for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
-    for (const auto& s : shards) files.push_back(dir / s);
-  } else {
-    throw Error(who + ": " + dir.string() + " has no model.safetensors or model.safetensors.index.json");
-  }
-  wick::NamedTensorList all;
-  for (const auto& f : files)
-    for (auto& t : wick::read_safetensors(f).tensors) all.push_back(std::move(t));
-  return all;
+wick::NamedTensorList read_hf_weights(const std::string& dir, const std::string& who) {
+  return wick::read_safetensors_folder(dir, who);
 }
 
 std::string find_vit_prefix(const wick::NamedTensorList& tensors, const std::string& style, const std::string& source) {

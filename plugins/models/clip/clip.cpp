@@ -23,9 +23,11 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <wick/kit/json_fields.hpp>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "lib/vision/plugin_util.hpp"
 #include "lib/vision/vit.hpp"
@@ -116,16 +118,6 @@ class TextModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TextModel);
 
-template <class T>
-T field(const nlohmann::json& j, const char* key, T def, const std::string& where) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  try {
-    return j[key].get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    throw wick::Error(where + ": field '" + key + "' has an unexpected type (" + e.what() + ")");
-  }
-}
-
 class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoupled, public wick::AdapterTargets {
  public:
   explicit Clip(const wick::Options& o) : exact_(o.get_string("accumulation") == "exact") {
@@ -138,26 +130,27 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
       dir = o.get_string("path");
       const std::string cfg_file = (fs::path(dir) / "config.json").string();
       if (!fs::exists(cfg_file)) throw wick::Error("clip: path " + dir + " has no config.json (expected a Hugging Face CLIPModel folder)");
-      const nlohmann::json j = read_json_file(cfg_file);
-      if (j.value("model_type", std::string()) != "clip")
-        throw wick::Error(cfg_file + ": model_type '" + j.value("model_type", std::string()) +
-                          "' is not a CLIP model (expected clip)");
-      vc = config_from_hf(j, cfg_file);
-      const nlohmann::json t = j.contains("text_config") ? j["text_config"] : nlohmann::json::object();
-      const std::string tw = cfg_file + " text_config";
-      tc_.vocab = field<std::int64_t>(t, "vocab_size", 49408, tw);
-      tc_.hidden = field<std::int64_t>(t, "hidden_size", 512, tw);
-      tc_.intermediate = field<std::int64_t>(t, "intermediate_size", 2048, tw);
-      tc_.layers = field<std::int64_t>(t, "num_hidden_layers", 12, tw);
-      tc_.heads = field<std::int64_t>(t, "num_attention_heads", 8, tw);
-      tc_.max_len = field<std::int64_t>(t, "max_position_embeddings", 77, tw);
-      tc_.eps = field<double>(t, "layer_norm_eps", 1e-5, tw);
-      tc_.act = field<std::string>(t, "hidden_act", "quick_gelu", tw);
-      tc_.eos = field<std::int64_t>(t, "eos_token_id", 49407, tw);
-      tc_.bos = field<std::int64_t>(t, "bos_token_id", -1, tw);
-      tc_.pad = field<std::int64_t>(t, "pad_token_id", -1, tw);
-      projection = field<std::int64_t>(j, "projection_dim", 512, cfg_file);
-      scale_init = field<double>(j, "logit_scale_init_value", 2.6592, cfg_file);
+      const nlohmann::json json = read_json_file(cfg_file);
+      const wick::JsonFields j(json, "clip: " + cfg_file);
+      if (j.string("model_type", "") != "clip") j.bad("model_type", "clip (a CLIPModel folder)");
+      vc = config_from_hf(json, "clip: " + cfg_file);
+      const nlohmann::json none = nlohmann::json::object();
+      const wick::JsonFields t = j.has("text_config") ? j.object("text_config") : wick::JsonFields(none, "clip: " + cfg_file, "text_config.");
+      const std::string tw = "clip: " + cfg_file + " text_config";
+      constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+      tc_.vocab = t.integer("vocab_size", 49408, 1, kMax);
+      tc_.hidden = t.integer("hidden_size", 512, 1, kMax);
+      tc_.intermediate = t.integer("intermediate_size", 2048, 1, kMax);
+      tc_.layers = t.integer("num_hidden_layers", 12, 0, kMax);
+      tc_.heads = t.integer("num_attention_heads", 8, 1, kMax);
+      tc_.max_len = t.integer("max_position_embeddings", 77, 1, kMax);
+      tc_.eps = t.number("layer_norm_eps", 1e-5, 0);
+      tc_.act = t.string("hidden_act", "quick_gelu");
+      tc_.eos = t.integer("eos_token_id", 49407, -1, kMax);
+      tc_.bos = t.integer("bos_token_id", -1, -1, kMax);
+      tc_.pad = t.integer("pad_token_id", -1, -1, kMax);
+      projection = j.integer("projection_dim", 512, 1, kMax);
+      scale_init = j.number("logit_scale_init_value", 2.6592);
       check_activation(tc_.act, tw);
       tensors = read_hf_weights(dir, "clip");
     } else {

@@ -22,8 +22,8 @@ namespace dec = wick::decoder;
 
 namespace {
 
-dec::Config config_of(const wick::Options& o, const nlohmann::json* hf) {
-  if (hf) return dec::config_from_hf(*hf, "decoder_lm");
+dec::Config config_of(const wick::Options& o, const nlohmann::json* hf, const fs::path& dir) {
+  if (hf) return dec::config_from_hf(*hf, "decoder_lm: " + (dir / "config.json").string());
   dec::Config c = dec::config_from_options(o);
   dec::finish_config(c, "decoder_lm");
   return c;
@@ -34,13 +34,22 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   explicit DecoderLM(const wick::Options& o) {
     std::unique_ptr<nlohmann::json> hf;
     fs::path dir;
+    wick::NamedTensorList weights;
     if (o.has("path")) {
       dir = o.get_string("path");
       hf = std::make_unique<nlohmann::json>(dec::read_json(dir / "config.json"));
     }
-    dec_ = std::make_unique<dec::Decoder>(config_of(o, hf.get()), "model");
+    dec::Config c = config_of(o, hf.get(), dir);
+    if (hf) {
+      weights = dec::read_folder(dir, "decoder_lm");
+      dec::untie_if_distinct(c, weights, "model.embed_tokens.weight", "lm_head.weight", "decoder_lm: " + dir.string());
+    }
+    dec_ = std::make_unique<dec::Decoder>(c, "model");
     dec_->register_with(*this, "model", *this);
-    if (hf) wick::load_state(*this, dec::read_folder(dir, "decoder_lm"), dir.string(), dec_->ignored_on_load());
+    if (hf) {
+      wick::load_state(*this, weights, dir.string(), dec_->ignored_on_load());
+      weights.clear();
+    }
     const std::string dtype = o.get_string("dtype");
     if (dtype == "bf16") to(at::kBFloat16);
     else if (dtype == "fp16") to(at::kHalf);

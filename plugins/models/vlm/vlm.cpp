@@ -17,6 +17,7 @@
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
+#include <wick/kit/json_fields.hpp>
 
 #include "lib/decoder/decoder.hpp"
 #include "lib/vision/vit.hpp"
@@ -26,6 +27,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 namespace fs = std::filesystem;
@@ -66,34 +68,36 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     if (o.has("path")) {  // a LLaVA folder: its config fixes the parts and how they meet
       llava = o.get_string("path");
       const auto file = (fs::path(llava) / "config.json").string();
-      const nlohmann::json j = vis::read_json_file(file);
-      if (!j.contains("vision_config") || !j.contains("text_config"))
+      const nlohmann::json json = vis::read_json_file(file);
+      const wick::JsonFields j(json, std::string(kWho) + ": " + file);
+      if (!j.has("vision_config") || !j.has("text_config"))
         throw wick::Error(std::string(kWho) + ": " + file + " is not a LLaVA config (expected vision_config and text_config)");
-      vc = vis::config_from_hf(j["vision_config"], file);
-      lc = dec::config_from_hf(j["text_config"], file);
-      projector = j.value("projector_hidden_act", std::string("gelu")) == "gelu" ? "mlp2x_gelu" : "";
-      if (projector.empty())
-        throw wick::Error(std::string(kWho) + ": " + file + ": projector_hidden_act '" +
-                          j.value("projector_hidden_act", std::string()) + "' is not supported (gelu)");
-      projector_bias = j.value("multimodal_projector_bias", true);
-      image_token_id_ = j.contains("image_token_id") ? j["image_token_id"].get<std::int64_t>()
-                                                     : j.value("image_token_index", image_token_id_);
-      if (j.contains("vision_feature_layer")) {
-        if (!j["vision_feature_layer"].is_number_integer())
-          throw wick::Error(std::string(kWho) + ": " + file + ": a list of vision_feature_layer is not supported");
-        layer_ = j["vision_feature_layer"].get<int>();
+      vc = vis::config_from_hf(j.object("vision_config").json(), std::string(kWho) + ": " + file);
+      lc = dec::config_from_hf(j.object("text_config").json(), std::string(kWho) + ": " + file, "text_config.");
+      projector = j.string("projector_hidden_act", "gelu") == "gelu" ? "mlp2x_gelu" : "";
+      if (projector.empty()) j.bad("projector_hidden_act", "gelu (the other projectors are not supported)");
+      projector_bias = j.flag("multimodal_projector_bias", true);
+      constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+      image_token_id_ = j.has("image_token_id") ? j.integer("image_token_id", 0, kMax)
+                                                : j.integer("image_token_index", image_token_id_, 0, kMax);
+      if (j.has("vision_feature_layer")) {
+        if (!j.json()["vision_feature_layer"].is_number_integer())
+          j.bad("vision_feature_layer", "one integer (a list of layers is not supported)");
+        layer_ = static_cast<int>(j.integer("vision_feature_layer", -1000, 1000));
       }
-      select_ = j.value("vision_feature_select_strategy", std::string("default"));
+      select_ = j.string("vision_feature_select_strategy", "default");
     } else {
       if (o.has("vision_path")) {
         vision_dir = o.get_string("vision_path");
-        vc = vis::config_from_hf(vis::read_json_file((fs::path(vision_dir) / "config.json").string()), vision_dir);
+        vc = vis::config_from_hf(vis::read_json_file((fs::path(vision_dir) / "config.json").string()),
+                                 std::string(kWho) + ": " + (fs::path(vision_dir) / "config.json").string());
       } else {
         vc = vis::config_from_options(o, "vision_");
       }
       if (o.has("language_path")) {
         language_dir = o.get_string("language_path");
-        lc = dec::config_from_hf(dec::read_json(fs::path(language_dir) / "config.json"), language_dir);
+        lc = dec::config_from_hf(dec::read_json(fs::path(language_dir) / "config.json"),
+                                 std::string(kWho) + ": " + (fs::path(language_dir) / "config.json").string());
       } else {
         lc = dec::config_from_options(o);
         dec::finish_config(lc, kWho);

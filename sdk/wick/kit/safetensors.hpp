@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "wick/kit/safetensors_header.hpp"
 #include "wick/options.hpp"
 
 namespace wick {
@@ -38,6 +39,12 @@ struct TensorFile {
 
 /// Reads a whole file into CPU tensors; errors name the file and the problem.
 inline TensorFile read_safetensors(const std::filesystem::path& file);
+
+/// The tensors of a Hugging Face folder: model.safetensors, or the shards of
+/// model.safetensors.index.json (each inside the folder), in shard order. A
+/// name in two shards is an error; `who` starts each message.
+inline std::vector<std::pair<std::string, at::Tensor>> read_safetensors_folder(const std::filesystem::path& dir,
+                                                                               const std::string& who);
 
 /// Writes tensors (moved to CPU, made contiguous) to `file` through a
 /// temporary file and rename, so a reader never sees half a file.
@@ -101,80 +108,32 @@ inline void write_file_atomic(const std::filesystem::path& file, const std::stri
 }
 
 inline TensorFile read_safetensors(const std::filesystem::path& file) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))
+    throw Error("safetensors file " + file.string() + " is a directory, expected a .safetensors file");
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error("cannot open safetensors file " + file.string() + ": " + std::strerror(errno));
-  std::error_code ec;
   const auto file_size = std::filesystem::file_size(file, ec);
-  auto corrupt = [&](const std::string& why) {
-    return Error("corrupt safetensors file " + file.string() + ": " + why);
-  };
-  if (ec || file_size < 8) throw corrupt("shorter than its 8-byte header length");
-  std::uint64_t header_len = 0;
-  unsigned char lenbuf[8];
-  in.read(reinterpret_cast<char*>(lenbuf), 8);
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | lenbuf[i];
-  if (header_len > file_size - 8 || header_len > (100u << 20))
-    throw corrupt("header length " + std::to_string(header_len) + " exceeds the file size " +
-                  std::to_string(file_size));
-  std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    throw corrupt(std::string("header is not valid JSON (") + e.what() + ")");
+  if (ec) throw Error("cannot read safetensors file " + file.string() + ": " + ec.message());
+  // the 8-byte length, then the header it gives (checked as the reference checks it)
+  std::string head(8, '\0');
+  in.read(head.data(), 8);
+  if (in && file_size >= 8) {
+    const std::uint64_t n =
+        safetensors::header_length(reinterpret_cast<const unsigned char*>(head.data()), file_size, file.string());
+    head.resize(8 + n);
+    in.read(head.data() + 8, static_cast<std::streamsize>(n));
   }
-  if (!j.is_object()) throw corrupt("header is not a JSON object");
-  const std::uint64_t data_start = 8 + header_len;
-  const std::uint64_t data_size = file_size - data_start;
+  const safetensors::Header header = safetensors::parse(head, file_size, file.string());
   TensorFile out;
-  struct Entry {
-    std::string name;
-    at::ScalarType dtype;
-    std::vector<std::int64_t> shape;
-    std::uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) throw corrupt("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw corrupt("__metadata__ value '" + m.key() + "' is not a string");
-        out.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    const auto& t = *it;
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
-      throw corrupt("tensor '" + it.key() + "' lacks dtype, shape or data_offsets");
-    Entry e;
-    e.name = it.key();
-    const auto dt = t["dtype"].get<std::string>();
-    auto found = detail::dtype_by_name().find(dt);
-    if (found == detail::dtype_by_name().end()) throw corrupt("tensor '" + e.name + "' has unsupported dtype " + dt);
-    e.dtype = found->second;
-    e.shape = t["shape"].get<std::vector<std::int64_t>>();
-    auto offs = t["data_offsets"].get<std::vector<std::uint64_t>>();
-    if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
-      throw corrupt("tensor '" + e.name + "' data offsets lie outside the file");
-    e.begin = offs[0];
-    e.end = offs[1];
-    std::uint64_t numel = 1;
-    for (auto d : e.shape) {
-      if (d < 0) throw corrupt("tensor '" + e.name + "' has a negative dimension");
-      numel *= static_cast<std::uint64_t>(d);
-    }
-    if (numel * c10::elementSize(e.dtype) != e.end - e.begin)
-      throw corrupt("tensor '" + e.name + "' has " + std::to_string(e.end - e.begin) +
-                    " bytes, its shape and dtype need " + std::to_string(numel * c10::elementSize(e.dtype)));
-    entries.push_back(std::move(e));
-  }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  for (auto& e : entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+  out.metadata = header.metadata;
+  for (const auto& e : header.entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(detail::dtype_by_name().at(e.dtype)));
+    in.seekg(static_cast<std::streamoff>(header.data_start + e.begin));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) throw corrupt("tensor '" + e.name + "' is cut short");
+    if (!in)
+      throw Error("corrupt safetensors file " + file.string() + ": tensor '" + e.name + "' is cut short, expected " +
+                  std::to_string(e.end - e.begin) + " bytes");
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
@@ -204,6 +163,21 @@ inline void write_safetensors(const std::filesystem::path& file, const std::vect
   for (const auto& t : data)
     bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
   write_file_atomic(file, bytes);
+}
+
+inline std::vector<std::pair<std::string, at::Tensor>> read_safetensors_folder(const std::filesystem::path& dir,
+                                                                               const std::string& who) {
+  std::vector<std::pair<std::string, at::Tensor>> all;
+  std::map<std::string, std::string> from;  // tensor -> its file
+  for (const auto& f : safetensors::folder_files(dir, who))
+    for (auto& t : read_safetensors(f).tensors) {
+      auto [it, fresh] = from.emplace(t.first, f.string());
+      if (!fresh)
+        throw Error(who + ": tensor '" + t.first + "' is in both " + it->second + " and " + f.string() +
+                    ", expected each tensor in one shard");
+      all.push_back(std::move(t));
+    }
+  return all;
 }
 
 }  // namespace wick

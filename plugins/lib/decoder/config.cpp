@@ -1,0 +1,173 @@
+#include "lib/decoder/config.hpp"
+
+#include <wick/kit/json_fields.hpp>
+
+#include <sys/sysinfo.h>
+
+#include <cstdio>
+#include <limits>
+
+namespace wick::decoder {
+
+namespace {
+
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
+std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+std::uint64_t add(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+std::string bytes_text(std::uint64_t b) {
+  if (b == std::numeric_limits<std::uint64_t>::max()) return "more than 2^64 bytes";
+  char s[64];
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double x = static_cast<double>(b);
+  int u = 0;
+  while (x >= 1024 && u < 6) x /= 1024, ++u;
+  std::snprintf(s, sizeof s, u ? "%.1f %s" : "%.0f %s", x, units[u]);
+  return s;
+}
+
+// Physical memory and swap: what the weights could ever be written into.
+std::uint64_t memory_here() {
+  struct sysinfo si {};
+  if (::sysinfo(&si) != 0) return std::numeric_limits<std::uint64_t>::max();
+  return add(mul(si.totalram, si.mem_unit), mul(si.totalswap, si.mem_unit));
+}
+
+}  // namespace
+
+nlohmann::json read_json(const std::filesystem::path& p) { return wick::read_json_file(p); }
+
+std::uint64_t parameter_count(const Config& c) {
+  const std::uint64_t h = c.hidden, q = mul(c.heads, c.head_dim), kv = mul(c.kv_heads, c.head_dim);
+  std::uint64_t layer = add(add(mul(h, q), mul(2, mul(h, kv))), mul(q, h));  // q, k, v, o
+  if (c.qkv_bias) layer = add(layer, add(q, mul(2, kv)));
+  layer = add(layer, mul(3, mul(h, c.intermediate)));  // gate, up, down
+  layer = add(layer, mul(2, h));                       // two norms
+  std::uint64_t n = add(mul(c.layers, layer), add(mul(c.vocab, h), h));
+  if (!c.tie) n = add(n, mul(c.vocab, h));
+  return n;
+}
+
+void finish_config(Config& c, const std::string& who, bool hf) {
+  const char* k_hidden = "hidden_size";
+  const char* k_heads = hf ? "num_attention_heads" : "heads";
+  const char* k_kv = hf ? "num_key_value_heads" : "kv_heads";
+  if (c.heads < 1 || c.kv_heads < 1)
+    throw wick::Error(who + ": " + k_heads + " " + std::to_string(c.heads) + " and " + k_kv + " " +
+                      std::to_string(c.kv_heads) + ", expected at least 1 each");
+  if (c.head_dim == 0) {
+    if (c.hidden % c.heads)
+      throw wick::Error(who + ": " + k_hidden + " " + std::to_string(c.hidden) + " is not a multiple of " + k_heads +
+                        " " + std::to_string(c.heads) + ", expected a width that the heads divide");
+    c.head_dim = c.hidden / c.heads;
+  }
+  if (c.head_dim % 2)
+    throw wick::Error(who + ": the head size " + std::to_string(c.head_dim) + (hf ? " (head_dim, or hidden_size / num_attention_heads)" : " (hidden_size / heads)") +
+                      " is odd, expected an even size (rotary embeddings turn pairs of features)");
+  if (c.heads % c.kv_heads)
+    throw wick::Error(who + ": " + k_heads + " " + std::to_string(c.heads) + " is not a multiple of " + k_kv + " " +
+                      std::to_string(c.kv_heads) + ", expected each key/value head to serve the same number of heads");
+  // before anything is allocated: the fp32 weights must fit where they are made
+  const std::uint64_t params = parameter_count(c), bytes = mul(params, 4), here = memory_here();
+  if (bytes > here)
+    throw wick::Error(who + ": vocab_size " + std::to_string(c.vocab) + ", " + k_hidden + " " + std::to_string(c.hidden) +
+                      ", intermediate_size " + std::to_string(c.intermediate) + " and " +
+                      (hf ? "num_hidden_layers " : "layers ") + std::to_string(c.layers) + " make " +
+                      (params == std::numeric_limits<std::uint64_t>::max() ? std::string("more than 2^64")
+                                                                            : std::to_string(params)) +
+                      " parameters, which need " + bytes_text(bytes) + " in fp32, more than this machine's " +
+                      bytes_text(here) + " of memory and swap, expected a model that fits");
+}
+
+Config config_from_hf(const nlohmann::json& json, const std::string& where, const std::string& path) {
+  const wick::JsonFields j(json, where, path);
+  Config c;
+  const std::string type = j.string("model_type", "llama");
+  if (type != "llama" && type != "qwen2") j.bad("model_type", "llama or qwen2 (the decoders wick reads)");
+  c.family = type;
+  c.vocab = j.integer("vocab_size", 1);
+  c.hidden = j.integer("hidden_size", 1);
+  c.intermediate = j.integer("intermediate_size", 1);
+  c.layers = j.integer("num_hidden_layers", 1);
+  c.heads = j.integer("num_attention_heads", 1);
+  c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
+  c.head_dim = j.integer("head_dim", 0, 2, kMax);
+  // older configs: rope_theta (and rope_scaling); newer: rope_parameters {rope_theta, rope_type}
+  c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
+  if (j.has("rope_parameters")) {
+    const auto rp = j.object("rope_parameters");
+    c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+    if (rp.string("rope_type", "default") != "default")
+      rp.bad("rope_type", "default (the other rotary scalings are not supported yet)");
+  }
+  if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");
+  c.eps = j.number("rms_norm_eps", 1e-6, 0);
+  c.tie = j.flag("tie_word_embeddings", false);
+  c.qkv_bias = type == "qwen2" ? true : j.flag("attention_bias", false);
+  if (j.string("hidden_act", "silu") != "silu") j.bad("hidden_act", "silu");
+  if (j.has("rope_scaling")) j.bad("rope_scaling", "null (rotary scaling is not supported yet)");
+  finish_config(c, where, /*hf=*/true);
+  return c;
+}
+
+Config config_from_options(const wick::Options& o) {
+  Config c;
+  c.family = o.get_string("family");
+  c.vocab = o.get_int("vocab_size");
+  c.hidden = o.get_int("hidden_size");
+  c.intermediate = o.get_int("intermediate_size");
+  c.layers = o.get_int("layers");
+  c.heads = o.get_int("heads");
+  c.kv_heads = o.has("kv_heads") ? o.get_int("kv_heads") : c.heads;
+  c.rope_theta = o.get_double("rope_theta");
+  c.eps = o.get_double("rms_norm_eps");
+  c.tie = o.get_bool("tie_embeddings");
+  c.qkv_bias = c.family == "qwen2";
+  return c;
+}
+
+wick::OptionSchema size_options() {
+  return {wick::opt_string("family", "llama", "llama, or qwen2 (q/k/v bias)").one_of({"llama", "qwen2"}),
+          wick::opt_int("vocab_size", 256, "vocabulary size").at_least(1),
+          wick::opt_int("hidden_size", 256, "model width").at_least(1),
+          wick::opt_int("intermediate_size", 688, "MLP width").at_least(1),
+          wick::opt_int("layers", 4, "decoder layers").at_least(1),
+          wick::opt_int("heads", 4, "attention heads").at_least(1),
+          wick::opt_int("kv_heads", wick::Value(), "key/value heads (grouped-query attention; default: heads)")
+              .at_least(1)
+              .optional(),
+          wick::opt_float("rope_theta", 10000.0, "rotary embedding base").at_least(1),
+          wick::opt_float("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
+          wick::opt_bool("tie_embeddings", false, "output head shares the token embedding")};
+}
+
+nlohmann::json hf_config(const Config& c) {
+  const bool qwen = c.family == "qwen2";
+  nlohmann::json j = {{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+                      {"model_type", c.family},
+                      {"vocab_size", c.vocab},
+                      {"hidden_size", c.hidden},
+                      {"intermediate_size", c.intermediate},
+                      {"num_hidden_layers", c.layers},
+                      {"num_attention_heads", c.heads},
+                      {"num_key_value_heads", c.kv_heads},
+                      {"head_dim", c.head_dim},
+                      {"hidden_act", "silu"},
+                      {"rms_norm_eps", c.eps},
+                      {"rope_theta", c.rope_theta},
+                      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
+                      {"tie_word_embeddings", c.tie},
+                      {"max_position_embeddings", 4096},
+                      {"torch_dtype", "float32"}};
+  if (!qwen) j["attention_bias"] = c.qkv_bias;
+  return j;
+}
+
+}  // namespace wick::decoder

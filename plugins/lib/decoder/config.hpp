@@ -1,0 +1,43 @@
+#pragma once
+// The decoder's sizes (decoder.hpp), from a Hugging Face config.json or from
+// decoder_lm's options, checked before anything is allocated: each field of
+// its JSON type (an integer is not 32.0), in range, the heads dividing the
+// width, and the weights fitting in this machine's memory. No LibTorch: the
+// config.json fuzz target builds this file alone.
+
+#include <wick/options.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace wick::decoder {
+
+struct Config {
+  std::string family = "llama";
+  std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
+  double rope_theta = 10000, eps = 1e-6;
+  bool tie = false, qkv_bias = false;
+};
+
+/// Reads a JSON file; errors name it.
+nlohmann::json read_json(const std::filesystem::path& p);
+
+/// A Hugging Face config.json (llama or qwen2); `where` names it in errors
+/// ("decoder_lm: m/config.json", or a LLaVA file with `path` "text_config.").
+Config config_from_hf(const nlohmann::json& j, const std::string& where, const std::string& path = "");
+/// decoder_lm's size options (family, vocab_size, hidden_size, ...).
+Config config_from_options(const wick::Options& o);
+/// Fills head_dim and checks the head counts and the size in memory; `who`
+/// names the plugin or file in errors, `hf` picks config.json's key names.
+void finish_config(Config& c, const std::string& who, bool hf = false);
+/// The parameters of a decoder of these sizes (saturating at 2^64 - 1).
+std::uint64_t parameter_count(const Config& c);
+/// The options config_from_options reads.
+wick::OptionSchema size_options();
+/// The config.json that transformers reads for this decoder.
+nlohmann::json hf_config(const Config& c);
+
+}  // namespace wick::decoder

@@ -1,0 +1,96 @@
+"""tokenizer.json (byte-level BPE) and data `text`'s JSONL lines: what the
+tokenizers library refuses (merges of tokens outside the vocabulary, merges
+that are not two tokens, ids outside u32, wrong-typed fields) is refused,
+naming the file and the key; JSONL fields of the wrong type name the line."""
+import json
+
+from harness import Case
+from hf_files import tokenizer_json, write_decoder
+
+TOK = r"tokenizer m/tokenizer\.json: "
+
+
+def tokenizer(edit):
+    def setup(d):
+        write_decoder(d / "m")
+        j = tokenizer_json()
+        edit(j)
+        (d / "m" / "tokenizer.json").write_text(json.dumps(j))
+    return setup
+
+
+def gen(name, edit, message):
+    return Case(name, ["generate", "m", "max_new_tokens=2"], message, setup=tokenizer(edit))
+
+
+def jsonl(lines):
+    def setup(d):
+        (d / "d.jsonl").write_text("".join(l + "\n" for l in lines))
+        (d / "r.lua").write_text('local wick = require "wick"\n'
+                                 'wick.data("text", { file = "d.jsonl", cache_dir = "none" })\n')
+    return setup
+
+
+def data(name, lines, message):
+    return Case(name, ["run", "r.lua"], r"r\.lua:2: .*data 'text': d\.jsonl:" + message, setup=jsonl(lines))
+
+
+def append_merge(m):
+    return lambda j: j["model"]["merges"].append(m)
+
+
+def set_vocab(token, value):
+    return lambda j: j["model"]["vocab"].__setitem__(token, value)
+
+
+def set_added(key, value):
+    return lambda j: j["added_tokens"][0].__setitem__(key, value)
+
+
+def set_pre(key, value):
+    return lambda j: j["pre_tokenizer"].__setitem__(key, value)
+
+
+def split_pattern(pattern):
+    return lambda j: j.__setitem__("pre_tokenizer", {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": pattern, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
+
+
+CASES = [
+    gen("merge of tokens outside the vocabulary", append_merge("x q"),
+        TOK + r"model\.merges\[4\] is \"x q\", but 'xq' is not in model\.vocab, expected merges of tokens in the vocabulary"),
+    gen("merge of one part", append_merge("abc"), TOK + r"model\.merges\[4\] is \"abc\", expected two tokens separated by one space"),
+    gen("merge of three parts", append_merge("h e l"), TOK + r"model\.merges\[4\] is \"h e l\", expected two tokens"),
+    gen("merge with two spaces", append_merge("h  e"), TOK + r"model\.merges\[4\] is \"h  e\", expected two tokens"),
+    gen("merge as a list of three", append_merge(["h", "e", "l"]), TOK + r"model\.merges\[4\] is .*, expected \"a b\" or \[\"a\", \"b\"\]"),
+    gen("merge as a number", append_merge(3), TOK + r"model\.merges\[4\] is 3, expected \"a b\""),
+    gen("merges a string", lambda j: j["model"].__setitem__("merges", "h e"), TOK + r"model\.merges is \"h e\", expected a list"),
+    gen("negative id", set_vocab("he", -1), TOK + r"model\.vocab\.he is -1, expected an integer from 0 to 4294967295"),
+    gen("id of 2^40", set_vocab("he", 2 ** 40), TOK + r"model\.vocab\.he is 1099511627776, expected an integer from 0 to 4294967295"),
+    gen("id as a float", set_vocab("he", 3.0), TOK + r"model\.vocab\.he is 3\.0, expected an integer"),
+    gen("id as a string", set_vocab("he", "3"), TOK + r"model\.vocab\.he is \"3\", expected an integer"),
+    gen("vocab a list", lambda j: j["model"].__setitem__("vocab", ["a"]), TOK + r"model\.vocab is \[\"a\"\], expected an object"),
+    gen("added token id negative", set_added("id", -5), TOK + r"added_tokens\[0\]\.id is -5, expected an integer from 0"),
+    gen("added token id 2^40", set_added("id", 2 ** 40), TOK + r"added_tokens\[0\]\.id is 1099511627776, expected an integer"),
+    gen("added token content a number", set_added("content", 5), TOK + r"added_tokens\[0\]\.content is 5, expected a string"),
+    gen("add_prefix_space a string", set_pre("add_prefix_space", "yes"), TOK + r"pre_tokenizer\.add_prefix_space is \"yes\", expected true or false"),
+    gen("split regex a number", split_pattern({"Regex": 5}),
+        TOK + r"pre_tokenizer\.pretokenizers\[0\]\.pattern\.Regex is 5, expected a string"),
+    gen("ignore_merges a string", lambda j: j["model"].__setitem__("ignore_merges", "x"),
+        TOK + r"model\.ignore_merges is \"x\", expected true or false"),
+    gen("no model", lambda j: j.pop("model"), TOK + r"model is missing, expected an object"),
+    gen("no pre-tokenizer", lambda j: j.__setitem__("pre_tokenizer", None),
+        r"tokenizer m/tokenizer\.json uses no pre-tokenizer \(expected ByteLevel\), which wick does not support"),
+    Case("tokenizer.json is a folder", ["generate", "m", "max_new_tokens=2"], r"m/tokenizer\.json is a directory, expected a JSON file",
+         setup=lambda d: (write_decoder(d / "m"), (d / "m" / "tokenizer.json").mkdir())),
+    Case("tokenizer.json is not JSON", ["generate", "m", "max_new_tokens=2"], r"m/tokenizer\.json is not valid JSON: ",
+         setup=lambda d: (write_decoder(d / "m"), (d / "m" / "tokenizer.json").write_text('{"model": '))),
+    data("completion a number", ['{"prompt": "Q", "completion": 5}'], r"1: completion is 5, expected a string"),
+    data("prompt without completion", ['{"text": "a"}', '{"prompt": "Q"}'], r"2: completion is missing, expected a string"),
+    data("text a list", ['{"text": ["a"]}'], r"1: text is \[\"a\"\], expected a string"),
+    data("input_ids a number", ['{"input_ids": 5}'], r"1: input_ids is 5, expected a list"),
+    data("input_id past the vocabulary", ['{"input_ids": [1, 257]}'], r"1: input_ids\[1\] is 257, expected an integer in \[0, 257\)"),
+    data("input_id 2^64", ['{"input_ids": [18446744073709551615]}'], r"1: input_ids\[0\] is 18446744073709551615, expected an integer"),
+    data("line is a list", ['[1, 2]'], r"1 is \[1,2\], expected a JSON object"),
+]
