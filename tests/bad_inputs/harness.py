@@ -87,7 +87,7 @@ def run_case(case: Case, folder: Path) -> Outcome:
     env = dict(os.environ)
     env.update({k: (v(folder) if callable(v) else str(v)) for k, v in case.env.items()})
     env.setdefault("WICK_SOURCE", str(SOURCE))
-    p = subprocess.Popen([WICK, *map(str, argv)], cwd=folder, env=env, text=True,
+    p = subprocess.Popen([WICK, *map(str, argv)], cwd=folder, env=env, text=True, errors="replace",
                          stdin=subprocess.PIPE if case.stdin is not None else subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     problems = []
