@@ -1,6 +1,6 @@
 -- The README's command table and plugin table against what wick itself lists,
 -- both ways, so that neither can drift from the code.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local readme = H.read(H.source .. "/README.md")
 

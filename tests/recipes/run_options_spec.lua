@@ -1,7 +1,7 @@
 -- wick.train's one schema: command-line overrides for every option, typed as
 -- the option declares; wick.trainer checked by the same schema; `wick
 -- describe train` shows types and defaults.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local dir = H.tmpdir()
 

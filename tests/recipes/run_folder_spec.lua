@@ -2,7 +2,7 @@
 -- recipe continues it (resume) or replaces it (overwrite); a finished run
 -- resumed stays as it was; a damaged newest checkpoint is named and the run
 -- resumes from the newest intact one; records after the checkpoint go.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local dir = H.tmpdir()
 

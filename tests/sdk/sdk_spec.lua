@@ -1,6 +1,6 @@
 -- The plugin contract as a recipe meets it: capabilities a model lacks are
 -- named, the version has one source.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local dir = H.tmpdir()
 

@@ -1,6 +1,6 @@
 -- Recipes end to end: wick.args, require from anywhere, run folders, resume
 -- and SIGTERM.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local dir = H.tmpdir()
 

@@ -1,5 +1,5 @@
 -- The wick command line: commands, output, exit codes.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 -- The commands `wick --help` lists: the first word of each line under "commands:".
 local function listed_commands()

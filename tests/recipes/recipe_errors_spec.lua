@@ -1,6 +1,6 @@
 -- Bad input in recipes: each error names what, where (file:line) and what was
 -- expected, and exits non-zero.
-local H = dofile("helpers.lua")
+local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
 local dir = H.tmpdir()
 
