@@ -155,19 +155,23 @@ describe("language model recipe", function()
 end)
 
 describe("vision recipes", function()
-  -- a few clips and images: the recipes run end to end in seconds (how well
-  -- they learn, with the data their headers give, is in the README)
-  it("video.lua trains the video classifier on made clips and reports held-out accuracy", function()
-    for _, part in ipairs({ { "train", 4, 1 }, { "held_out", 2, 7 } }) do
+  -- the video recipe in a small setting that learns in about a minute on two
+  -- cores: 200 clips per class at 64x48, two frames, a one-layer ViT of width 32
+  it("video.lua learns the made clips' shapes: held-out accuracy well above chance (1/3)", function()
+    for _, part in ipairs({ { "train", 200, 1 }, { "held_out", 16, 7 } }) do
       local code, _, err = H.run(string.format("make-clips %s/vclips/%s --classes 3 --per-class %d --size 64x48 " ..
         "--seconds 0.5 --seed %d --no-extras --no-images", dir, part[1], part[2], part[3]))
       assert.are.equal(0, code, err)
     end
-    local code, out, err = H.run("run " .. H.source .. "/configs/video.lua clips=" .. dir .. "/vclips epochs=2 out=" ..
-      dir .. "/video")
+    local code, out, err = H.run("run " .. H.source .. "/configs/video.lua clips=" .. dir .. "/vclips epochs=60 " ..
+      "accumulate=1 micro_batch=8 image_size=48 patch=8 max_frames=2 hidden=32 layers=1 lr=2e-3 pool=mean log_every=1000 " ..
+      "out=" .. dir .. "/video")
     assert.are.equal(0, code, err)
-    assert.truthy(out:find("max_frames 4, image_size 48: final loss [%d.]+, held%-out accuracy [%d.]+, %d+ steps"), out)
-    assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"accuracy"', 1, true))
+    local acc = tonumber(out:match("max_frames 2, image_size 48: final loss [%d.]+, held%-out accuracy ([%d.]+), 4500 steps"))
+    assert.truthy(acc, out)
+    -- 48 held-out clips: 0.55 (27 right) has probability below 1e-3 for a guesser; this setting reaches ~0.7
+    assert.is_true(acc >= 0.55, "held-out accuracy " .. acc .. " is not clearly above chance")
+    assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"loss"', 1, true))
   end)
 
   it("qlora on a vlm adapts the language model's layers only and trains", function()
