@@ -61,6 +61,8 @@ double bare_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes,
 double wick_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes, std::int64_t micro,
                  std::int64_t accumulate, int steps, const std::string& out) {
   using wick::Value;
+  std::error_code ec;
+  std::filesystem::remove_all(out, ec);  // a fresh run folder each time (no overwrite notice)
   wick::RunRequest req;
   auto& reg = wick::registry();
   req.objects.data = std::static_pointer_cast<wick::Dataset>(reg.create(
@@ -71,7 +73,7 @@ double wick_loop(std::int64_t inputs, std::int64_t hidden, std::int64_t classes,
       {{"inputs", Value(inputs)}, {"hidden", Value(wick::List{Value(hidden), Value(hidden)})}, {"outputs", Value(classes)}}));
   req.objects.optim = reg.create("adamw", wick::PluginKind::Optim, {{"lr", Value(1e-3)}});
   req.options = {{"micro_batch", Value(micro)}, {"accumulate", Value(accumulate)}, {"max_steps", Value(steps)},
-                 {"quiet", Value(true)}, {"out", Value(out)}, {"overwrite", Value(true)}};
+                 {"quiet", Value(true)}, {"out", Value(out)}};
   const auto run = wick::run_training(req);
   return run.at("seconds").get<double>() / run.at("steps").get<double>();
 }
