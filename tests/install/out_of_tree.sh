@@ -54,7 +54,7 @@ cmake -S "$tmp/doc" -B "$tmp/docb" "${gen[@]}" "${launcher[@]}" -DCMAKE_PREFIX_P
   -DCMAKE_BUILD_TYPE=Release -Wno-dev > "$tmp/doc-configure.log" 2>&1 || { cat "$tmp/doc-configure.log"; exit 1; }
 cmake --build "$tmp/docb" > "$tmp/doc-build.log" 2>&1 || { cat "$tmp/doc-build.log"; exit 1; }
 out=$(WICK_PLUGIN_PATH=$tmp/docb "$wick" plugins)
-for want in "model +linear" "data +line" "optim +descent"; do
+for want in "model +linear" "data +line" "optim/optimizer +descent"; do
   echo "$out" | grep -Eq "^$want " || { echo "FAIL: the header example '$want' is not listed:"; echo "$out"; exit 1; }
 done
 echo "PASS: out-of-tree plugin built against the installed package and trained; the SDK headers' examples build and load"
