@@ -262,6 +262,12 @@ std::vector<std::string> trial_load(const std::vector<fs::path>& files,
   return verdict;
 }
 
+// Why a name found in several files cannot be used: all of them, in search order.
+std::string given_again(const std::vector<std::string>& files) {
+  return "is given " + (files.size() == 2 ? std::string("twice") : std::to_string(files.size()) + " times") + ": " +
+         join(files, " and ") + " (remove " + (files.size() == 2 ? "one" : "all but one") + " from the plugin path)";
+}
+
 PluginEntry unusable(const fs::path& file, const std::string& why) {
   PluginEntry e;
   e.file = file;
@@ -427,7 +433,7 @@ Registry::Registry(std::vector<fs::path> search_path) : search_path_(std::move(s
     for (const auto& o : entries_)
       if (o.name == e.name) files.push_back(o.file.string());
     if (files.size() > 1) {
-      e.error = "is given twice: " + join(files, " and ") + " (remove one from the plugin path)";
+      e.error = given_again(files);
       e.descriptor = nullptr;
     }
   }
@@ -448,9 +454,11 @@ const PluginEntry& Registry::find(const std::string& name_or_path) {
   std::vector<const PluginEntry*> matches;
   for (const auto& e : entries_)
     if (e.name == name_or_path) matches.push_back(&e);
-  if (matches.size() > 1)
-    throw Error("plugin '" + name_or_path + "' is given twice: " + matches[0]->file.string() +
-                " and " + matches[1]->file.string() + " (remove one from the plugin path)");
+  if (matches.size() > 1) {
+    std::vector<std::string> files;
+    for (const auto* m : matches) files.push_back(m->file.string());
+    throw Error("plugin '" + name_or_path + "' " + given_again(files));
+  }
   if (matches.empty()) {
     std::vector<std::string> known;
     for (const auto& e : entries_)
