@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/launch.hpp"
+#include "dist/group.hpp"
 #include "lua/runtime.hpp"
 #include "media/make_clips.hpp"
 #include "plugin/registry.hpp"
@@ -278,6 +279,7 @@ int cmd_version() {
 int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   if (recipe.empty()) throw UsageError("'wick run' needs a recipe file");
   auto kv = key_values(pairs, "recipe");
+  wick::dist_timeout();  // a bad WICK_DIST_TIMEOUT is refused before the recipe runs, also on one rank
   wick::install_signal_handlers();
   wick::LuaRuntime rt(std::move(kv));
   return rt.run_file(recipe);
@@ -391,6 +393,7 @@ int cmd_launch(const LaunchFlags& f) {
     throw UsageError("with several nodes, give every node the same --master-port");
   if (f.recipe.empty()) throw UsageError("a recipe is required");
   key_values(f.pairs, "recipe");  // refused here once, not by every rank
+  wick::dist_timeout();           // so is a bad WICK_DIST_TIMEOUT
   o.run_args.push_back(f.recipe);
   o.run_args.insert(o.run_args.end(), f.pairs.begin(), f.pairs.end());
   return wick::launch(o);
