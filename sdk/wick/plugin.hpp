@@ -44,7 +44,8 @@
 /// its kind. wick/kit/ holds optional helpers (safetensors files, Hugging
 /// Face weights, linear layers with LoRA and NF4) that plugins may use.
 ///
-/// ABI versions (WICK_ABI_VERSION): 5 made Model a small core (forward,
+/// ABI versions (WICK_ABI_VERSION): 6 added GenerateOptions::on_token (tokens
+/// streamed as they are chosen). 5 made Model a small core (forward,
 /// count_items, item_name, blocks, run_block) with capabilities found by
 /// capability<C>(); targets() went; block checkpointing state left Model
 /// for a host-side BlockRunner; one builder, wick::plugin<T>, takes the kind
@@ -64,7 +65,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 5
+#define WICK_ABI_VERSION 6
 
 namespace wick {
 

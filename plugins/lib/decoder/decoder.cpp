@@ -139,6 +139,13 @@ Config config_from_hf(const nlohmann::json& j, const std::string& who) {
   }
   if (j.value("mlp_bias", false)) throw wick::Error(who + ": mlp_bias is not supported");
   c.eps = j.value("rms_norm_eps", 1e-6);
+  // the context; absent, transformers' default for the family
+  c.max_positions = type == "qwen2" ? 32768 : 2048;
+  if (auto it = j.find("max_position_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() < 1)
+      throw wick::Error(who + ": config.json: max_position_embeddings: expected a whole number >= 1, got " + it->dump());
+    c.max_positions = it->get<std::int64_t>();
+  }
   c.tie = j.value("tie_word_embeddings", false);
   c.qkv_bias = type == "qwen2" ? true : j.value("attention_bias", false);
   if (j.value("hidden_act", std::string("silu")) != "silu")
@@ -196,7 +203,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_theta", c.rope_theta},
                       {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
                       {"tie_word_embeddings", c.tie},
-                      {"max_position_embeddings", 4096},
+                      {"max_position_embeddings", c.max_positions},
                       {"torch_dtype", "float32"}};
   if (!qwen) j["attention_bias"] = c.qkv_bias;
   return j;
@@ -280,7 +287,17 @@ wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& label
   return r;
 }
 
-std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g) {
+std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
+                                                        const std::string& who) {
+  // Positions beyond the context are ones the model never learned: refused,
+  // not generated (transformers only warns). This also bounds the key/value cache.
+  const std::int64_t prompt = embeds.size(1), context = c_.max_positions;
+  if (g.max_new_tokens > context - prompt)
+    throw wick::Error(who + ": generate: a prompt of " + std::to_string(prompt) + " tokens and max_new_tokens=" +
+                      std::to_string(g.max_new_tokens) + " exceed the model's context of " + std::to_string(context) +
+                      " positions (max_position_embeddings), expected " +
+                      (prompt < context ? "max_new_tokens <= " + std::to_string(context - prompt)
+                                        : "a prompt shorter than " + std::to_string(context) + " tokens"));
   at::NoGradGuard no_grad;
   const auto dev = device();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
@@ -293,6 +310,7 @@ std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds
     offset += x.size(1);
     const std::int64_t next = pick_token(l, g, gen);
     out.push_back(next);
+    if (g.on_token) g.on_token(next);
     if (next == g.eos_id) break;
     x = embed(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(dev)));
   }
@@ -307,7 +325,7 @@ std::vector<std::int64_t> Decoder::generate(const std::vector<std::int64_t>& pro
       throw wick::Error(who + ": prompt token " + std::to_string(t) + " is outside the vocabulary of " +
                         std::to_string(c_.vocab));
   at::NoGradGuard no_grad;
-  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g);
+  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g, who);
 }
 
 std::vector<std::string> Decoder::blocks() const {

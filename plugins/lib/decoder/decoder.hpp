@@ -36,6 +36,9 @@ struct Config {
   std::string family = "llama";
   std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
   double rope_theta = 10000, eps = 1e-6;
+  /// The context (max_position_embeddings): positions a prompt and its
+  /// continuation may use together.
+  std::int64_t max_positions = 4096;
   bool tie = false, qkv_bias = false;
 };
 
@@ -146,7 +149,9 @@ class Decoder {
 
   /// Continues from input embeddings [1, T, hidden] (a prompt, maybe with
   /// visual tokens), then one token id at a time, with a key/value cache.
-  std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g);
+  /// Refuses a prompt and max_new_tokens beyond the context (`who` names the model).
+  std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
+                                                 const std::string& who);
   std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g,
                                      const std::string& who);
 
