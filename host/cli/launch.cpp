@@ -100,6 +100,12 @@ void drain(Child& c, int& fd, std::string& buf, FILE* to, bool flush_all) {
   std::fflush(to);
 }
 
+// Signals a rank's process group: the rank and every process it started that
+// stayed in the group, also after the rank itself has ended.
+void signal_group(const Child& c, int sig) {
+  if (c.pid > 0 && ::killpg(c.pid, sig) != 0 && errno == ESRCH && !c.done) ::kill(c.pid, sig);
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& o) {
@@ -126,7 +132,8 @@ int launch(const LaunchOptions& o) {
     c.pid = ::fork();
     if (c.pid < 0) throw Error("wick launch: cannot start rank " + std::to_string(c.rank) + ": " + std::strerror(errno));
     if (c.pid == 0) {
-      // the child: its own process group, so a terminal's Ctrl-C reaches it through us only
+      // the child: its own process group, so a terminal's Ctrl-C reaches it through us only,
+      // and stopping the rank stops what it started (a recipe's os.execute) with it
       ::setpgid(0, 0);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
@@ -155,6 +162,7 @@ int launch(const LaunchOptions& o) {
       std::fprintf(stderr, "wick launch: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(c.pid, c.pid);  // as the child does: whichever runs first, the group exists before any signal
     if (c.rank != 0) {
       ::close(out_pipe[1]), ::close(err_pipe[1]);
       c.out = out_pipe[0];
@@ -180,8 +188,7 @@ int launch(const LaunchOptions& o) {
     }
     if (g_forward && g_forward != forwarded) {
       forwarded = g_forward;
-      for (auto& c : children)
-        if (!c.done) ::kill(c.pid, forwarded);
+      for (auto& c : children) signal_group(c, forwarded);
     }
     for (auto& c : children) {
       if (c.done) continue;
@@ -196,9 +203,9 @@ int launch(const LaunchOptions& o) {
       if (!ok && failed_rank < 0) {
         failed_rank = c.rank;
         failed_status = status;
-        // The others cannot finish without this rank: ask them to stop, then insist.
-        for (auto& o : children)
-          if (!o.done) ::kill(o.pid, SIGTERM);
+        // The others cannot finish without this rank: ask them (and all they
+        // started) to stop, then insist.
+        for (auto& o : children) signal_group(o, SIGTERM);
         stop_at = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       }
     }
@@ -207,11 +214,15 @@ int launch(const LaunchOptions& o) {
         if (!o.done) {
           std::fprintf(stderr, "wick launch: rank %d did not stop within 10 s of SIGTERM (stalled?) and is killed\n",
                        o.rank);
-          ::kill(o.pid, SIGKILL);
+          signal_group(o, SIGKILL);
         }
       stop_at = std::chrono::steady_clock::time_point::max();
     }
   }
+  // Whatever a stopped rank started and left behind (a process that ignores
+  // SIGTERM, or outlived its rank) goes with the run.
+  if (failed_rank >= 0 || forwarded)
+    for (auto& c : children) signal_group(c, SIGKILL);
   if (failed_rank >= 0) {
     std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
                  describe_status(failed_status).c_str());

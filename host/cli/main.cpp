@@ -313,6 +313,7 @@ int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   if (recipe.empty()) throw UsageError("'wick run' needs a recipe file");
   recipe_first(recipe, pairs, "run");
   auto kv = key_values(pairs, "recipe");
+  wick::dist_timeout();  // a bad WICK_DIST_TIMEOUT is refused before the recipe runs, also on one rank
   wick::install_signal_handlers();
   wick::LuaRuntime rt(std::move(kv));
   const int rc = rt.run_file(recipe);
@@ -430,6 +431,7 @@ int cmd_launch(const LaunchFlags& f) {
   if (f.recipe.empty()) throw UsageError("a recipe is required");
   recipe_first(f.recipe, f.pairs, "launch");
   key_values(f.pairs, "recipe");  // refused here once, not by every rank
+  wick::dist_timeout();           // so is a bad WICK_DIST_TIMEOUT
   o.run_args.push_back(f.recipe);
   o.run_args.insert(o.run_args.end(), f.pairs.begin(), f.pairs.end());
   return wick::launch(o);

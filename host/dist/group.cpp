@@ -4,6 +4,10 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cerrno>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -97,10 +101,90 @@ DistEnv dist_env() {
 
 std::chrono::milliseconds dist_timeout() {
   const char* s = std::getenv("WICK_DIST_TIMEOUT");
-  double seconds = s ? std::atof(s) : 300.0;
-  if (seconds <= 0) seconds = 300.0;
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  if (!s || !*s) return std::chrono::seconds(kDefaultDistTimeout);
+  const std::string text = s;
+  // a plain decimal number of seconds: no "inf", "nan", hex or trailing text
+  const bool plain = text.find_first_not_of("0123456789.eE+-") == std::string::npos;
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = plain ? std::strtod(s, &end) : 0.0;
+  if (!plain || end != s + text.size() || errno == ERANGE || !(seconds > 0) || seconds > kMaxDistTimeout)
+    throw Error("environment variable WICK_DIST_TIMEOUT=" + text + ": expected a number of seconds above 0 and at most " +
+                std::to_string(kMaxDistTimeout) + " (7 days); unset, it is " + std::to_string(kDefaultDistTimeout));
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000)));
 }
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]) + (j > i ? "-" + std::to_string(ranks[j]) : "");
+    i = j + 1;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  const auto ms = t.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(ms) / 1000);
+  return buf;
+}
+
+void notice(const std::string& line) {
+  std::fprintf(stderr, "%s%s\n", ::isatty(2) ? "\r\x1b[K" : "", line.c_str());
+  std::fflush(stderr);
+}
+
+// Waiting for other ranks is said on stderr first after kFirstNotice (ranks
+// that start together say nothing), then every kNoticeEvery.
+constexpr auto kFirstNotice = std::chrono::seconds(1);
+constexpr auto kNoticeEvery = std::chrono::seconds(30);
+
+std::string waiting_text(std::chrono::seconds waited) {
+  return waited < kNoticeEvery ? "waiting" : "still waiting";
+}
+
+std::string waited_text(std::chrono::seconds waited, std::chrono::milliseconds timeout) {
+  return "(" + std::to_string(waited.count()) + " s so far; gives up after " + seconds_text(timeout) +
+         ", WICK_DIST_TIMEOUT)";
+}
+
+// While a blocking call waits for other ranks, a thread says so on stderr.
+
+class WaitNotice {
+ public:
+  explicit WaitNotice(std::function<std::string(std::chrono::seconds waited)> what)
+      : thread_([this, what = std::move(what)] {
+          const auto start = std::chrono::steady_clock::now();
+          auto next = start + kFirstNotice;
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!cv_.wait_until(lock, next, [this] { return done_; })) {
+            notice(what(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)));
+            next += kNoticeEvery;
+          }
+        }) {}
+  ~WaitNotice() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backend_(backend) {
   const auto timeout = dist_timeout();
@@ -112,6 +196,12 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
   o.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")";
   try {
+    // rank 0 opens the rendezvous at once; the others wait to reach it
+    const std::string me = "wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+    WaitNotice waiting([&](std::chrono::seconds waited) {
+      return me + ": " + waiting_text(waited) + " for rank 0 to open the rendezvous at " + where + " " +
+             waited_text(waited, timeout);
+    });
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   } catch (const c10::Error& e) {
     fail("reaching the rendezvous at " + where,
@@ -137,15 +227,25 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
   for (int r = 0; r < env_.world_size; ++r) keys.push_back("wick/arrived/" + std::to_string(r));
   try {
     store_->set(keys[static_cast<std::size_t>(env_.rank)], std::string("1"));
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto start = std::chrono::steady_clock::now(), deadline = start + timeout;
+    auto next_notice = start + kFirstNotice;
+    auto missing = [&] {
+      std::vector<int> out;
+      for (int r = 0; r < env_.world_size; ++r)
+        if (!store_->check({keys[static_cast<std::size_t>(r)]})) out.push_back(r);
+      return rank_list(out);
+    };
+    const std::string me = "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
     while (!store_->check(keys)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::string missing;
-        for (int r = 0; r < env_.world_size; ++r)
-          if (!store_->check({keys[static_cast<std::size_t>(r)]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) +
-                    ": the rendezvous at " + where + " timed out after " + std::to_string(timeout.count() / 1000) +
-                    " s: rank(s) " + missing + " never arrived");
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline)
+        throw Error(me + ": the rendezvous at " + where + " timed out after " + seconds_text(timeout) + ": " +
+                    missing() + " never arrived (WICK_DIST_TIMEOUT sets how long ranks wait)");
+      if (now >= next_notice) {  // say, at once and then now and then, who is awaited
+        const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start);
+        notice("wick: " + me + ": " + waiting_text(waited) + " for " + missing() + " at " + where + " " +
+               waited_text(waited, timeout));
+        next_notice += next_notice == start + kFirstNotice ? kNoticeEvery - kFirstNotice : kNoticeEvery;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -158,8 +258,8 @@ Group::~Group() = default;
 
 void Group::fail(const std::string& what, const std::string& why) const {
   throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " + what +
-              " failed (" + backend_ + ", timeout " + std::to_string(dist_timeout().count() / 1000) +
-              " s): " + why + " -- another rank probably stopped, crashed or stalled");
+              " failed (" + backend_ + ", timeout " + seconds_text(dist_timeout()) +
+              "): " + why + " -- another rank probably stopped, crashed or stalled");
 }
 
 std::shared_ptr<Group> Group::world(const std::string& device) {

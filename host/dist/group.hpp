@@ -40,8 +40,13 @@ DistEnv dist_env();  // of this process
 std::string first_slurm_host(const std::string& nodelist);
 
 /// How long a collective may wait for the other ranks (WICK_DIST_TIMEOUT
-/// seconds, default 300) before it fails instead of hanging.
+/// seconds, default 300) before it fails instead of hanging. A value that is
+/// not a number of seconds in (0, 604800] is an error naming the variable.
+constexpr int kDefaultDistTimeout = 300, kMaxDistTimeout = 7 * 24 * 3600;
 std::chrono::milliseconds dist_timeout();
+
+/// "rank 3", "ranks 1-3, 7": for messages naming ranks.
+std::string rank_list(const std::vector<int>& ranks);
 
 class Group {
  public:

@@ -2,8 +2,10 @@
 
 #include "lua/binding.hpp"
 
+#include <cmath>
 #include <optional>
 
+#include "plugin/registry.hpp"
 #include "train/inspect.hpp"
 #include "train/trainer.hpp"
 #include "wick/kit/safetensors.hpp"
@@ -59,7 +61,23 @@ int model_window_coupled(lua_State* L) {
   return 1;
 }
 
-// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, seed}) -> ids
+// The options of model:generate, checked here for recipes and `wick generate`
+// alike, before a model sees them.
+const OptionSchema& generate_schema() {
+  static const OptionSchema schema = {
+      opt_int("max_new_tokens", GenerateOptions{}.max_new_tokens, "tokens to add at most (within the model's context)")
+          .at_least(0),
+      opt_float("temperature", 0.0, "0: greedy; above 0: sample from the logits divided by it").at_least(0),
+      opt_int("top_k", 0, "sample among the k likeliest tokens (0: all)").at_least(0),
+      opt_float("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p").range(0, 1),
+      opt_int("eos_id", -1, "stop after this token (-1: never)").at_least(-1),
+      opt_int("seed", 0, "the sampling seed").at_least(0),
+      opt_string("on_token", Value(), "a function called with each new token as it is chosen").optional(),
+  };
+  return schema;
+}
+
+// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, seed, on_token}) -> ids
 // prompt: token ids {1, 2, ...}, or a batch whose first sample is the prompt
 // (Model::generate_from): a window (data:window(i, 1)) or a safetensors file.
 int model_generate(lua_State* L) {
@@ -75,17 +93,53 @@ int model_generate(lua_State* L) {
     prompt = check_ids(L, 2, "generate");
   }
   GenerateOptions g;
+  int on_token = LUA_NOREF;  // the callback, held in the registry while generating
+  struct Unref {
+    lua_State* L;
+    int& ref;
+    ~Unref() { luaL_unref(L, LUA_REGISTRYINDEX, ref); }
+  } unref{L, on_token};
   if (!lua_isnoneornil(L, 3)) {
     check_table(L, 3, "generate");
-    g.max_new_tokens = field<std::int64_t>(L, 3, "max_new_tokens", g.max_new_tokens);
-    g.temperature = field<double>(L, 3, "temperature", g.temperature);
-    g.top_k = field<std::int64_t>(L, 3, "top_k", g.top_k);
-    g.top_p = field<double>(L, 3, "top_p", g.top_p);
-    g.eos_id = field<std::int64_t>(L, 3, "eos_id", g.eos_id);
-    g.seed = field<std::uint64_t>(L, 3, "seed", g.seed);
+    std::map<std::string, Value> given;
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+      if (lua_type(L, -2) != LUA_TSTRING) throw Error("generate: option names must be strings");
+      const std::string key = lua_tostring(L, -2);
+      if (key == "on_token") {
+        if (!lua_isfunction(L, -1))
+          throw Error(std::string("generate: option 'on_token': expected a function, got ") + luaL_typename(L, -1));
+        lua_pushvalue(L, -1);
+        on_token = luaL_ref(L, LUA_REGISTRYINDEX);
+      } else {
+        given[key] = to_value(L, -1, "generate: option '" + key + "'");
+      }
+      lua_pop(L, 1);
+    }
+    const Options o = validate_options("generate", generate_schema(), given);
+    g.max_new_tokens = o.get_int("max_new_tokens");
+    g.temperature = o.get_double("temperature");
+    g.top_k = o.get_int("top_k");
+    g.top_p = o.get_double("top_p");
+    g.eos_id = o.get_int("eos_id");
+    g.seed = static_cast<std::uint64_t>(o.get_int("seed"));
+    // what the schema's closed ranges cannot say
+    if (!std::isfinite(g.temperature))
+      throw Error("generate: option 'temperature': expected a finite number >= 0, got number " +
+                  Value(g.temperature).repr());
+    if (g.top_p <= 0) throw Error("generate: option 'top_p': expected a value in (0, 1], got number 0");
   }
-  if (g.max_new_tokens < 0 || g.temperature < 0 || g.top_k < 0 || g.top_p <= 0 || g.top_p > 1)
-    throw Error("generate: expected max_new_tokens >= 0, temperature >= 0, top_k >= 0, top_p in (0, 1]");
+  if (on_token != LUA_NOREF) {
+    g.on_token = [L, ref = on_token](std::int64_t id) {
+      lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+      lua_pushnumber(L, static_cast<lua_Number>(id));
+      if (lua_pcall(L, 1, 0, 0) != 0) {
+        std::string msg = lua_isstring(L, -1) ? lua_tostring(L, -1) : "an error object that is not a string";
+        lua_pop(L, 1);
+        throw Error("generate: on_token: " + msg);
+      }
+    };
+  }
   auto* gen = capability<Generator>(*m);
   if (!gen) throw Error("this model does not implement generate()");
   push_ids(L, batch ? gen->generate_from(*batch, g) : gen->generate(prompt, g));

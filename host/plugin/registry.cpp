@@ -3,9 +3,24 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -46,6 +61,7 @@ bool is_list_type(OptionType t) {
 
 // A plugin's own schema must make sense before any recipe is checked against it.
 std::string schema_problem(const PluginDescriptor& d) {
+  if (!d.name || !*d.name) return "lacks a name";
   if (!d.summary || !d.create) return "lacks a summary or a factory";
   if (d.kind != PluginKind::Model && d.kind != PluginKind::Data && d.kind != PluginKind::Optim)
     return "declares an unknown kind " + std::to_string(static_cast<int>(d.kind));
@@ -68,6 +84,201 @@ std::string schema_problem(const PluginDescriptor& d) {
     }
   }
   return "";
+}
+
+// ---- what a library's `wick_plugin` points at ----
+// WICK_PLUGIN (BOOST_DLL_ALIAS) exports `wick_plugin` as a pointer-sized
+// object holding the address of the library's descriptor. Anything else under
+// that name (an int, a function, a null or stray pointer) is refused before
+// the host reads through it.
+
+// The loaded segment that holds the bytes [p, p + n): the base of its object,
+// where the segment ends and whether it is code.
+struct Segment {
+  ElfW(Addr) object = 0;
+  std::uintptr_t end = 0;
+  bool code = false;
+};
+
+std::optional<Segment> segment_of(const void* p, std::size_t n) {
+  struct Ask {
+    std::uintptr_t lo, hi;
+    std::optional<Segment> found;
+  } ask{reinterpret_cast<std::uintptr_t>(p), reinterpret_cast<std::uintptr_t>(p) + n, std::nullopt};
+  if (ask.hi < ask.lo) return std::nullopt;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) -> int {
+        auto* a = static_cast<Ask*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          const std::uintptr_t start = info->dlpi_addr + ph.p_vaddr, end = start + ph.p_memsz;
+          if (a->lo >= start && a->hi <= end) {
+            a->found = Segment{info->dlpi_addr, end, (ph.p_flags & PF_X) != 0};
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &ask);
+  return ask.found;
+}
+
+// A C string of at most 200 characters that lies wholly in loaded memory.
+std::optional<std::string> loaded_string(const char* s) {
+  if (!s) return std::nullopt;
+  const auto seg = segment_of(s, 1);
+  if (!seg) return std::nullopt;
+  std::string out;
+  for (auto p = reinterpret_cast<std::uintptr_t>(s); p < seg->end && out.size() <= 200; ++p) {
+    const char c = *reinterpret_cast<const char*>(p);
+    if (c == '\0') return out;
+    out.push_back(c);
+  }
+  return std::nullopt;
+}
+
+// The descriptor `wick_plugin` points at, or why it points at none.
+const PluginDescriptor* descriptor_of(void* handle, std::string* why) {
+  const std::string made_by = "; WICK_PLUGIN(...) exports it as a pointer to the plugin's descriptor";
+  void* sym = ::dlsym(handle, "wick_plugin");
+  Dl_info info{};
+  void* extra = nullptr;  // the symbol's ELF entry
+  if (!sym || !::dladdr1(sym, &info, &extra, RTLD_DL_SYMENT) || !extra ||
+      info.dli_saddr != sym) {
+    *why = "exports a 'wick_plugin' that cannot be inspected" + made_by;
+    return nullptr;
+  }
+  const auto* elf = static_cast<const ElfW(Sym)*>(extra);
+  const auto type = ELF64_ST_TYPE(elf->st_info);  // the same bits in ELF32_ST_TYPE
+  if (type == STT_FUNC || type == STT_GNU_IFUNC) {
+    *why = "exports 'wick_plugin' as a function" + made_by;
+    return nullptr;
+  }
+  const auto alias = segment_of(sym, sizeof(void*));
+  if (elf->st_size != sizeof(void*) || !alias) {
+    *why = "exports 'wick_plugin' as a " + std::to_string(elf->st_size) + "-byte object, not a " +
+           std::to_string(sizeof(void*)) + "-byte pointer" + made_by;
+    return nullptr;
+  }
+  const void* p = *static_cast<const void* const*>(sym);
+  if (!p) {
+    *why = "exports a 'wick_plugin' that points to nothing (a null pointer)" + made_by;
+    return nullptr;
+  }
+  if (const auto first = segment_of(p, 1); first && first->code) {
+    *why = "exports a 'wick_plugin' that points into code (a function?), not to a descriptor" + made_by;
+    return nullptr;
+  }
+  const auto at = segment_of(p, sizeof(PluginDescriptor));
+  if (reinterpret_cast<std::uintptr_t>(p) % alignof(PluginDescriptor) != 0 || !at || at->object != alias->object) {
+    *why = "exports a 'wick_plugin' that does not point to a descriptor inside the library" + made_by;
+    return nullptr;
+  }
+  return static_cast<const PluginDescriptor*>(p);
+}
+
+// ---- loading without being taken down ----
+// Loading a library runs its static initialisation, which may crash, exit or
+// hang the process. A child process (fork) loads the files first, one after
+// another, saying on a pipe which one it starts; a file that ends or stalls
+// the child is reported as unusable and never loaded by this process.
+constexpr int kLoadStallSeconds = 60;
+
+std::string how_it_ended(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::sigabbrev_np(sig);
+    return "was killed by " + (name ? std::string("SIG") + name : "signal " + std::to_string(sig));
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "ended with status " + std::to_string(status);
+}
+
+// For each file: "" when loading it in a child process went through, else why not.
+std::vector<std::string> trial_load(const std::vector<fs::path>& files,
+                                    const std::function<void(const fs::path&)>& load) {
+  std::vector<std::string> verdict(files.size());
+  constexpr std::uint32_t kAllDone = 0xffffffffu;
+  std::size_t next = 0;
+  while (next < files.size()) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) break;  // no trial: load here, as without one
+    std::fflush(nullptr);                      // nothing buffered is written twice
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(fds[0]), ::close(fds[1]);
+      break;
+    }
+    if (pid == 0) {
+      ::close(fds[0]);
+      if (const int null = ::open("/dev/null", O_WRONLY); null >= 0) ::dup2(null, 1), ::dup2(null, 2);
+      const rlimit no_core{0, 0};
+      ::setrlimit(RLIMIT_CORE, &no_core);
+      for (std::size_t i = next; i < files.size(); ++i) {
+        const auto index = static_cast<std::uint32_t>(i);
+        if (::write(fds[1], &index, sizeof index) != sizeof index) ::_exit(0);
+        try {
+          load(files[i]);
+        } catch (...) {
+        }
+      }
+      if (::write(fds[1], &kAllDone, sizeof kAllDone) != sizeof kAllDone) ::_exit(0);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::int64_t current = -1;
+    bool finished = false, stalled = false;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kLoadStallSeconds);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd pfd{fds[0], POLLIN, 0};
+      const int r = ::poll(&pfd, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r == 0) {
+        stalled = true;
+        break;
+      }
+      std::uint32_t index = 0;
+      const ssize_t n = ::read(fds[0], &index, sizeof index);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != sizeof index) break;  // the child ended
+      if (index == kAllDone) {
+        finished = true;
+        break;
+      }
+      current = index;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kLoadStallSeconds);
+    }
+    ::close(fds[0]);
+    if (stalled) ::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (finished || current < 0) break;
+    verdict[static_cast<std::size_t>(current)] =
+        stalled ? "cannot be loaded: loading it did not finish within " + std::to_string(kLoadStallSeconds) +
+                      " s (its static initialisation hangs?); it was not loaded"
+                : "cannot be loaded: a test process that loaded it " + how_it_ended(status) +
+                      " (its static initialisation crashes); it was not loaded";
+    next = static_cast<std::size_t>(current) + 1;
+  }
+  return verdict;
+}
+
+// Why a name found in several files cannot be used: all of them, in search order.
+std::string given_again(const std::vector<std::string>& files) {
+  return "is given " + (files.size() == 2 ? std::string("twice") : std::to_string(files.size()) + " times") + ": " +
+         join(files, " and ") + " (remove " + (files.size() == 2 ? "one" : "all but one") + " from the plugin path)";
+}
+
+PluginEntry unusable(const fs::path& file, const std::string& why) {
+  PluginEntry e;
+  e.file = file;
+  e.name = file.stem().string();
+  if (e.name.starts_with("lib")) e.name = e.name.substr(3);
+  e.error = why;
+  return e;
 }
 
 }  // namespace
@@ -156,31 +367,37 @@ std::vector<fs::path> Registry::default_search_path() {
 }
 
 PluginEntry Registry::load(const fs::path& file) const {
-  PluginEntry e;
-  e.file = file;
-  e.name = file.stem().string();
-  if (e.name.starts_with("lib")) e.name = e.name.substr(3);
-  try {
-    e.library = std::make_shared<boost::dll::shared_library>(
-        file.string(), boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local);
-  } catch (const std::exception& ex) {
-    e.error = std::string("cannot be loaded: ") + ex.what();
+  PluginEntry e = unusable(file, "");
+  e.library = std::make_shared<boost::dll::shared_library>();
+  boost::dll::fs::error_code ec;
+  ::dlerror();
+  e.library->load(file.string(), boost::dll::load_mode::rtld_lazy | boost::dll::load_mode::rtld_local, ec);
+  if (ec) {
+    // dlerror() says why ("...: invalid ELF header"); the error code alone says "Bad file descriptor"
+    const char* dl = ::dlerror();
+    std::string why = dl ? dl : ec.message();
+    if (why.starts_with(file.string() + ": ")) why.erase(0, file.string().size() + 2);
+    e.library.reset();
+    e.error = "cannot be loaded: " + why;
     return e;
   }
   if (!e.library->has("wick_plugin")) {
     e.error = "is not a wick plugin (it exports no 'wick_plugin')";
     return e;
   }
-  const auto& d = e.library->get_alias<const PluginDescriptor>("wick_plugin");
-  if (d.name) e.name = d.name;
+  const PluginDescriptor* dp = descriptor_of(e.library->native(), &e.error);
+  if (!dp) return e;
+  const PluginDescriptor& d = *dp;
+  if (auto name = loaded_string(d.name); name && !name->empty()) e.name = *name;
   if (d.abi_version != kAbiVersion) {
     e.error = "was built for wick plugin ABI " + std::to_string(d.abi_version) +
               ", this host has ABI " + std::to_string(kAbiVersion) + ": rebuild it against this wick";
     return e;
   }
-  if (std::string(d.torch_version ? d.torch_version : "?") != TORCH_VERSION) {
-    e.error = std::string("was built with LibTorch ") + (d.torch_version ? d.torch_version : "?") +
-              ", this host has LibTorch " + TORCH_VERSION + ": rebuild it against this wick";
+  const std::string torch = loaded_string(d.torch_version).value_or("?");
+  if (torch != TORCH_VERSION) {
+    e.error = "was built with LibTorch " + torch + ", this host has LibTorch " + TORCH_VERSION +
+              ": rebuild it against this wick";
     return e;
   }
   if (auto problem = schema_problem(d); !problem.empty()) {
@@ -191,8 +408,17 @@ PluginEntry Registry::load(const fs::path& file) const {
   return e;
 }
 
+std::vector<PluginEntry> Registry::load_all(const std::vector<fs::path>& files) const {
+  const auto verdict = trial_load(files, [this](const fs::path& f) { load(f); });
+  std::vector<PluginEntry> out;
+  for (std::size_t i = 0; i < files.size(); ++i)
+    out.push_back(verdict[i].empty() ? load(files[i]) : unusable(files[i], verdict[i]));
+  return out;
+}
+
 Registry::Registry(std::vector<fs::path> search_path) : search_path_(std::move(search_path)) {
   std::set<fs::path> seen_dirs, seen_files;
+  std::vector<fs::path> found;
   for (const auto& dir : search_path_) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) continue;
@@ -203,7 +429,19 @@ Registry::Registry(std::vector<fs::path> search_path) : search_path_(std::move(s
       if (f.path().extension() == ".so") files.push_back(f.path());
     std::sort(files.begin(), files.end());
     for (const auto& f : files)
-      if (seen_files.insert(fs::canonical(f, ec)).second) entries_.push_back(load(f));
+      if (seen_files.insert(fs::canonical(f, ec)).second) found.push_back(f);
+  }
+  entries_ = load_all(found);
+  // A name given twice is refused by find(); the listing says so too.
+  for (auto& e : entries_) {
+    if (!e.error.empty()) continue;
+    std::vector<std::string> files;
+    for (const auto& o : entries_)
+      if (o.name == e.name) files.push_back(o.file.string());
+    if (files.size() > 1) {
+      e.error = given_again(files);
+      e.descriptor = nullptr;
+    }
   }
 }
 
@@ -214,7 +452,7 @@ const PluginEntry& Registry::find(const std::string& name_or_path) {
     if (!fs::exists(p, ec)) throw Error("plugin file " + name_or_path + " does not exist");
     auto key = fs::canonical(p).string();
     auto it = by_path_.find(key);
-    if (it == by_path_.end()) it = by_path_.emplace(key, load(p)).first;
+    if (it == by_path_.end()) it = by_path_.emplace(key, std::move(load_all({p}).front())).first;
     if (!it->second.error.empty())
       throw Error("plugin " + name_or_path + " " + it->second.error);
     return it->second;
@@ -222,9 +460,11 @@ const PluginEntry& Registry::find(const std::string& name_or_path) {
   std::vector<const PluginEntry*> matches;
   for (const auto& e : entries_)
     if (e.name == name_or_path) matches.push_back(&e);
-  if (matches.size() > 1)
-    throw Error("plugin '" + name_or_path + "' is given twice: " + matches[0]->file.string() +
-                " and " + matches[1]->file.string() + " (remove one from the plugin path)");
+  if (matches.size() > 1) {
+    std::vector<std::string> files;
+    for (const auto* m : matches) files.push_back(m->file.string());
+    throw Error("plugin '" + name_or_path + "' " + given_again(files));
+  }
   if (matches.empty()) {
     std::vector<std::string> known;
     for (const auto& e : entries_)

@@ -50,6 +50,9 @@ class Registry {
 
  private:
   PluginEntry load(const std::filesystem::path& file) const;
+  /// Loads each file after a child process has loaded it without crashing or
+  /// stalling; a file that failed there is unusable, and not loaded here.
+  std::vector<PluginEntry> load_all(const std::vector<std::filesystem::path>& files) const;
   std::vector<std::filesystem::path> search_path_;
   std::vector<PluginEntry> entries_;
   std::map<std::string, PluginEntry> by_path_;  // plugins named by path in recipes

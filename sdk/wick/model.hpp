@@ -21,6 +21,8 @@ namespace wick {
 using Batch = std::map<std::string, at::Tensor>;
 
 /// Sampling settings for Model::generate.
+/// The host checks every value before a model sees it; a model refuses a
+/// max_new_tokens its context cannot hold.
 struct GenerateOptions {
   std::int64_t max_new_tokens = 32;
   double temperature = 0;   ///< 0: greedy
@@ -28,6 +30,8 @@ struct GenerateOptions {
   double top_p = 1.0;       ///< nucleus: smallest set of tokens whose probability reaches top_p
   std::int64_t eos_id = -1; ///< stop after this token (-1: never)
   std::uint64_t seed = 0;
+  /// Optional: called with each new token as soon as it is chosen (streaming).
+  std::function<void(std::int64_t)> on_token;
 };
 
 struct ForwardResult {

@@ -54,7 +54,8 @@
 /// ABI versions (WICK_ABI_VERSION): 6 added the descriptor's `makes` (the
 /// object kind the factory builds: optimizer, schedule or transform for an
 /// optim plugin), checked against what the factory returns; make_descriptor
-/// left the public API (wick::plugin<T> is the one builder). 5 made Model a small core (forward,
+/// left the public API (wick::plugin<T> is the one builder); GenerateOptions
+/// gained on_token (tokens streamed as they are chosen). 5 made Model a small core (forward,
 /// count_items, item_name, blocks, run_block) with capabilities found by
 /// capability<C>(); targets() went; block checkpointing state left Model
 /// for a host-side BlockRunner; one builder, wick::plugin<T>, takes the kind

@@ -109,6 +109,8 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   }
   if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");
   c.eps = j.number("rms_norm_eps", 1e-6, 0);
+  // the context; absent, transformers' default for the family
+  c.max_positions = j.integer("max_position_embeddings", type == "qwen2" ? 32768 : 2048, 1, kMax);
   c.tie = j.flag("tie_word_embeddings", false);
   c.qkv_bias = type == "qwen2" ? true : j.flag("attention_bias", false);
   if (j.string("hidden_act", "silu") != "silu") j.bad("hidden_act", "silu");
@@ -164,7 +166,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_theta", c.rope_theta},
                       {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
                       {"tie_word_embeddings", c.tie},
-                      {"max_position_embeddings", 4096},
+                      {"max_position_embeddings", c.max_positions},
                       {"torch_dtype", "float32"}};
   if (!qwen) j["attention_bias"] = c.qkv_bias;
   return j;

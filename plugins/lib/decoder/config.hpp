@@ -19,6 +19,9 @@ struct Config {
   std::string family = "llama";
   std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
   double rope_theta = 10000, eps = 1e-6;
+  /// The context (max_position_embeddings): positions a prompt and its
+  /// continuation may use together.
+  std::int64_t max_positions = 4096;
   bool tie = false, qkv_bias = false;
 };
 

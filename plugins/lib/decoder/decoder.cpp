@@ -174,7 +174,17 @@ wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& label
   return r;
 }
 
-std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g) {
+std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
+                                                        const std::string& who) {
+  // Positions beyond the context are ones the model never learned: refused,
+  // not generated (transformers only warns). This also bounds the key/value cache.
+  const std::int64_t prompt = embeds.size(1), context = c_.max_positions;
+  if (g.max_new_tokens > context - prompt)
+    throw wick::Error(who + ": generate: a prompt of " + std::to_string(prompt) + " tokens and max_new_tokens=" +
+                      std::to_string(g.max_new_tokens) + " exceed the model's context of " + std::to_string(context) +
+                      " positions (max_position_embeddings), expected " +
+                      (prompt < context ? "max_new_tokens <= " + std::to_string(context - prompt)
+                                        : "a prompt shorter than " + std::to_string(context) + " tokens"));
   at::NoGradGuard no_grad;
   const auto dev = device();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(g.seed);
@@ -187,6 +197,7 @@ std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds
     offset += x.size(1);
     const std::int64_t next = pick_token(l, g, gen);
     out.push_back(next);
+    if (g.on_token) g.on_token(next);
     if (next == g.eos_id) break;
     x = embed(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(dev)));
   }
@@ -201,7 +212,7 @@ std::vector<std::int64_t> Decoder::generate(const std::vector<std::int64_t>& pro
       throw wick::Error(who + ": prompt token " + std::to_string(t) + " is outside the vocabulary of " +
                         std::to_string(c_.vocab));
   at::NoGradGuard no_grad;
-  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g);
+  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g, who);
 }
 
 std::vector<std::string> Decoder::blocks() const {

@@ -134,7 +134,9 @@ class Decoder {
 
   /// Continues from input embeddings [1, T, hidden] (a prompt, maybe with
   /// visual tokens), then one token id at a time, with a key/value cache.
-  std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g);
+  /// Refuses a prompt and max_new_tokens beyond the context (`who` names the model).
+  std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
+                                                 const std::string& who);
   std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g,
                                      const std::string& who);
 

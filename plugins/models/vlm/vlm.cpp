@@ -321,7 +321,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       at::NoGradGuard no_grad;
       const auto pos = image_positions(b["input_ids"]);
       at::Tensor emb = merged_embeds(b["input_ids"], pos, visual_tokens(b));
-      out = dec_->generate_from_embeds(emb, g);
+      out = dec_->generate_from_embeds(emb, g, kWho);
     }
     train(was_training);
     return out;

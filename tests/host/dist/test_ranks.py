@@ -244,3 +244,64 @@ def test_fp16_overflow_on_one_rank_only_makes_every_rank_skip_that_step(tmp_path
     q = run_wick("run", r, f"data={tmp_path / 'data.safetensors'}", "micro=8", "acc=1", f"result={one}")
     assert q.stdout.split(" skipped ")[1].strip() == lines["rank 0"]
     assert_same_weights(many, one, rtol=5e-3)  # fp16 rounding of differently split sums
+
+
+def test_a_lone_rank_says_at_once_whom_it_waits_for_and_where(tmp_path, recipe):
+    port = free_port()
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+           "WICK_DIST_TIMEOUT": "8"}
+    t0 = time.monotonic()
+    p = subprocess.Popen([WICK, "run", str(recipe), "size=16", "micro=2", "acc=1", f"result={tmp_path / 'x'}"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stderr.readline()  # the notice comes while the rank still waits
+    waited = time.monotonic() - t0
+    assert p.poll() is None, "said while waiting, not only in the final error"
+    assert waited < 5, f"the first notice came after {waited:.1f} s"
+    assert f"wick: rank 0 of 3: waiting for ranks 1-2 at 127.0.0.1:{port} (torchrun-style variables)" in first, first
+    assert "gives up after 8 s, WICK_DIST_TIMEOUT" in first, first
+    rest = p.communicate(timeout=60)[1]
+    assert p.returncode == 1
+    assert "timed out after 8 s: ranks 1-2 never arrived" in rest, rest
+
+
+# Rank 0 waits in a child process that ignores SIGTERM, and left one running in
+# the background; rank 1 left one in the background too, then gave up.
+ORPHANS = """
+local rank = tonumber(os.getenv("RANK"))
+local tag = wick_tag
+os.execute("(trap '' TERM; exec sleep " .. tag .. rank .. ") &")
+if rank == 1 then error("rank 1 gives up") end
+os.execute("trap '' TERM; sleep " .. tag .. "9")
+"""
+
+
+def sleepers(tag):
+    """The processes whose command line is `sleep <tag>...`, by reading /proc."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if len(args) >= 2 and args[0].endswith(b"sleep") and args[1].startswith(tag.encode()):
+            found.append(int(pid))
+    return found
+
+
+def test_stopping_the_ranks_stops_every_process_they_started(tmp_path):
+    tag = f"{1000 + os.getpid() % 1000}.{int(time.time()) % 1000}"  # sleep's seconds, unique to this test run
+    r = tmp_path / "orphans.lua"
+    r.write_text(ORPHANS.replace("wick_tag", repr(tag)))
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(r)], capture_output=True, text=True, timeout=120)
+    try:
+        assert p.returncode == 1
+        assert "rank 1 exited with code 1; the other ranks were stopped" in p.stderr, p.stderr
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.5)
+        assert sleepers(tag) == [], "a process a rank started outlived the launcher"
+    finally:
+        for pid in sleepers(tag):
+            os.kill(pid, signal.SIGKILL)

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <set>
 
 #include "../../test_util.hpp"
 #include "wick/model.hpp"
@@ -92,6 +94,63 @@ TEST(Registry, ListsLibrariesThatAreNotPluginsAsUnusable) {
   EXPECT_TRUE(seen);
 }
 
+// What `wick_plugin` points at is checked before anything is read through it:
+// an int, a function, a null pointer or a pointer into code is refused, named.
+TEST(Registry, RefusesAWickPluginSymbolThatIsNotADescriptor) {
+  auto r = test_registry();
+  const std::map<std::string, std::string> want = {
+      {"test_int_alias.so", "as a 4-byte object, not a 8-byte pointer"},
+      {"test_function_alias.so", "as a function"},
+      {"test_null_alias.so", "points to nothing (a null pointer)"},
+      {"test_code_alias.so", "points into code"}};
+  std::set<std::string> seen;
+  for (const auto& e : r.entries()) {
+    auto it = want.find(e.file.filename().string());
+    if (it == want.end()) continue;
+    seen.insert(it->first);
+    EXPECT_EQ(e.descriptor, nullptr) << it->first;
+    EXPECT_THAT(e.error, HasSubstr(it->second)) << it->first;
+    EXPECT_THAT(e.error, HasSubstr("WICK_PLUGIN(...) exports it as a pointer to the plugin's descriptor"));
+    const auto msg = test::error_of([&] { r.find(e.name); });
+    EXPECT_THAT(msg, HasSubstr(it->first));
+    EXPECT_THAT(msg, HasSubstr(it->second));
+  }
+  EXPECT_EQ(seen.size(), want.size());
+}
+
+// A library whose static initialisation aborts is loaded in a child process
+// first: this process survives, and the library is listed as unusable.
+TEST(Registry, SurvivesALibraryThatAbortsWhileLoading) {
+  auto r = test_registry();
+  bool seen = false;
+  for (const auto& e : r.entries())
+    if (e.file.filename() == "test_aborts.so") {
+      seen = true;
+      EXPECT_EQ(e.library, nullptr) << "never loaded by this process";
+      EXPECT_THAT(e.error, HasSubstr("was killed by SIGABRT"));
+      EXPECT_THAT(e.error, HasSubstr("static initialisation"));
+    }
+  EXPECT_TRUE(seen);
+  // the other test plugins are still there
+  EXPECT_NE(r.find("throws").descriptor, nullptr);
+  // and named by path, too
+  const auto msg = test::error_of([&] { r.find((test::test_plugin_dir() / "test_aborts.so").string()); });
+  EXPECT_THAT(msg, HasSubstr("was killed by SIGABRT"));
+}
+
+// dlopen's own reason, not boost's error code ("Bad file descriptor").
+TEST(Registry, SaysWhyALibraryCannotBeLoaded) {
+  test::TempDir d;
+  { std::ofstream(d.path / "junk.so") << "not an ELF file"; }
+  Registry r({d.path});
+  ASSERT_EQ(r.entries().size(), 1u);
+  const auto& e = r.entries()[0];
+  EXPECT_THAT(e.error, HasSubstr("cannot be loaded: "));
+  EXPECT_THAT(e.error, ::testing::Not(HasSubstr("Bad file descriptor")));
+  EXPECT_THAT(e.error, ::testing::AnyOf(HasSubstr("invalid ELF header"), HasSubstr("file too short")));
+  EXPECT_THAT(e.error, ::testing::Not(HasSubstr((d.path / "junk.so").string()))) << "the file is named once, by the caller";
+}
+
 TEST(Registry, UnknownNameListsTheKnownOnes) {
   const auto msg = test::error_of([&] { registry().find("mpl"); });
   EXPECT_THAT(msg, HasSubstr("unknown plugin 'mpl'"));
@@ -109,6 +168,13 @@ TEST(Registry, ANameGivenTwiceIsAnErrorNamingBothFiles) {
   EXPECT_THAT(msg, HasSubstr("given twice"));
   EXPECT_THAT(msg, HasSubstr((a.path / "mlp.so").string()));
   EXPECT_THAT(msg, HasSubstr((b.path / "mlp.so").string()));
+  // the listing says so as well: both entries are unusable, naming both files
+  ASSERT_EQ(r.entries().size(), 2u);
+  for (const auto& e : r.entries()) {
+    EXPECT_EQ(e.descriptor, nullptr);
+    EXPECT_THAT(e.error, HasSubstr("is given twice"));
+    EXPECT_THAT(e.error, HasSubstr((a.path / "mlp.so").string()));
+  }
 }
 
 // Two plugin folders, searched in the order given: every plugin of the first
