@@ -69,7 +69,7 @@ const OptionSchema& generate_schema() {
           .at_least(0),
       opt_float("temperature", 0.0, "0: greedy; above 0: sample from the logits divided by it").at_least(0),
       opt_int("top_k", 0, "sample among the k likeliest tokens (0: all)").at_least(0),
-      opt_float("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p").range(0, 1),
+      opt_float("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p, in (0, 1]"),
       opt_int("eos_id", -1, "stop after this token (-1: never)").at_least(-1),
       opt_int("seed", 0, "the sampling seed").at_least(0),
       opt_string("on_token", Value(), "a function called with each new token as it is chosen").optional(),
@@ -127,7 +127,8 @@ int model_generate(lua_State* L) {
     if (!std::isfinite(g.temperature))
       throw Error("generate: option 'temperature': expected a finite number >= 0, got number " +
                   Value(g.temperature).repr());
-    if (g.top_p <= 0) throw Error("generate: option 'top_p': expected a value in (0, 1], got number 0");
+    if (!(g.top_p > 0 && g.top_p <= 1))
+      throw Error("generate: option 'top_p': expected a value in (0, 1], got number " + Value(g.top_p).repr());
   }
   if (on_token != LUA_NOREF) {
     g.on_token = [L, ref = on_token](std::int64_t id) {

@@ -154,6 +154,28 @@ describe("language model recipe", function()
   end)
 end)
 
+describe("generate", function()
+  it("on_token sees each token as it is chosen, the same ids generate returns, sampled or greedy", function()
+    local code, out, err = H.recipe(dir, "generate.lua", [[
+local wick = require "wick"
+local m = wick.model("decoder_lm", { vocab_size = 32, hidden_size = 16, intermediate_size = 32, layers = 1, heads = 2 })
+for _, o in ipairs({ { max_new_tokens = 12 }, { max_new_tokens = 12, temperature = 0.9, top_k = 8, top_p = 0.9, seed = 5 } }) do
+  local seen = {}
+  o.on_token = function(id) seen[#seen + 1] = id end
+  local ids = m:generate({ 1, 2, 3 }, o)
+  assert(#ids == 12 and #seen == 12, #ids .. " ids, " .. #seen .. " seen")
+  for i = 1, #ids do assert(ids[i] == seen[i], "token " .. i .. " differs") end
+  o.on_token = nil
+  local again = m:generate({ 1, 2, 3 }, o)
+  for i = 1, #ids do assert(ids[i] == again[i], "without on_token, token " .. i .. " differs") end
+end
+print("same")
+]])
+    assert.are.equal(0, code, err)
+    assert.are.equal("same\n", out)
+  end)
+end)
+
 describe("vision recipes", function()
   -- the video recipe in a small setting that learns in about a minute on two
   -- cores: 200 clips per class at 64x48, two frames, a one-layer ViT of width 32
