@@ -20,13 +20,13 @@ using ::testing::HasSubstr;
 namespace wick {
 namespace {
 
-std::shared_ptr<Model> decoder(std::int64_t chunk, bool tie, const std::string& model = "decoder_lm") {
+std::shared_ptr<Model> decoder(std::int64_t chunk, bool tie, const std::string& dtype = "fp32") {
   at::manual_seed(0);
   std::map<std::string, Value> o = {{"vocab_size", Value(std::int64_t{300})}, {"hidden_size", Value(std::int64_t{32})},
                                     {"intermediate_size", Value(std::int64_t{64})}, {"layers", Value(std::int64_t{2})},
                                     {"heads", Value(std::int64_t{4})},           {"tie_embeddings", Value(tie)},
-                                    {"loss_chunk", Value(chunk)}};
-  return test::make<Model>(model, PluginKind::Model, o);
+                                    {"loss_chunk", Value(chunk)},                 {"dtype", Value(dtype)}};
+  return test::make<Model>("decoder_lm", PluginKind::Model, o);
 }
 
 // to's parameters and buffers := from's (same names)
@@ -139,6 +139,17 @@ TEST(ChunkedLoss, UnderBf16AutocastMatchesThePlainPathUnderTheSameAutocast) {
     const Outcome f = run(*chunked, b, false);
     EXPECT_NE(f.r.loss_sum.item<double>(), c.r.loss_sum.item<double>());
   }
+}
+
+// bf16 weights (bf16-true): the head's gradient is accumulated over the
+// chunks in bf16, its own dtype, where the plain path rounds one product.
+TEST(ChunkedLoss, WithBf16WeightsMatchesThePlainPath) {
+  auto plain = decoder(0, false, "bf16"), chunked = decoder(8, false, "bf16");
+  copy_state(*plain, *chunked);
+  const Batch b = batch();
+  const Outcome p = run(*plain, b), c = run(*chunked, b);
+  EXPECT_EQ(c.grads.at("lm_head.weight").scalar_type(), at::kBFloat16);
+  expect_close(p, c, 1e-3, 1e-2);  // measured: the head within one bf16 step (5e-3), the rest equal
 }
 
 TEST(ChunkedLoss, WithActivationCheckpointingEqualsThePlainPath) {
