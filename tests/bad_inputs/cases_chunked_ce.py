@@ -35,7 +35,20 @@ wick.train {{ model = model, data = data, optim = wick.optim('sgd', {{ lr = 0.1 
                 setup=setup, may_write=["out", "out/**", "runs", "runs/**"])
 
 
+def option_case(name, model, value, message):
+    def setup(d):
+        (d / "recipe.lua").write_text(f"""local wick = require 'wick'
+local model = wick.model('{model}', {{ vocab_size = 300, hidden_size = 16, intermediate_size = 32, layers = 1,
+  heads = 2, loss_chunk = {value} }})
+""")
+    return Case(name, ["run", "recipe.lua"], message, setup=setup)
+
+
 CASES = [
+    option_case("negative loss_chunk", "decoder_lm", -1,
+                r"recipe\.lua:2: model 'decoder_lm': option 'loss_chunk': expected a value >= 0, got integer -1"),
+    option_case("fractional loss_chunk", "vlm", 2.5,
+                r"recipe\.lua:2: model 'vlm': option 'loss_chunk': expected integer, got number 2\.5"),
     labels_case("label past the vocabulary, chunked head", 256, 4),
     labels_case("label past the vocabulary, whole logits", 300, 0),
     labels_case("negative label other than -100", -5, 1024),
