@@ -3,6 +3,9 @@
 #include <wick/kit/safetensors.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdio>
 #include <fstream>
@@ -114,6 +117,110 @@ void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const st
                where.c_str(), head.c_str(), embed.c_str());
 }
 
+wick::OptionSchema loss_options() {
+  return {wick::opt_int("loss_chunk", kDefaultLossChunk,
+                        "tokens per chunk of the output head and cross-entropy in training: each chunk's logits are "
+                        "made, used and dropped, and made again in backward, so the [tokens, vocab] logits and their "
+                        "gradient never exist whole (0: the whole logits at once, as transformers does)")
+              .at_least(0)};
+}
+
+namespace {
+
+// The dtype the head's product runs in: autocast's for h's device when it is
+// on (at::linear would be cast to it), else the weight's.
+at::ScalarType head_dtype(const at::Tensor& h, const at::Tensor& w) {
+  const auto type = h.device().type();
+  if (at::isFloatingType(w.scalar_type()) && w.scalar_type() != at::kDouble && at::autocast::is_autocast_enabled(type))
+    return at::autocast::get_autocast_dtype(type);
+  return w.scalar_type();
+}
+
+// The rows [s, s + n) with at least one label that counts, as chunk starts.
+std::vector<std::pair<std::int64_t, std::int64_t>> live_chunks(const at::Tensor& labels_cpu, std::int64_t chunk) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const auto N = labels_cpu.size(0);
+  const auto* y = labels_cpu.data_ptr<std::int64_t>();
+  for (std::int64_t s = 0; s < N; s += chunk) {
+    const auto n = std::min(chunk, N - s);
+    for (std::int64_t i = s; i < s + n; ++i)
+      if (y[i] != kIgnore) {
+        out.emplace_back(s, n);
+        break;
+      }
+  }
+  return out;
+}
+
+struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
+  // h [N, H], w [V, H], y [N] (int64, on h's device), y_cpu: the same on the CPU
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                                                const at::Tensor& w, const at::Tensor& y, const at::Tensor& y_cpu,
+                                                std::int64_t chunk) {
+    const at::ScalarType dt = head_dtype(h, w);
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // the casts are explicit
+    const auto fopt = h.options().dtype(at::kFloat);
+    at::Tensor loss = at::zeros({}, fopt), right = at::zeros({}, y.options());
+    at::Tensor lse = at::zeros({h.size(0)}, fopt);  // log-sum-exp per row: backward's softmax without a second reduction
+    const at::Tensor wc = w.to(dt);
+    for (const auto& [s, n] : live_chunks(y_cpu, chunk)) {
+      const at::Tensor yc = y.narrow(0, s, n), keep = yc.ne(kIgnore);
+      const at::Tensor logits = at::mm(h.narrow(0, s, n).to(dt), wc.t()).to(at::kFloat);
+      const at::Tensor l = at::logsumexp(logits, {1});
+      lse.narrow(0, s, n).copy_(l);
+      const at::Tensor target = logits.gather(1, yc.masked_fill(keep.logical_not(), 0).unsqueeze(1)).squeeze(1);
+      loss.add_(at::where(keep, l - target, at::zeros({}, fopt)).sum());
+      right.add_(logits.argmax(1).eq(yc).logical_and(keep).sum());
+    }
+    ctx->save_for_backward({h, w, y, y_cpu, lse});
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["dtype"] = static_cast<std::int64_t>(dt);
+    ctx->mark_non_differentiable({right});
+    return {loss, right};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &w = saved[1], &y = saved[2], &y_cpu = saved[3], &lse = saved[4];
+    const auto chunk = ctx->saved_data["chunk"].toInt();
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    at::Tensor gh = want_h ? at::zeros_like(h) : at::Tensor(), gw = want_w ? at::zeros_like(w) : at::Tensor();
+    if (!grads[0].defined() || (!want_h && !want_w)) return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor g = grads[0].to(at::kFloat);
+    const at::Tensor wc = w.to(dt);
+    for (const auto& [s, n] : live_chunks(y_cpu, chunk)) {
+      const at::Tensor yc = y.narrow(0, s, n), drop = yc.eq(kIgnore).unsqueeze(1);
+      const at::Tensor hc = h.narrow(0, s, n).to(dt);
+      // d loss / d logits = (softmax - one_hot(label)) * g on the rows that count
+      at::Tensor p = at::mm(hc, wc.t()).to(at::kFloat);
+      p.sub_(lse.narrow(0, s, n).unsqueeze(1)).exp_();
+      p.scatter_add_(1, yc.masked_fill(drop.squeeze(1), 0).unsqueeze(1), drop.logical_not().to(at::kFloat).neg());
+      p.mul_(g).masked_fill_(drop, 0);
+      const at::Tensor pc = p.to(dt);
+      p = at::Tensor();
+      if (want_h) gh.narrow(0, s, n).copy_(at::mm(pc, wc));
+      if (want_w) {
+        if (gw.scalar_type() == dt) gw.addmm_(pc.t(), hc);
+        else gw.add_(at::mm(pc.t(), hc));
+      }
+    }
+    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+                                                    std::int64_t chunk) {
+  if (chunk <= 0) throw wick::Error("chunked_head_loss: chunk " + std::to_string(chunk) + ", expected a positive count");
+  const at::Tensor y = labels.to(at::kLong).contiguous();
+  auto out = ChunkedHeadLoss::apply(h, w, y, y.cpu(), chunk);
+  return {out[0], out[1]};
+}
+
 std::int64_t pick_token(const at::Tensor& l, const wick::GenerateOptions& g, at::Generator& gen) {
   if (g.temperature <= 0) return l.argmax().item<std::int64_t>();
   at::Tensor p = at::softmax(l / g.temperature, -1);
@@ -171,6 +278,27 @@ wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& label
   r.loss_sum = at::cross_entropy_loss(l, y, {}, at::Reduction::Sum, kIgnore);
   r.items = y.ne(kIgnore).sum().item<std::int64_t>();
   r.metrics["accuracy"] = l.argmax(-1).eq(y).logical_and(y.ne(kIgnore)).sum();
+  return r;
+}
+
+wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Tensor& labels) {
+  at::Tensor y = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});
+  const at::Tensor y_cpu = y.to(at::kCPU, at::kLong).contiguous();
+  // a label the head cannot score fails here, in words, before any kernel (a GPU would assert)
+  const at::Tensor bad = y_cpu.ne(kIgnore).logical_and(y_cpu.lt(0).logical_or(y_cpu.ge(c_.vocab)));
+  if (bad.any().item<bool>()) {
+    const auto v = y_cpu.masked_select(bad)[0].item<std::int64_t>();
+    throw wick::Error("labels: " + std::to_string(v) + " is outside the vocabulary of " + std::to_string(c_.vocab) +
+                      ", expected -100 (ignored) or 0.." + std::to_string(c_.vocab - 1));
+  }
+  if (loss_chunk_ <= 0) return loss(head(h), labels);
+  const auto H = h.size(-1);
+  at::Tensor x = h.narrow(1, 0, h.size(1) - 1).reshape({-1, H});
+  auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk_);
+  wick::ForwardResult r;
+  r.loss_sum = sum;
+  r.items = y_cpu.ne(kIgnore).sum().item<std::int64_t>();
+  r.metrics["accuracy"] = right;
   return r;
 }
 

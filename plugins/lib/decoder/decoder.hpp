@@ -97,6 +97,22 @@ wick::NamedTensorList read_folder(const std::filesystem::path& dir, const std::s
 void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const std::string& embed,
                        const std::string& head, const std::string& where);
 
+/// The model options of the loss (decoder_lm's and vlm's): loss_chunk.
+wick::OptionSchema loss_options();
+constexpr std::int64_t kDefaultLossChunk = 1024;
+
+/// The output head and the summed cross-entropy over token rows, `chunk`
+/// rows at a time, in one autograd function that keeps only its inputs and
+/// one log-sum-exp per row and recomputes each chunk's logits in backward:
+/// [tokens, vocab] logits (and their gradient) never exist whole. h [N,
+/// hidden], w [vocab, hidden] (the head's weight, or the tied embedding),
+/// labels [N] (kIgnore: no loss). Computes in autocast's dtype when autocast
+/// is on for h's device (as at::linear would), the softmax in fp32. Returns
+/// the loss sum (fp32, differentiable in h and w) and the number of rows
+/// whose argmax is the label (the accuracy's numerator).
+std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
+                                                    std::int64_t chunk);
+
 /// Sampling of the next token from the last position's logits (greedy when
 /// temperature is 0).
 std::int64_t pick_token(const at::Tensor& logits, const wick::GenerateOptions& g, at::Generator& gen);
@@ -131,6 +147,15 @@ class Decoder {
   /// Summed cross-entropy of logits [B, T, V] against labels [B, T] shifted by
   /// one (Hugging Face's convention), items, and the number right.
   static wick::ForwardResult loss(const at::Tensor& logits, const at::Tensor& labels);
+  /// The same from the final hidden states [B, T, hidden] (hidden()): the
+  /// head and the loss in chunks of loss_chunk() tokens (chunked_head_loss),
+  /// or through the whole logits when it is 0.
+  wick::ForwardResult loss_from_hidden(const at::Tensor& h, const at::Tensor& labels);
+  /// Tokens per chunk of the head and loss (the `loss_chunk` option; 0: whole).
+  void set_loss_chunk(std::int64_t n) { loss_chunk_ = n; }
+  std::int64_t loss_chunk() const { return loss_chunk_; }
+  /// The output head's weight [vocab, hidden]: lm_head's, or the embedding when tied.
+  at::Tensor head_weight() const { return c_.tie ? body->embed_tokens->weight : lm_head->weight; }
 
   /// Continues from input embeddings [1, T, hidden] (a prompt, maybe with
   /// visual tokens), then one token id at a time, with a key/value cache.
@@ -156,6 +181,7 @@ class Decoder {
   Config c_;
   std::string prefix_;
   at::Tensor inv_freq_;
+  std::int64_t loss_chunk_ = kDefaultLossChunk;
 };
 
 }  // namespace wick::decoder

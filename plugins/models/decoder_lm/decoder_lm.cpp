@@ -50,6 +50,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
       wick::load_state(*this, weights, dir.string(), dec_->ignored_on_load());
       weights.clear();
     }
+    dec_->set_loss_chunk(o.get_int("loss_chunk"));
     const std::string dtype = o.get_string("dtype");
     if (dtype == "bf16") to(at::kBFloat16);
     else if (dtype == "fp16") to(at::kHalf);
@@ -66,7 +67,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
-    return dec::Decoder::loss(dec_->logits(b.at("input_ids"), this), labels_of(b));
+    return dec_->loss_from_hidden(dec_->hidden(dec_->embed(b.at("input_ids")), this), labels_of(b));
   }
 
   at::Tensor predict(const wick::Batch& b) override { return dec_->logits(b.at("input_ids"), this); }
@@ -101,6 +102,7 @@ wick::OptionSchema schema() {
                               .optional()};
   for (auto& o : dec::size_options()) s.push_back(o);
   s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  for (auto& o : dec::loss_options()) s.push_back(o);
   return s;
 }
 

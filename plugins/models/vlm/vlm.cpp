@@ -145,6 +145,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     }
     if (o.get_bool("freeze_projector"))
       for (auto& p : projector_->parameters()) p.set_requires_grad(false);
+    dec_->set_loss_chunk(o.get_int("loss_chunk"));
     const std::string dtype = o.get_string("dtype");
     if (dtype == "bf16") to(at::kBFloat16);
     else if (dtype == "fp16") to(at::kHalf);
@@ -270,7 +271,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return l.narrow(1, 1, l.size(1) - 1).ne(dec::kIgnore).sum().item<std::int64_t>();
   }
 
-  at::Tensor logits(const wick::Batch& b, std::vector<std::int64_t>* pos_out = nullptr) {
+  // The language model's final hidden states over the merged sequence.
+  at::Tensor hidden_states(const wick::Batch& b, std::vector<std::int64_t>* pos_out = nullptr) {
     const at::Tensor& ids = b.at("input_ids");
     auto pos = image_positions(ids);
     at::Tensor feats = visual_tokens(b);
@@ -278,17 +280,17 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       throw wick::Error(std::string(kWho) + ": " + str(feats.size(0)) + " pictures for " + str(ids.size(0)) +
                         " token rows");
     if (pos_out) *pos_out = pos;
-    return dec_->logits_from_embeds(merged_embeds(ids, pos, feats), this);
+    return dec_->hidden(merged_embeds(ids, pos, feats), this);
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
     std::vector<std::int64_t> pos;
-    at::Tensor out = logits(b, &pos);
-    const auto V = out.size(1) - b.at("input_ids").size(1) + 1;
-    return dec::Decoder::loss(out, expand_labels(labels_of(b), pos, V));
+    at::Tensor h = hidden_states(b, &pos);
+    const auto V = h.size(1) - b.at("input_ids").size(1) + 1;
+    return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V));
   }
 
-  at::Tensor predict(const wick::Batch& b) override { return logits(b); }
+  at::Tensor predict(const wick::Batch& b) override { return dec_->head(hidden_states(b)); }
 
   // Text-only generation: the language model alone.
   std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g) override {
@@ -390,6 +392,7 @@ wick::OptionSchema schema() {
   };
   for (auto& o : dec::size_options()) s.push_back(o);
   s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  for (auto& o : dec::loss_options()) s.push_back(o);
   return s;
 }
 
