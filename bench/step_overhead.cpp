@@ -1,7 +1,7 @@
 // The host's cost per optimizer step: the engine's run (what wick.train
 // calls: plugin calls, loader windows, metrics JSONL) against a bare C++ LibTorch loop doing the
 // same forward, backward and AdamW update on the same model and batch size.
-//   build/bin/wick-bench-step [steps]
+//   build/bin/wick-bench-step [steps] [tiny|large]   (one case only: for a profiler)
 #include <ATen/ATen.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 
 #include "plugin/registry.hpp"
@@ -90,7 +91,11 @@ int run(int argc, char** argv) {
     const char* name;
     std::int64_t inputs, hidden, classes;
   } cases[] = {{"mlp 32-64-64-4 (tiny)", 32, 64, 4}, {"mlp 256-1024-1024-10", 256, 1024, 10}};
+  const std::string only = argc > 2 ? argv[2] : "";
+  if (!only.empty() && only != "tiny" && only != "large")
+    throw std::runtime_error("the case '" + only + "' is neither tiny nor large");
   for (const auto& c : cases) {
+    if ((only == "tiny" && c.hidden != 64) || (only == "large" && c.hidden == 64)) continue;
     // Interleaved repeats, best of each: the allocator's and the caches' warm-up
     // would otherwise favour whichever loop runs second.
     double bare = 1e9, w1 = 1e9, w4 = 1e9;
