@@ -98,27 +98,40 @@ void EventWriter::flush() {
 }
 
 void EventWriter::scalars(std::int64_t step, const std::vector<std::pair<std::string, double>>& values,
-                          double wall_time) {
+                          double wall_time, bool flush_now) {
   if (values.empty()) return;
-  tb::Event e;
+  // Steps log the same tags over and over: the message of the last call is
+  // kept and only its numbers change (building it anew costs more than the
+  // step of a small model).
+  bool same = last_scalars_ && last_tags_.size() == values.size();
+  for (std::size_t i = 0; same && i < values.size(); ++i) same = last_tags_[i] == values[i].first;
+  if (!same) {
+    last_scalars_ = std::make_unique<tb::Event>();
+    last_tags_.clear();
+    auto* summary = last_scalars_->mutable_summary();
+    for (const auto& [tag, v] : values) {
+      last_tags_.push_back(tag);
+      auto* val = summary->add_value();
+      val->set_tag(tag);
+      auto* md = val->mutable_metadata();
+      md->mutable_plugin_data()->set_plugin_name("scalars");
+      md->set_data_class(tb::DATA_CLASS_SCALAR);
+      auto* t = val->mutable_tensor();
+      // float32: TensorBoard's data server (what its UI reads through) drops
+      // scalars of any other dtype
+      t->set_dtype(tb::DT_FLOAT);
+      t->mutable_tensor_shape();  // rank 0
+      t->add_float_val(0);
+    }
+  }
+  tb::Event& e = *last_scalars_;
   e.set_wall_time(wall_time);
   e.set_step(step);
   auto* summary = e.mutable_summary();
-  for (const auto& [tag, v] : values) {
-    auto* val = summary->add_value();
-    val->set_tag(tag);
-    auto* md = val->mutable_metadata();
-    md->mutable_plugin_data()->set_plugin_name("scalars");
-    md->set_data_class(tb::DATA_CLASS_SCALAR);
-    auto* t = val->mutable_tensor();
-    // float32: TensorBoard's data server (what its UI reads through) drops
-    // scalars of any other dtype
-    t->set_dtype(tb::DT_FLOAT);
-    t->mutable_tensor_shape();  // rank 0
-    t->add_float_val(static_cast<float>(v));
-  }
+  for (std::size_t i = 0; i < values.size(); ++i)
+    summary->mutable_value(static_cast<int>(i))->mutable_tensor()->set_float_val(0, static_cast<float>(values[i].second));
   write_record(e.SerializeAsString());
-  flush();
+  if (flush_now) flush();
 }
 
 void EventWriter::text(std::int64_t step, const std::string& tag, const std::string& text, double wall_time) {

@@ -5,12 +5,17 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace wick {
+
+namespace tb {
+class Event;  // tensorboard.proto
+}
 
 /// CRC-32C (Castagnoli), and the masked form TFRecord stores:
 /// ((crc >> 15) | (crc << 17)) + 0xa282ead8.
@@ -21,8 +26,9 @@ std::uint32_t masked_crc32c(std::string_view data);
 /// a folder. Scalars are float32 scalar tensors under TensorBoard's scalars
 /// plugin (the only dtype TensorBoard's data server shows; metrics.jsonl keeps
 /// the doubles); text goes to the text plugin.
-/// Every call writes whole records and flushes them: a reader (or a crash)
-/// sees complete steps.
+/// Every call writes whole records and flushes them (scalars: unless told
+/// not to, when the caller flushes a group): a reader (or a crash) sees
+/// complete steps.
 class EventWriter {
  public:
   explicit EventWriter(const std::string& dir);
@@ -30,16 +36,19 @@ class EventWriter {
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
 
-  void scalars(std::int64_t step, const std::vector<std::pair<std::string, double>>& values, double wall_time);
+  void scalars(std::int64_t step, const std::vector<std::pair<std::string, double>>& values, double wall_time,
+               bool flush_now = true);
   void text(std::int64_t step, const std::string& tag, const std::string& text, double wall_time);
   void close();
+  void flush();
   const std::string& path() const { return path_; }
 
  private:
   void write_record(const std::string& bytes);
-  void flush();
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<tb::Event> last_scalars_;  // the last scalars message, reused while the tags stay the same
+  std::vector<std::string> last_tags_;
 };
 
 /// Seconds since the epoch, as TensorBoard's wall_time.

@@ -31,6 +31,9 @@ class Observer {
   /// engine reads numbers from the device every `log_every` steps, or every
   /// step when an observer asks for it (wants_every_step).
   virtual void on_step(const nlohmann::json& record) { (void)record; }
+  /// The end of a group of step records: what an observer buffered goes
+  /// out now (a run log writes its files once per group, not per record).
+  virtual void on_steps_delivered() {}
   /// An evaluation's record (loss, items, metrics, step, "eval": true).
   virtual void on_eval(const nlohmann::json& record) { (void)record; }
   /// The run's end: status, steps, final and best loss, memory breakdown, ...

@@ -112,16 +112,23 @@ void RunLogObserver::on_start(const RunStart& start) {
   events_->text(start.start_step, "options", options_markdown(start.options), t);
 }
 
-void RunLogObserver::record(const nlohmann::json& rec) {
+// A record's line in metrics.jsonl and its scalars in the event file; both
+// files are flushed per group of steps (on_steps_delivered) and per evaluation.
+void RunLogObserver::record(const nlohmann::json& rec, bool flush_now) {
   if (!metrics_) return;
   const std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   std::fwrite(line.data(), 1, line.size(), metrics_);
-  std::fflush(metrics_);
-  events_->scalars(rec.value("step", std::int64_t{0}), scalar_tags(rec), wall_time_now());
+  if (flush_now) std::fflush(metrics_);
+  events_->scalars(rec.value("step", std::int64_t{0}), scalar_tags(rec), wall_time_now(), flush_now);
 }
 
-void RunLogObserver::on_step(const nlohmann::json& rec) { record(rec); }
-void RunLogObserver::on_eval(const nlohmann::json& rec) { record(rec); }
+void RunLogObserver::on_step(const nlohmann::json& rec) { record(rec, false); }
+void RunLogObserver::on_steps_delivered() {
+  if (!metrics_) return;
+  std::fflush(metrics_);
+  events_->flush();
+}
+void RunLogObserver::on_eval(const nlohmann::json& rec) { record(rec, true); }
 
 void RunLogObserver::finish(const nlohmann::json& fields) {
   for (auto it = fields.begin(); it != fields.end(); ++it)

@@ -34,12 +34,13 @@ class RunLogObserver : public Observer {
   ~RunLogObserver() override;
   void on_start(const RunStart& start) override;
   void on_step(const nlohmann::json& record) override;
+  void on_steps_delivered() override;
   void on_eval(const nlohmann::json& record) override;
   void on_end(const nlohmann::json& summary) override;
   void on_failure(const std::string& error, const nlohmann::json& summary) override;
 
  private:
-  void record(const nlohmann::json& rec);
+  void record(const nlohmann::json& rec, bool flush_now);
   void finish(const nlohmann::json& fields);
   std::string dir_;
   nlohmann::json meta_;

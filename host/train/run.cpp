@@ -608,9 +608,10 @@ nlohmann::json run_training(const RunRequest& req) {
       nlohmann::json rec = record_of(p, cuda);
       if (!p.stats.skipped && std::isfinite(p.stats.loss) && (!best || p.stats.loss < *best)) best = p.stats.loss;
       for (auto& o : observers) o->on_step(rec);
-      run["history"].push_back(rec);
-      last = std::move(rec);
+      run["history"].push_back(std::move(rec));
     }
+    if (!pending.empty()) last = run["history"].back();
+    for (auto& o : observers) o->on_steps_delivered();
     pending.clear();
   };
   auto save = [&](const char* why) {

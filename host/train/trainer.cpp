@@ -291,6 +291,18 @@ void Trainer::probe(const Batch& batch) {
   for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
 }
 
+namespace {
+// sum += x, where an undefined sum is zero: a single micro-batch costs no
+// zeros tensor and no addition (each is a dispatch the step would pay).
+void add_to(at::Tensor& sum, const at::Tensor& x) { sum = sum.defined() ? sum + x : x; }
+
+// A model metric as one double on its device: a sum unless it is one already.
+at::Tensor metric_value(const at::Tensor& v) {
+  at::Tensor d = v.detach().to(at::kDouble);
+  return d.numel() == 1 ? d.reshape({}) : d.sum();
+}
+}  // namespace
+
 bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
                          std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message) {
   Group* group = cfg_.group.get();
@@ -342,13 +354,8 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
       if (scaling()) l = l * scale_;
       l.backward();
       if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
-      loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
-      for (auto& [k, v] : r.metrics) {
-        auto x = v.detach().to(at::kDouble).sum();
-        auto it = metric_sums.find(k);
-        if (it == metric_sums.end()) metric_sums.emplace(k, x);
-        else it->second += x;
-      }
+      add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
+      for (auto& [k, v] : r.metrics) add_to(metric_sums[k], metric_value(v));
     }
     if (group && pieces.empty()) reducer_->arm();  // nothing to backpropagate: this rank sends zeros
   } catch (const c10::OutOfMemoryError& e) {
@@ -455,10 +462,10 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
   for (auto& a : all) grads.push_back(a.grad() * static_cast<double>(world));
   all.clear();
   if (!group || group->rank() == 0) {  // the window's loss, counted once over the ranks
-    loss_sum += r.loss_sum.detach().to(at::kDouble).reshape({});
-    for (auto& [k, v] : r.metrics) metric_sums[k] = v.detach().to(at::kDouble).sum();
+    add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
+    for (auto& [k, v] : r.metrics) metric_sums[k] = metric_value(v);
   } else {
-    for (auto& [k, v] : r.metrics) metric_sums[k] = at::zeros({}, loss_sum.options());
+    for (auto& [k, v] : r.metrics) metric_sums[k] = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
   }
   r = ForwardResult();
   // 3. each micro-batch again, with its graph, taking the cached gradients
@@ -531,10 +538,13 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     }
   for (;;) {
     for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
-    loss_sum = at::zeros({}, opts);
+    loss_sum = at::Tensor();  // zero until a micro-batch adds to it
     metric_sums.clear();
     std::string oom;
-    if (run_window(window, s, loss_sum, metric_sums, oom)) break;
+    if (run_window(window, s, loss_sum, metric_sums, oom)) {
+      if (!loss_sum.defined()) loss_sum = at::zeros({}, opts);  // no micro-batch here (a rank without data)
+      break;
+    }
     // Out of memory here or on another rank: free what the attempt held,
     // split every micro-batch in two and redo the window from its start.
     for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
@@ -656,9 +666,9 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   ++step_;
   s.step = step_;
   // The numbers stay on the device until resolve(): one read for many steps.
-  std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}),
-                                grad_norm.defined() ? grad_norm : at::zeros({1}, opts),
-                                scale_used.defined() ? scale_used : at::zeros({1}, opts)};
+  if (!zero_.defined() || zero_.device() != device) zero_ = at::zeros({1}, opts);
+  std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}), grad_norm.defined() ? grad_norm : zero_,
+                                scale_used.defined() ? scale_used : zero_};
   for (auto& [k, v] : metric_sums) {
     s.pending_metrics.push_back(k);
     parts.push_back(v.to(at::kDouble).reshape({1}));

@@ -170,6 +170,7 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;
   std::vector<std::string> metric_names_;  // seen so far, summed over ranks in this order
   at::Tensor scale_, growth_tracker_;       // fp16 loss scaling (float32 and int32, on the device)
+  at::Tensor zero_;                         // [0.0] in double on the device: a figure a step lacks (read only)
   std::int64_t skipped_ = 0;
   std::int64_t split_ = 1;
   std::int64_t host_reads_ = 0;
