@@ -338,7 +338,10 @@ int core_evaluate(lua_State* L) {
   auto d = check_data(L, 2, "evaluate");
   const auto micro = static_cast<std::int64_t>(luaL_optnumber(L, 3, 32));
   const std::string device = lua_isstring(L, 4) ? lua_tostring(L, 4) : "cpu";
-  EvalStats s = evaluate(*m, d, micro, device);
+  EvalConfig ec;
+  ec.micro_batch = micro;
+  ec.device = device;
+  EvalStats s = evaluate(*m, d, ec);
   lua_createtable(L, 0, 4);
   set_number(L, "loss", s.loss);
   set_number(L, "items", static_cast<double>(s.items));

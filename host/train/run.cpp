@@ -523,8 +523,8 @@ nlohmann::json run_training(const RunRequest& req) {
                   "passes each)",
                   L.c_str(), world));
   if (r.micro_auto) std::tie(r.micro_batch, r.accumulate) = fit_micro_batch(trainer, r, per_rank_batch, r.o.get_int("batch_size"));
-  const std::int64_t eval_micro = r.o.has("eval_micro_batch") ? r.o.get_int("eval_micro_batch")
-                                                              : (r.micro_auto ? r.micro_batch : r.micro_batch * r.accumulate);
+  // evaluation holds no gradients, but runs the training micro-batch unless told
+  const std::int64_t eval_micro = r.o.has("eval_micro_batch") ? r.o.get_int("eval_micro_batch") : r.micro_batch;
   Loader loader(r.obj.data, loader_config(r.micro_batch, r.accumulate));
   Group* group = trainer.group();
   const std::int64_t coll0 = group ? group->collectives() : 0, bytes0 = group ? group->bytes() : 0;
@@ -628,8 +628,14 @@ nlohmann::json run_training(const RunRequest& req) {
   };
   auto do_eval = [&] {
     flush();
-    EvalStats s = evaluate(model, r.obj.eval_data, eval_micro, r.device);
+    EvalStats s = trainer.evaluate(r.obj.eval_data, eval_micro);
     nlohmann::json rec = {{"loss", s.loss}, {"items", s.items}, {"step", trainer.steps()}, {"eval", true}};
+    if (s.oom_retries > 0) {
+      rec["oom_retries"] = s.oom_retries;
+      if (!r.quiet)
+        err_line(strf("%s: evaluation ran out of memory at micro-batch %lld: it ran in %lld parts of each", L.c_str(),
+                      static_cast<long long>(eval_micro), static_cast<long long>(s.split)));
+    }
     for (const auto& [k, v] : s.metrics) rec[k] = v;
     run["eval"] = rec;
     for (auto& o : observers) o->on_eval(rec);

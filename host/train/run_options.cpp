@@ -171,7 +171,7 @@ const std::vector<RunOption>& run_options() {
       option("eval_every", {with_min(form("eval_every", T::Int), 0)}, Value(0),
              "evaluate every N steps (0: only at the end)"),
       option("eval_micro_batch", {with_min(form("eval_micro_batch", T::Int), 1)}, Value(),
-             "micro-batch for evaluation (default micro_batch * accumulate)"),
+             "micro-batch for evaluation (default: micro_batch); it runs under the training precision and halves on out-of-memory as training does"),
       option("log_every", {with_min(form("log_every", T::Int), 1)}, Value(10),
              "numbers read from the device and written every N steps (a progress line when stderr is not a "
              "terminal; metrics.jsonl records in groups of N)",

@@ -97,6 +97,18 @@ struct EvalStats {
   double loss = 0;
   std::int64_t items = 0;
   std::map<std::string, double> metrics;
+  std::int64_t oom_retries = 0;  // micro-batches halved after running out of memory
+  std::int64_t split = 1;        // micro-batches were cut in this many parts at the end
+};
+
+/// How evaluation runs: the training run passes its own micro-batch,
+/// precision and out-of-memory policy (Trainer::evaluate).
+struct EvalConfig {
+  std::int64_t micro_batch = 32;
+  std::string device = "cpu";
+  Precision precision = Precision::FP32;  // autocast for the mixed modes; true modes are the weights' dtype
+  bool split_on_oom = true;               // halve a micro-batch that runs out of memory, down to one sample
+  std::string where = "evaluation";       // error messages start with this
 };
 
 class Trainer {
@@ -133,6 +145,10 @@ class Trainer {
   /// gradients are cleared afterwards): for probing memory. Throws
   /// c10::OutOfMemoryError when it does not fit.
   void probe(const Batch& batch);
+
+  /// Loss and metrics over all of `data` without gradients, under the
+  /// training precision and out-of-memory policy.
+  EvalStats evaluate(std::shared_ptr<const Dataset> data, std::int64_t micro_batch);
 
   /// Bytes held by weights (parameters and buffers), gradients and optimizer state.
   std::map<std::string, std::int64_t> memory_breakdown() const;
@@ -177,9 +193,9 @@ class Trainer {
   std::unique_ptr<CheckpointRunner> block_runner_;  // the blocks the recipe checkpoints
 };
 
-/// Loss and metrics of `model` over all of `data`, without gradients.
-EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, std::int64_t micro_batch,
-                   const std::string& device);
+/// Loss and metrics of `model` over all of `data`, without gradients. Sums
+/// stay on the device and are read once at the end.
+EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, const EvalConfig& cfg);
 
 /// "{x Float [4, 16], y Long [4]}": a batch in error messages.
 std::string describe(const Batch& b);

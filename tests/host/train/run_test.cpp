@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "../../test_util.hpp"
 #include "train/loader.hpp"
 #include "train/run.hpp"
@@ -147,6 +149,36 @@ TEST(RunOptions, LossScaleTableAndFixedScaleExcludeEachOther) {
   const TrainerConfig dyn = trainer_config(validate_run_options("wick.train", {{"loss_scale_interval", Value(7)}}));
   EXPECT_TRUE(dyn.loss_scale.dynamic);
   EXPECT_EQ(dyn.loss_scale.interval, 7);
+}
+
+
+// evaluation runs the training micro-batch, not micro_batch x accumulate
+class LargestEval : public Model {
+ public:
+  LargestEval() {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    w_ = register_parameter("w", at::randn({8, 3}, gen));
+  }
+  ForwardResult forward(const Batch& b) override {
+    const auto n = b.at("x").size(0);
+    if (!is_training()) largest = std::max(largest, n);
+    return {at::cross_entropy_loss(b.at("x").mm(w_), b.at("y"), {}, at::Reduction::Sum), n, {}};
+  }
+  std::int64_t largest = 0;
+  at::Tensor w_;
+};
+
+TEST(Run, EvaluatesAtTheTrainingMicroBatchUnlessTold) {
+  for (auto [told, expected] : {std::pair<std::int64_t, std::int64_t>{0, 4}, {12, 12}}) {
+    auto req = request({{"micro_batch", Value(4)}, {"accumulate", Value(4)}, {"max_steps", Value(2)}});
+    auto m = std::make_shared<LargestEval>();
+    req.objects.model = m;
+    req.objects.eval_data = req.objects.data;
+    if (told) req.options.emplace("eval_micro_batch", Value(told));
+    const auto run = run_training(req);
+    EXPECT_EQ(m->largest, expected) << "eval_micro_batch " << told;
+    EXPECT_GT(run.at("eval").at("items").get<std::int64_t>(), 0);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <nlohmann/json.hpp>
 
 #include "../../test_util.hpp"
@@ -198,7 +200,7 @@ TEST(Trainer, LoadingWeightsThatDoNotFitNamesTheProblem) {
 
 TEST(Trainer, EvaluateAveragesLossAndMetricsOverItems) {
   TrainRun r = make_run({.max_items = 4});
-  auto s = evaluate(*r.model, r.data, 7, "cpu");
+  auto s = evaluate(*r.model, r.data, EvalConfig{.micro_batch = 7});
   // reference: every sample in one batch
   std::vector<Sample> all;
   for (std::int64_t i = 0; i < r.data->size(); ++i) all.push_back(r.data->get(i));
@@ -206,6 +208,102 @@ TEST(Trainer, EvaluateAveragesLossAndMetricsOverItems) {
   EXPECT_EQ(s.items, ref.items);
   EXPECT_NEAR(s.loss, ref.loss_sum.item<double>() / ref.items, 1e-5);
   EXPECT_NEAR(s.metrics.at("accuracy"), ref.metrics.at("accuracy").item<double>() / ref.items, 1e-12);
+}
+
+
+// A linear classifier that records what evaluation asked of it, and runs out
+// of memory (the error a full GPU raises) on micro-batches above `limit`.
+class EvalProbe : public Model {
+ public:
+  explicit EvalProbe(std::int64_t limit = 1 << 20) : limit_(limit) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    w_ = register_parameter("w", at::randn({8, 3}, gen));
+  }
+  ForwardResult forward(const Batch& b) override {
+    const auto n = b.at("x").size(0);
+    if (!is_training()) {
+      largest = std::max(largest, n);
+      autocast_seen = autocast_seen || at::autocast::is_autocast_enabled(at::kCPU);
+    }
+    if (n > limit_) TORCH_CHECK_WITH(OutOfMemoryError, false, "injected: ", n, " samples");
+    at::Tensor out = b.at("x").mm(w_);
+    return {at::cross_entropy_loss(out, b.at("y"), {}, at::Reduction::Sum), n,
+            {{"accuracy", out.argmax(1).eq(b.at("y")).sum()}}};
+  }
+  std::int64_t largest = 0;
+  bool autocast_seen = false;
+  at::Tensor w_;
+
+ private:
+  std::int64_t limit_;
+};
+
+std::shared_ptr<Dataset> eval_data() {
+  return test::make<Dataset>("synthetic", PluginKind::Data,
+                             {{"size", Value(40)}, {"inputs", Value(8)}, {"classes", Value(3)}, {"seed", Value(2)}});
+}
+
+// the whole set in one fp32 forward, autocast optional
+std::pair<double, double> full_batch(EvalProbe& m, const Dataset& data, bool bf16) {
+  std::vector<Sample> all;
+  for (std::int64_t i = 0; i < data.size(); ++i) all.push_back(data.get(i));
+  const Batch b = data.collate(all);
+  at::NoGradGuard no_grad;
+  at::autocast::set_autocast_enabled(at::kCPU, bf16);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::Tensor out = b.at("x").mm(m.w_);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  const double n = static_cast<double>(all.size());
+  return {at::cross_entropy_loss(out.to(at::kFloat), b.at("y"), {}, at::Reduction::Sum).item<double>() / n,
+          out.argmax(1).eq(b.at("y")).sum().item<double>() / n};
+}
+
+TEST(Trainer, EvaluationRunsUnderTheTrainingPrecision) {
+  auto data = eval_data();
+  for (Precision p : {Precision::FP32, Precision::BF16Mixed}) {
+    auto m = std::make_shared<EvalProbe>();
+    Trainer t(m, test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}}), nullptr, {.precision = p});
+    const EvalStats s = t.evaluate(data, 8);
+    const bool mixed = p == Precision::BF16Mixed;
+    EXPECT_EQ(m->autocast_seen, mixed) << to_string(p);
+    EXPECT_EQ(m->largest, 8);
+    const auto [loss, acc] = full_batch(*m, *data, mixed);
+    EXPECT_NEAR(s.loss, loss, 1e-5 * std::abs(loss)) << to_string(p);
+    EXPECT_NEAR(s.metrics.at("accuracy"), acc, 1e-12);
+    EXPECT_TRUE(m->is_training()) << "evaluation gives the model back in training mode";
+  }
+  // bf16 and fp32 differ here, so the check above could tell them apart
+  auto m = std::make_shared<EvalProbe>();
+  EXPECT_GT(std::abs(full_batch(*m, *data, true).first - full_batch(*m, *data, false).first), 1e-5);
+}
+
+TEST(Trainer, EvaluationHalvesAMicroBatchThatRunsOutOfMemory) {
+  auto data = eval_data();
+  auto m = std::make_shared<EvalProbe>(/*limit=*/3);
+  Trainer t(m, test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}}), nullptr, {});
+  const EvalStats s = t.evaluate(data, 16);  // 16 -> 8 -> 4 -> 2 samples a part
+  EXPECT_EQ(s.split, 8);
+  EXPECT_EQ(s.oom_retries, 3);  // halved three times on the first micro-batch; later ones start split
+  EXPECT_EQ(s.items, 40);
+  const auto [loss, acc] = full_batch(*m, *data, false);
+  EXPECT_NEAR(s.loss, loss, 1e-6 * std::abs(loss));
+  EXPECT_NEAR(s.metrics.at("accuracy"), acc, 1e-12);
+}
+
+TEST(Trainer, EvaluationOutOfMemoryWithoutRecoveryOrAtOneSampleIsOneLine) {
+  auto data = eval_data();
+  auto m = std::make_shared<EvalProbe>(/*limit=*/0);
+  Trainer fail(m, test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}}), nullptr,
+               {.split_on_oom = false});
+  auto msg = test::error_of([&] { fail.evaluate(data, 4); });
+  EXPECT_THAT(msg, HasSubstr("evaluation after step 0, micro-batch 1"));
+  EXPECT_THAT(msg, HasSubstr("on_oom = \"fail\""));
+  Trainer split(m, test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}}), nullptr, {});
+  msg = test::error_of([&] { split.evaluate(data, 4); });
+  EXPECT_THAT(msg, HasSubstr("out of memory even at micro-batch 1"));
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_TRUE(m->is_training());
 }
 
 }  // namespace
