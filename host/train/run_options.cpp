@@ -113,6 +113,11 @@ const std::vector<RunOption>& run_options() {
              "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision "
              "weights)",
              true),
+      option("master_weights", {form("master_weights", T::Bool)}, Value(false),
+             "bf16-true, fp16-true: the optimizer steps fp32 copies of the trainable weights and their fp32 "
+             "gradients, summed over the window (6 bytes more per trainable parameter than plain bf16-true: 18 "
+             "with AdamW against 12, and 2 more during each backward)",
+             true),
       option("loss_scale", {with_range(form("loss_scale", T::Float), 1e-30, 1e30)}, Value(),
              "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
              "backoff, interval}, the loss_scale_* options)",
@@ -342,6 +347,7 @@ TrainerConfig trainer_config(const Options& o) {
   c.clip_grad_norm = o.get_double("clip_grad_norm");
   c.clip_grad_value = o.get_double("clip_grad_value");
   c.precision = parse_precision(o.get_string("precision"));
+  c.master_weights = o.get_bool("master_weights");
   if (o.has("loss_scale")) {
     c.loss_scale.init = o.get_double("loss_scale");
     c.loss_scale.dynamic = false;

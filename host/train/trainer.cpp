@@ -97,6 +97,9 @@ at::ScalarType half_dtype(Precision p) {
 
 std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; }
 
+// master weights ride in optimizer.safetensors under this prefix
+const std::string kMasterPrefix = "wick.master/";
+
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -181,7 +184,19 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     throw Error("loss_scale: backoff must be in (0, 1), got " + std::to_string(ls.backoff));
   if (ls.dynamic && ls.interval < 1) throw Error("loss_scale: interval must be >= 1, got " + std::to_string(ls.interval));
   at::Device device(cfg_.device);
-  if (cfg_.precision == Precision::BF16True || cfg_.precision == Precision::FP16True) {
+  const bool true_mode = cfg_.precision == Precision::BF16True || cfg_.precision == Precision::FP16True;
+  if (cfg_.master_weights && !true_mode)
+    throw Error("master_weights: only with precision = \"bf16-true\" or \"fp16-true\" (" + to_string(cfg_.precision) +
+                (cfg_.precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
+  if (cfg_.master_weights && cfg_.sync_every_micro_batch)
+    throw Error("master_weights: gradients are summed in fp32 over the window and cross ranks once, at its end; "
+                "sync = \"micro_batch\" cannot be used with it");
+  std::map<std::string, at::Tensor> originals;  // the trainable weights before rounding, for the masters
+  if (cfg_.master_weights)
+    for (const auto& p : model_->named_parameters(/*recurse=*/true))
+      if (p.value().requires_grad() && at::isFloatingType(p.value().scalar_type()))
+        originals[p.key()] = p.value().detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (true_mode) {
     // weights, gradients and optimizer state in half precision; integer
     // tensors (4-bit codes, counters) stay as they are, unlike Module::to
     at::NoGradGuard no_grad;
@@ -216,7 +231,16 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen);
   model_->set_block_runner(block_runner_.get());
   for (const auto& p : model_->named_parameters(/*recurse=*/true))
-    if (p.value().requires_grad()) params_.emplace_back(p.key(), p.value());
+    if (p.value().requires_grad()) {
+      model_params_.push_back(p.value());
+      at::Tensor stepped = p.value();
+      if (cfg_.master_weights) {
+        auto it = originals.find(p.key());
+        stepped = (it != originals.end() ? it->second : p.value().detach().to(at::kFloat)).requires_grad_(true);
+      }
+      params_.emplace_back(p.key(), stepped);
+    }
+  originals.clear();
   if (params_.empty()) throw Error("the model has no trainable parameters");
   optim_->attach(params_);
   if (scaling()) {
@@ -227,6 +251,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     // Every rank starts from rank 0's weights.
     std::vector<at::Tensor> state;
     for (auto& [name, t] : module_state(*model_)) state.push_back(t.detach());
+    if (cfg_.master_weights)
+      for (auto& [name, p] : params_) state.push_back(p.detach());
     cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
     std::vector<at::Tensor> trainable;
     for (auto& [name, p] : params_) trainable.push_back(p);
@@ -265,7 +291,13 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
     trainable += bytes_of(p);
   }
   for (const auto& [name, t] : optim_->state()) opt += bytes_of(t);
-  return {{"weights", weights},
+  std::int64_t master = 0;
+  if (cfg_.master_weights) {
+    for (const auto& p : model_params_) grads += bytes_of(p.grad());
+    for (const auto& [name, p] : params_) master += bytes_of(p);
+  }
+  return {{"weights", weights + master},
+          {"master_weights", master},
           {"gradients", grads},
           {"optimizer", opt},
           {"trainable", trainable},
@@ -275,7 +307,7 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
 void Trainer::probe(const Batch& batch) {
   const at::Device device(cfg_.device);
   model_->train(true);
-  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+  clear_grads();
   try {
     ForwardResult r;
     {
@@ -286,10 +318,29 @@ void Trainer::probe(const Batch& batch) {
     if (scaling()) l = l * scale_;
     l.backward();
   } catch (...) {
-    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    clear_grads();
     throw;
   }
-  for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+  clear_grads();
+}
+
+void Trainer::clear_grads() {
+  for (auto& p : model_params_) p.mutable_grad() = at::Tensor();
+  if (cfg_.master_weights)
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+}
+
+void Trainer::fold_grads() {
+  if (!cfg_.master_weights) return;
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < model_params_.size(); ++i) {
+    at::Tensor& g = model_params_[i].mutable_grad();
+    if (!g.defined()) continue;
+    at::Tensor& acc = params_[i].second.mutable_grad();
+    if (acc.defined()) acc.add_(g);
+    else acc = g.to(at::kFloat);
+    g = at::Tensor();
+  }
 }
 
 namespace {
@@ -354,6 +405,7 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
       at::Tensor l = r.loss_sum.reshape({}) * inv_items;
       if (scaling()) l = l * scale_;
       l.backward();
+      fold_grads();
       if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
       add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
       for (auto& [k, v] : r.metrics) add_to(metric_sums[k], metric_value(v));
@@ -459,6 +511,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
   at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(s.items) / world);
   if (scaling()) l = l * scale_;
   l.backward();
+  fold_grads();
   std::vector<at::Tensor> grads;
   for (auto& a : all) grads.push_back(a.grad() * static_cast<double>(world));
   all.clear();
@@ -491,6 +544,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     }
     if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();
     torch::autograd::backward(e, g);
+    fold_grads();
     if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
   }
   if (group && pieces.empty()) {  // at the point where the others check before their last backward
@@ -538,7 +592,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
       rng.emplace_back(gen, gen.get_state());
     }
   for (;;) {
-    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    clear_grads();
     loss_sum = at::Tensor();  // zero until a micro-batch adds to it
     metric_sums.clear();
     std::string oom;
@@ -548,7 +602,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     }
     // Out of memory here or on another rank: free what the attempt held,
     // split every micro-batch in two and redo the window from its start.
-    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    clear_grads();
     loss_sum = at::Tensor();
     metric_sums.clear();
     if (device.is_cuda()) cuda_empty_cache();
@@ -663,6 +717,8 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   } else {
     at::NoGradGuard no_grad;
     optim_->step(s.lr);
+    if (cfg_.master_weights)
+      for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
   }
   ++step_;
   s.step = step_;
@@ -736,6 +792,8 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : optim_->state()) opt_state.emplace_back(k, v);
+  if (cfg_.master_weights)
+    for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
   std::vector<std::pair<std::string, at::Tensor>> rng;
   for (auto& [name, gen] : generators(at::Device(cfg_.device))) {
@@ -810,8 +868,21 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);
-  for (auto& [k, v] : opt.tensors) opt_state[k] = v.to(device);
+  std::map<std::string, at::Tensor> masters;
+  for (auto& [k, v] : opt.tensors) (k.starts_with(kMasterPrefix) ? masters[k.substr(kMasterPrefix.size())] : opt_state[k]) = v.to(device);
   optim_->load_state(opt_state);
+  if (cfg_.master_weights) {
+    // the fp32 weights the run stepped; from a checkpoint without them (saved
+    // without master_weights), the loaded half-precision weights
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto it = masters.find(params_[i].first);
+      if (it != masters.end() && !it->second.sizes().equals(params_[i].second.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": master weight '" + params_[i].first + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(params_[i].second.sizes()));
+      params_[i].second.copy_(it != masters.end() ? it->second : model_params_[i]);
+    }
+  }
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");
   for (auto& [name, gen] : generators(device)) {
     const at::Tensor* state = rng.get(name);

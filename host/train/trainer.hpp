@@ -68,6 +68,10 @@ struct TrainerConfig {
   /// true: after every micro-batch, as DDP does without no_sync (the same
   /// result, more traffic; kept to measure what the default saves).
   bool sync_every_micro_batch = false;
+  /// bf16-true / fp16-true only: the optimizer steps fp32 copies of the
+  /// trainable weights, whose fp32 gradients sum every micro-batch's; the
+  /// model's half-precision weights are rounded from them after each step.
+  bool master_weights = false;
 };
 
 struct StepStats {
@@ -177,11 +181,18 @@ class Trainer {
   /// After the window: unscale, agree on flags across ranks, clip, step.
   void finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums);
   bool scaling() const;
+  /// Clears the gradients of the model's trainable tensors and, with master
+  /// weights, of their fp32 copies.
+  void clear_grads();
+  /// master_weights: adds each half-precision gradient to its fp32 copy's and
+  /// frees it (after every backward of a window).
+  void fold_grads();
   std::shared_ptr<Model> model_;
   std::shared_ptr<Optimizer> optim_;
   std::shared_ptr<Schedule> schedule_;
   TrainerConfig cfg_;
-  std::vector<std::pair<std::string, at::Tensor>> params_;  // trainable
+  std::vector<std::pair<std::string, at::Tensor>> params_;  // what the optimizer steps: trainable, or their fp32 masters
+  std::vector<at::Tensor> model_params_;                    // the model's trainable tensors (params_' own without masters)
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;
   std::vector<std::string> metric_names_;  // seen so far, summed over ranks in this order

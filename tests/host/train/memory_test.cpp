@@ -3,6 +3,7 @@
 // recovery. Each is checked against the plain fp32 computation.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <ATen/autocast_mode.h>
 
@@ -456,6 +457,83 @@ TEST(Precision, MixedModesTrainTheDecoderCloseToFp32) {
   EXPECT_NEAR(final_loss(Precision::BF16Mixed), fp32, 0.05 * fp32);
   EXPECT_NEAR(final_loss(Precision::FP16Mixed), fp32, 0.02 * fp32);
   EXPECT_NEAR(final_loss(Precision::BF16True), fp32, 0.15 * fp32);
+}
+
+// bf16-true with accumulate 16 and a small learning rate: summed in bf16, a
+// micro-batch's share of the gradient and an update below half a weight's ulp
+// are lost; with master_weights both are summed and stepped in fp32.
+TEST(Precision, MasterWeightsEndCloserToFp32ThanPlainBf16True) {
+  std::vector<Batch> data;
+  for (int i = 0; i < 16; ++i) data.push_back(tokens(1, 32, 200 + i));
+  struct Result {
+    std::shared_ptr<Model> model;
+    std::map<std::string, std::int64_t> memory;
+  };
+  auto train = [&](Precision p, bool master) {
+    auto m = decoder();
+    auto opt = test::make<Optimizer>("adamw", PluginKind::Optim, {{"lr", Value(2e-4)}});
+    Trainer t(m, opt, nullptr, {.precision = p, .master_weights = master});
+    for (int step = 0; step < 6; ++step) t.step(data);
+    return Result{m, t.memory_breakdown()};
+  };
+  Result fp32 = train(Precision::FP32, false), plain = train(Precision::BF16True, false),
+         master = train(Precision::BF16True, true);
+  // relative L2 distance of all weights to the fp32 run's
+  auto distance = [&](Model& m) {
+    double diff = 0, norm = 0;
+    auto pa = m.parameters(), pb = fp32.model->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      diff += (pa[i].to(at::kDouble) - pb[i].to(at::kDouble)).pow(2).sum().item<double>();
+      norm += pb[i].to(at::kDouble).pow(2).sum().item<double>();
+    }
+    return std::sqrt(diff / norm);
+  };
+  const double d_plain = distance(*plain.model), d_master = distance(*master.model);
+  EXPECT_LT(d_master, 0.7 * d_plain) << "distance to the fp32 run: master weights " << d_master << ", plain " << d_plain;
+  // the model keeps bf16 weights, and fp32 copies of them beside
+  std::int64_t n = 0;
+  for (const auto& w : master.model->parameters()) {
+    EXPECT_EQ(w.scalar_type(), at::kBFloat16);
+    if (w.requires_grad()) n += w.numel();
+  }
+  EXPECT_EQ(master.memory.at("master_weights"), 4 * n);
+  // per trainable parameter: gradients 4 bytes in fp32 (the bf16 ones are
+  // folded in and freed after each backward), 2 in plain bf16-true; AdamW's
+  // moments are fp32 in both
+  EXPECT_EQ(master.memory.at("gradients"), 4 * n);
+  EXPECT_EQ(plain.memory.at("gradients"), 2 * n);
+  EXPECT_EQ(master.memory.at("optimizer"), plain.memory.at("optimizer"));
+}
+
+TEST(Precision, MasterWeightsResumeEqualsAnUnbrokenRun) {
+  test::TempDir dir;
+  std::vector<Batch> data;
+  for (int i = 0; i < 4; ++i) data.push_back(tokens(2, 16, 300 + i));
+  auto trainer = [](std::shared_ptr<Model> m) {
+    return std::make_unique<Trainer>(m, test::make<Optimizer>("adamw", PluginKind::Optim, {{"lr", Value(1e-3)}}),
+                                     nullptr, TrainerConfig{.precision = Precision::BF16True, .master_weights = true});
+  };
+  auto a = decoder();
+  auto ta = trainer(a);
+  for (int step = 0; step < 3; ++step) ta->step(data);
+  const auto ckpt = ta->save(dir.path, nlohmann::json::object());
+  for (int step = 0; step < 3; ++step) ta->step(data);
+  auto b = decoder();
+  auto tb = trainer(b);
+  tb->load(ckpt);
+  for (int step = 0; step < 3; ++step) tb->step(data);
+  auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
+TEST(Precision, MasterWeightsAreAnOptionOfTheTrueModesOnly) {
+  EXPECT_THAT(test::error_of([] { Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr, {.master_weights = true}); }),
+              HasSubstr("master_weights: only with precision = \"bf16-true\" or \"fp16-true\""));
+  EXPECT_THAT(test::error_of([] {
+                Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr,
+                          {.precision = Precision::BF16True, .sync_every_micro_batch = true, .master_weights = true});
+              }),
+              HasSubstr("sync = \"micro_batch\" cannot be used with it"));
 }
 
 // ---- memory accounting and out-of-memory recovery ----
