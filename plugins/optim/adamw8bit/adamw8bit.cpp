@@ -12,11 +12,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -39,6 +41,39 @@ struct Quantized {
   at::Tensor codes, absmax;
 };
 
+// The nearest code on the CPU without a search: a float's top 17 bits (sign,
+// exponent, 7 mantissa bits) pick a cell of values at most 2^-8 wide relative
+// to them, narrower than any gap between two midpoints of the dynamic maps,
+// so a cell holds at most one midpoint: its code is the cell's lowest code,
+// plus one above that midpoint. The same codes as the first midpoint >= the
+// value (wick::nearest, bucketize).
+struct CodeTable {
+  std::vector<std::uint8_t> code;
+  std::vector<float> mid;  // +inf: no midpoint in the cell
+  bool exact = true;       // false: some cell holds two midpoints (not for these maps)
+
+  explicit CodeTable(const at::Tensor& map) : code(kCells), mid(kCells, INFINITY) {
+    const at::Tensor mt = ((map.slice(0, 1) + map.slice(0, 0, map.numel() - 1)) / 2).contiguous();
+    const float* m = mt.data_ptr<float>();
+    const float* end = m + mt.numel();
+    for (std::uint32_t k = 0; k < kCells; ++k) {
+      const float a = std::bit_cast<float>(k << kShift), b = std::bit_cast<float>((k << kShift) | ((1u << kShift) - 1));
+      if (std::isnan(a) || std::isnan(b)) continue;  // code 0, as a search for NaN finds
+      const float lo = std::min(a, b), hi = std::max(a, b);
+      const auto below = std::lower_bound(m, end, lo) - m;  // midpoints < lo
+      const auto upto = std::upper_bound(m, end, hi) - m;   // midpoints <= hi
+      code[k] = static_cast<std::uint8_t>(below);
+      if (upto == below + 1) mid[k] = m[below];
+      else if (upto > below + 1) exact = false;
+    }
+  }
+  std::uint8_t operator()(float v) const {
+    const std::uint32_t k = std::bit_cast<std::uint32_t>(v) >> kShift;
+    return static_cast<std::uint8_t>(code[k] + (v > mid[k]));
+  }
+  static constexpr std::uint32_t kShift = 15, kCells = 1u << (32 - kShift);
+};
+
 class AdamW8bit : public wick::Optimizer {
  public:
   explicit AdamW8bit(const wick::Options& o)
@@ -59,6 +94,7 @@ class AdamW8bit : public wick::Optimizer {
     chunk_ = std::max<std::int64_t>(block_, chunk_ / block_ * block_);  // whole blocks per chunk
     signed_map_ = wick::dynamic_map(/*is_signed=*/true);
     unsigned_map_ = wick::dynamic_map(/*is_signed=*/false);
+    tables_ = {CodeTable(signed_map_), CodeTable(unsigned_map_)};
   }
 
   void attach(wick::NamedTensors params) override { params_ = std::move(params); }
@@ -88,8 +124,8 @@ class AdamW8bit : public wick::Optimizer {
           Quantized v{s.v.codes.slice(0, start, end), s.v.absmax.slice(0, b0, b1)};
           at::Tensor mf = dequantize(m, maps.first), vf = dequantize(v, maps.second);
           update(w.slice(0, start, end), g.slice(0, start, end), mf, vf, lr, c1, c2);
-          quantize(mf, maps.first, m);
-          quantize(vf, maps.second, v);
+          quantize(mf, maps.first, tables_[0], m);
+          quantize(vf, maps.second, tables_[1], v);
         }
       }
       if (!p.detach().is_contiguous()) p.detach().copy_(w.view(p.sizes()));
@@ -209,8 +245,9 @@ class AdamW8bit : public wick::Optimizer {
       const auto* mp = map.data_ptr<float>();
       auto* o = out.data_ptr<float>();
       const std::int64_t block = block_;
-      at::parallel_for(0, n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) o[i] = mp[c[i]] * a[i / block];
+      at::parallel_for(0, (n + block - 1) / block, 64, [&](std::int64_t b0, std::int64_t b1) {
+        for (std::int64_t b = b0; b < b1; ++b)
+          for (std::int64_t i = b * block, e = std::min(n, i + block); i < e; ++i) o[i] = mp[c[i]] * a[b];
       });
       return out;
     }
@@ -222,7 +259,7 @@ class AdamW8bit : public wick::Optimizer {
 
   // fp32 -> the nearest code of x / absmax, per block (ties to the lower
   // code); an all-zero block keeps absmax 0 and the map's zero
-  void quantize(const at::Tensor& x, const at::Tensor& map, Quantized& q) const {
+  void quantize(const at::Tensor& x, const at::Tensor& map, const CodeTable& table, Quantized& q) const {
     const std::int64_t n = x.numel(), full = n / block_ * block_;
     at::Tensor normed = at::empty_like(x);
     auto scale = [&](std::int64_t a, std::int64_t b, std::int64_t blk0, std::int64_t blk1, std::int64_t width) {
@@ -234,19 +271,14 @@ class AdamW8bit : public wick::Optimizer {
     };
     if (full > 0) scale(0, full, 0, full / block_, block_);
     if (full < n) scale(full, n, full / block_, full / block_ + 1, n - full);
-    if (!normed.is_cpu()) {
+    if (!normed.is_cpu() || !table.exact) {
       q.codes.copy_(wick::nearest(normed, map));
       return;
     }
-    // on the CPU, a binary search per value straight into the codes: what
-    // wick::nearest gives (the first midpoint >= the value), several times faster
-    const at::Tensor mids = ((map.slice(0, 1) + map.slice(0, 0, map.numel() - 1)) / 2).contiguous();
-    const auto* m = mids.data_ptr<float>();
-    const std::int64_t k = mids.numel();
     const auto* v = normed.data_ptr<float>();
     auto* c = q.codes.data_ptr<std::uint8_t>();
     at::parallel_for(0, n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) c[i] = static_cast<std::uint8_t>(std::lower_bound(m, m + k, v[i]) - m);
+      for (std::int64_t i = b; i < e; ++i) c[i] = table(v[i]);
     });
   }
 
@@ -259,6 +291,7 @@ class AdamW8bit : public wick::Optimizer {
   double lr_, eps_, weight_decay_, beta1_ = 0.9, beta2_ = 0.999;
   std::int64_t block_, min_8bit_, chunk_;
   at::Tensor signed_map_, unsigned_map_;
+  std::vector<CodeTable> tables_;  // signed, unsigned
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> maps_;
   wick::NamedTensors params_;
   std::map<std::string, ParamState> state_;

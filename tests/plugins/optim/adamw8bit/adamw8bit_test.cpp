@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "../../../test_util.hpp"
+#include "wick/kit/dynamic_map.hpp"
 #include "wick/optim.hpp"
 
 using ::testing::HasSubstr;
@@ -71,6 +72,35 @@ TEST(AdamW8bit, KeepsTwoBytesOfStatePerParameterOfLargeTensors) {
   EXPECT_EQ(held - 2 * 4, o->state_bytes(ps));  // state_bytes counts no step scalars
   EXPECT_EQ(held_w, 2 * 21000 + 2 * 4 * 83);
   EXPECT_LT(static_cast<double>(held_w) / 21000, 2.04);
+}
+
+TEST(AdamW8bit, CodesAreTheNearestOfTheDynamicMaps) {
+  // after one step from zero moments, m = (1 - beta1) g and v = (1 - beta2) g^2
+  // (the optimizer's own ops): each block's codes are the kit's nearest
+  // (bucketize over the midpoints) to value / absmax, in the signed map for m
+  // and the unsigned one for v; gradients over many magnitudes, exact zeros and
+  // a short last block
+  auto o = adamw8bit({{"weight_decay", Value(0.0)}});
+  at::manual_seed(1);
+  at::Tensor w = at::zeros({100000});
+  at::Tensor g = at::randn({100000}) * at::pow(10.0, at::rand({100000}) * -8);
+  g.slice(0, 0, 1000).zero_();
+  w.mutable_grad() = g;
+  NamedTensors ps = {{"w", w}};
+  o->attach(ps);
+  o->step(0.01);
+  const auto s = o->state();
+  const at::Tensor m = at::zeros_like(g).mul_(0.9).add_(g, 1 - 0.9);
+  const at::Tensor v = at::zeros_like(g).mul_(0.999).addcmul_(g, g, 1 - 0.999);
+  for (const auto& [key, x, map] : {std::tuple{"w.exp_avg", m, dynamic_map(true)},
+                                    std::tuple{"w.exp_avg_sq", v, dynamic_map(false)}}) {
+    const at::Tensor padded = at::cat({x, at::zeros({256 * 391 - 100000})}).view({-1, 256});
+    const at::Tensor absmax = padded.abs().amax(1);
+    const at::Tensor normed = (padded / at::where(absmax > 0, absmax, at::ones_like(absmax)).unsqueeze(1)).view({-1});
+    const at::Tensor want = nearest(normed.slice(0, 0, 100000), map).to(at::kByte);
+    EXPECT_TRUE(at::equal(s.at(std::string(key) + ".absmax"), absmax)) << key;
+    EXPECT_TRUE(at::equal(s.at(std::string(key) + ".codes"), want)) << key;
+  }
 }
 
 TEST(AdamW8bit, ChunkingChangesNothing) {
