@@ -28,7 +28,7 @@ describe("recipe errors", function()
 
   it("an unknown plugin lists the known ones", function()
     fails_with("local wick = require 'wick'\n\nwick.model('mpl', {})\n",
-      { "recipe.lua:3: unknown plugin 'mpl'", "known plugins: adamw, clip, decoder_lm, image_folder, lora, mlp, qlora, schedule, sgd, synthetic, tensors, text, video_classifier, video_folder, vit, vlm" })
+      { "recipe.lua:3: unknown plugin 'mpl'", "known plugins: adamw, adamw8bit, clip, decoder_lm, image_folder, lora, mlp, qlora, schedule, sgd, synthetic, tensors, text, video_classifier, video_folder, vit, vlm" })
   end)
 
   it("an unknown option names plugin and key and lists the options", function()

@@ -25,6 +25,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "wick/kit/dynamic_map.hpp"
+
 namespace wick {
 
 /// The 16 NF4 levels: quantiles of N(0, 1) scaled to [-1, 1], with an exact 0
@@ -49,24 +51,6 @@ inline const float* nf4_levels() {
   return levels;
 }
 
-/// bitsandbytes' signed dynamic 8-bit map (create_dynamic_map(signed=True,
-/// max_exponent_bits=7, total_bits=8)): 256 sorted values in [-1, 1], the same
-/// float32 arithmetic.
-inline at::Tensor dynamic_map() {
-  std::vector<at::Tensor> parts;
-  for (int i = 0; i < 7; ++i) {
-    const std::int64_t items = (std::int64_t{1} << i) + 1;
-    at::Tensor b = at::linspace(0.1, 1.0, items, at::TensorOptions().dtype(at::kFloat));
-    at::Tensor means = (b.slice(0, 0, items - 1) + b.slice(0, 1)) / 2.0;
-    const double scale = std::pow(10.0, -6 + i);
-    parts.push_back(means * scale);
-    parts.push_back(means * -scale);
-  }
-  parts.push_back(at::zeros({1}, at::kFloat));
-  parts.push_back(at::ones({1}, at::kFloat));
-  return std::get<0>(at::cat(parts).sort());
-}
-
 /// The NF4 levels (kind 0) or the dynamic map (kind 1) on `device`, made once
 /// per device.
 inline const at::Tensor& nf4_table(int kind, const at::Device& device) {
@@ -80,13 +64,6 @@ inline const at::Tensor& nf4_table(int kind, const at::Device& device) {
     t = cpu.to(device);
   }
   return t;
-}
-
-/// The index of the nearest entry of sorted `levels` to each value of `x`.
-inline at::Tensor nearest(const at::Tensor& x, const at::Tensor& levels) {
-  const auto n = levels.numel();
-  at::Tensor mids = (levels.slice(0, 1) + levels.slice(0, 0, n - 1)) / 2;
-  return at::bucketize(x, mids);
 }
 
 struct Nf4Weight {

@@ -163,7 +163,7 @@ end
   it("describing an unknown plugin is an error listing the known ones", function()
     local code, _, err = H.run("describe nope")
     assert.are.equal(1, code)
-    assert.truthy(err:find("unknown plugin 'nope' %(known plugins: adamw, clip, decoder_lm, image_folder, lora, mlp"))
+    assert.truthy(err:find("unknown plugin 'nope' %(known plugins: adamw, adamw8bit, clip, decoder_lm, image_folder, lora, mlp"))
   end)
 
   it("requires key=value after the recipe", function()
