@@ -294,8 +294,8 @@ std::string build_failure(const std::exception& ex, const std::map<std::string, 
     if (const auto at = msg.find(cut); at != std::string::npos) msg.resize(at);
   const bool alloc = msg.find("can't allocate memory") != std::string::npos ||
                      msg.find("Storage size calculation overflowed") != std::string::npos ||
-                     dynamic_cast<const c10::OutOfMemoryError*>(&ex) != nullptr ||
                      dynamic_cast<const std::bad_alloc*>(&ex) != nullptr;
+  // (an out-of-memory error, a cap's or a device's, already says what was asked and what there is)
   if (!alloc) return msg;
   std::string size;
   if (const auto at = msg.find("tried to allocate "); at != std::string::npos)
