@@ -1,6 +1,7 @@
 // wick.core: JSON in and out, the command line's key=value pairs, byte sizes.
 
 #include "lua/binding.hpp"
+#include "wick/kit/json_fields.hpp"
 
 
 #include "train/run_options.hpp"
@@ -15,13 +16,16 @@ int core_json(lua_State* L) {
   return 1;
 }
 
+// core.json_decode(text [, where]): `where` (a file, "file:line") names the
+// text in the error, which says what is wrong without nlohmann's tag.
 int core_json_decode(lua_State* L) {
   const std::string s = check_string(L, 1, "json_decode");
+  const std::string where = lua_isnoneornil(L, 2) ? std::string() : check_string(L, 2, "json_decode");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(s);
-  } catch (const std::exception& e) {
-    throw Error(std::string("invalid JSON: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error((where.empty() ? std::string("invalid JSON: ") : where + " is not valid JSON: ") + json_error_text(e));
   }
   push_json(L, j);
   return 1;

@@ -3,6 +3,7 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -281,6 +282,41 @@ PluginEntry unusable(const fs::path& file, const std::string& why) {
   return e;
 }
 
+// What a factory's exception says, as one line: LibTorch's message without
+// its C++ frames ("Exception raised from ..."), and an allocation that could
+// not be made (a size in the options too large) said so, naming the options
+// that set the largest sizes.
+std::string build_failure(const std::exception& ex, const std::map<std::string, Value>& given) {
+  std::string msg;
+  if (const auto* c = dynamic_cast<const c10::Error*>(&ex)) msg = c->what_without_backtrace();
+  else msg = ex.what();
+  for (const char* cut : {"\nException raised from", "\n"})
+    if (const auto at = msg.find(cut); at != std::string::npos) msg.resize(at);
+  const bool alloc = msg.find("can't allocate memory") != std::string::npos ||
+                     msg.find("Storage size calculation overflowed") != std::string::npos ||
+                     dynamic_cast<const std::bad_alloc*>(&ex) != nullptr;
+  // (an out-of-memory error, a cap's or a device's, already says what was asked and what there is)
+  if (!alloc) return msg;
+  std::string size;
+  if (const auto at = msg.find("tried to allocate "); at != std::string::npos)
+    size = " (" + std::to_string(std::strtoull(msg.c_str() + at + 18, nullptr, 10)) + " bytes)";
+  // the integer options in order of their largest value: the likeliest cause first
+  std::vector<std::pair<double, std::string>> sizes;
+  for (const auto& [k, v] : given) {
+    double top = 0;
+    if (v.is_number()) top = v.as_double();
+    else if (v.is_list())
+      for (const auto& x : v.as_list())
+        if (x.is_number()) top = std::max(top, x.as_double());
+    if (top > 1) sizes.emplace_back(top, k + " = " + v.repr());
+  }
+  std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string named;
+  for (std::size_t i = 0; i < sizes.size() && i < 2; ++i) named += (i ? ", " : "") + sizes[i].second;
+  return "its tensors at these sizes need more memory than can be allocated" + size +
+         (named.empty() ? std::string() : "; the largest sizes among its options: " + named);
+}
+
 }  // namespace
 
 Options validate_options(const std::string& plugin, const OptionSchema& schema,
@@ -494,7 +530,7 @@ std::shared_ptr<Object> Registry::create(const std::string& name_or_path, Plugin
   try {
     obj = d.create(options);
   } catch (const std::exception& ex) {
-    throw Error(label + " (" + e.file.string() + ") failed to build: " + ex.what());
+    throw Error(label + " (" + e.file.string() + ") failed to build: " + build_failure(ex, given));
   }
   if (!obj) throw Error(label + " (" + e.file.string() + ") returned nothing from its factory");
   if (obj->object_kind() != d.makes)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -24,6 +25,7 @@
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
+#include "wick/kit/json_fields.hpp"
 
 namespace fs = std::filesystem;
 
@@ -365,7 +367,29 @@ struct PriorRun {
   bool holds = false;
   std::string what;
   nlohmann::json meta;
+  std::string problem;  // run.json unreadable or of the wrong types: named, never guessed at
 };
+
+// The run.json fields a resume reads or hands back, of the types the run
+// wrote; "" when they are.
+std::string run_json_problem(const nlohmann::json& meta, const std::string& file) {
+  try {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const JsonFields j(meta, file);
+    j.string("status", "");
+    for (const char* k : {"steps", "start_step", "total_steps", "skipped_steps", "started", "ended", "micro_batch",
+                          "accumulate", "world_size", "resumed"})
+      j.integer(k, 0, 0, kMax);
+    for (const char* k : {"final_loss", "best_loss", "peak_memory", "seconds", "loss_scale"})
+      if (j.has(k) && !j.json()[k].is_number()) j.bad(k, "a number");
+    for (const char* k : {"memory", "options", "eval"})
+      if (j.has(k)) j.object(k);
+    for (const char* k : {"checkpoint", "recipe", "precision", "device"}) j.string(k, "");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
 
 const char* const kRunFiles[] = {"run.json", "metrics.jsonl", "recipe.lua", "report.html", "checkpoints"};
 
@@ -382,8 +406,17 @@ PriorRun prior_run(const fs::path& out) {
     }
   if (found.empty()) return p;
   p.holds = true;
-  const std::string text = read_text((out / "run.json").string());
-  if (!text.empty()) p.meta = nlohmann::json::parse(text, nullptr, false);
+  const std::string file = (out / "run.json").string();
+  const std::string text = read_text(file);
+  if (!text.empty()) {
+    try {
+      p.meta = nlohmann::json::parse(text);
+      p.problem = run_json_problem(p.meta, file);
+    } catch (const nlohmann::json::exception& e) {
+      p.problem = file + " is not valid JSON: " + json_error_text(e);
+    }
+    if (!p.problem.empty()) p.meta = nlohmann::json();
+  }
   if (p.meta.is_object() && p.meta.contains("status")) {
     const auto steps = p.meta.value("steps", p.meta.value("start_step", std::int64_t{0}));
     p.what = "status " + p.meta.value("status", std::string("?")) + ", " + std::to_string(steps) + " of " +
@@ -444,6 +477,9 @@ nlohmann::json run_training(const RunRequest& req) {
   }
   fs::path resume_from;
   nlohmann::json resume_state;
+  if (r.o.get_bool("resume") && !prior.problem.empty())
+    throw Error(L + ": resume = true, but " + prior.problem + " (mend it, or remove it to resume from the "
+                "checkpoints alone)");
   if (r.o.get_bool("resume")) {
     std::vector<std::string> damaged;
     resume_from = find_checkpoint(ckpt_dir, &damaged);

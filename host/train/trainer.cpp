@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 #include "wick/kit/weights.hpp"
+#include "wick/kit/json_fields.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -16,6 +17,7 @@
 #include <deque>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -846,6 +848,54 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   return final_dir;
 }
 
+namespace {
+
+void check_checkpoint_state(const nlohmann::json& state, const std::string& where) {
+  // every field a resume reads, of the type write_checkpoint wrote: a
+  // hand-edited or damaged state.json is named, key and all, and never read
+  // as a zero or a default
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const JsonFields j(state, where);
+  // JSON null where wick writes a value is damage too, not "use the default"
+  auto no_null = [&](const nlohmann::json& obj, const std::string& path) {
+    if (obj.is_object())
+      for (const auto& [k, v] : obj.items())
+        if (v.is_null()) throw Error(where + ": " + path + k + " is null, expected a value");
+  };
+  no_null(state, "");
+  if (state.contains("extra")) no_null(state["extra"], "extra.");
+  if (state.contains("loss_scale")) no_null(state["loss_scale"], "loss_scale.");
+  j.integer("step", 0, kMax);
+  j.integer("skipped_steps", 0, 0, kMax);
+  j.string("precision", "");
+  j.string("wick_version", "");
+  if (state.contains("extra")) {
+    const JsonFields e = j.object("extra");
+    e.integer("epoch", 0, 0, kMax);
+    e.integer("window", 0, 0, kMax);
+    e.integer("micro_batch", 1, 1, kMax);
+    e.integer("accumulate", 1, 1, kMax);
+    e.integer("world_size", 1, 1, 1 << 20);
+  }
+  if (state.contains("loss_scale")) {
+    const JsonFields ls = j.object("loss_scale");
+    ls.number("scale", 1.0, 0.0, true);
+    ls.integer("growth_tracker", 0, 0, kMax);
+  }
+  if (state.contains("files")) {
+    const JsonFields files = j.object("files");
+    for (const auto& [name, _] : state["files"].items()) {
+      const JsonFields f = files.object(name);
+      f.integer("bytes", 0, kMax);
+      const std::string crc = f.string("crc32c");
+      if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos)
+        f.bad("crc32c", "8 lowercase hex digits (a CRC-32C)");
+    }
+  }
+}
+
+}  // namespace
+
 nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
   const fs::path state_file = checkpoint / "state.json";
   std::ifstream in(state_file);
@@ -854,12 +904,12 @@ nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
   try {
     state = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
-    throw Error("checkpoint " + state_file.string() + " is not valid JSON: " + e.what());
+    throw Error("checkpoint " + state_file.string() + " is not valid JSON: " + json_error_text(e));
   }
-  if (!state.is_object() || !state.contains("step") || !state["step"].is_number_integer())
-    throw Error("checkpoint " + state_file.string() + ": expected an object with an integer 'step'");
+  check_checkpoint_state(state, "checkpoint " + state_file.string());
   return state;
 }
+
 
 nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
 

@@ -3,6 +3,7 @@
 /// Option values and option schemas: what a plugin declares it accepts, and
 /// the validated, defaulted table it receives in its factory.
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -152,7 +153,11 @@ inline std::string Value::repr() const {
     case 1: return as_bool() ? "true" : "false";
     case 2: return std::to_string(as_int());
     case 3: {
-      // the shortest form that reads back as the same double
+      // the shortest form that reads back as the same double; NaN is "nan"
+      // whatever its sign bit (0/0 in Lua is -nan, printf writes "-nan")
+      const double x = std::get<double>(v);
+      if (std::isnan(x)) return "nan";
+      if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
       char buf[64];
       for (int prec = 6; prec <= 17; ++prec) {
         std::snprintf(buf, sizeof buf, "%.*g", prec, std::get<double>(v));

@@ -20,12 +20,12 @@ model:save(a.saved)
 """
 
 
-def tiny(layer, strategy):
+def tiny(layer, strategy, tie=False):
     vision = transformers.CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=3, num_attention_heads=4)
     text = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
                                     num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                                    rms_norm_eps=1e-5, tie_word_embeddings=False)
+                                    rms_norm_eps=1e-5, tie_word_embeddings=tie)
     cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE,
                                    vision_feature_layer=layer, vision_feature_select_strategy=strategy,
                                    projector_hidden_act="gelu")
@@ -141,3 +141,40 @@ def test_video_frames_become_visual_tokens_frame_after_frame(tmp_path, run_wick)
     assert (logits - out.logits.detach()).abs().max().item() < 1e-4
     g = load_file(tmp_path / "grads.safetensors")
     assert abs(g["loss"].item() - out.loss.item()) < 1e-5
+
+
+@pytest.mark.parametrize("same", [False, True])
+def test_a_tied_config_with_its_own_lm_head_weight_does_what_transformers_does(tmp_path, run_wick, same):
+    """text_config.tie_word_embeddings true, and the file holds a head of its
+    own: transformers leaves the head untied and uses the file's when it
+    differs from the token embedding (saying so), and ties it when it is the
+    same; wick's vlm gives the same logits and says so too, as decoder_lm does."""
+    torch.manual_seed(6)
+    ref = tiny(-2, "default", tie=True)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    embed_name = next(k for k in weights if k.endswith("embed_tokens.weight"))
+    # save_pretrained's names (language_model.model.*, language_model.lm_head) or transformers 5's (model.language_model.*, lm_head)
+    head_name = "lm_head.weight" if embed_name.startswith("model.") else "language_model.lm_head.weight"
+    assert not any(k.endswith("lm_head.weight") for k in weights)
+    embed = weights[embed_name]
+    weights[head_name] = embed.clone() if same else torch.randn_like(embed) * 4
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    loaded = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    assert torch.equal(loaded.lm_head.weight, weights[head_name])
+    ids = torch.randint(0, IMAGE, (2, 7))
+    ids[:, 1] = IMAGE
+    pixels = torch.randn(2, 3, 32, 32)
+    save_file({"input_ids": ids, "pixel_values": pixels}, tmp_path / "batch.safetensors")
+    (tmp_path / "p.lua").write_text('local wick = require "wick"\n'
+                                    'local m = wick.model("vlm", { path = wick.args.path })\n'
+                                    'wick.core.predict(m, wick.args.batch, wick.args.out)\n')
+    p = run_wick("run", tmp_path / "p.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+                 f"out={tmp_path / 'o.safetensors'}")
+    with torch.no_grad():
+        want = loaded(input_ids=widen_image_tokens(ids, ids, IMAGE, 16), pixel_values=pixels).logits
+        tied = ref(input_ids=widen_image_tokens(ids, ids, IMAGE, 16), pixel_values=pixels).logits
+    assert same or (want - tied).abs().max().item() > 1e-2  # the case tells the two readings apart
+    got = load_file(tmp_path / "o.safetensors")["output"]
+    assert (got - want).abs().max().item() < 1e-4
+    assert ("stays a separate output head, as transformers leaves it" in p.stderr) == (not same)

@@ -1,7 +1,7 @@
 // data `text`: documents as token sequences for language models. Sources:
 // plain text files (one document each) or JSONL lines with "text",
-// pre-tokenized "input_ids", or "prompt" + "completion" (the prompt is masked
-// out of the loss). Tokenizer: bytes (UTF-8 bytes 0-255, end of text 256),
+// pre-tokenized "input_ids" (with optional "labels", -100 where a token does
+// not count), or "prompt" + "completion" (the prompt is masked out of the loss). Tokenizer: bytes (UTF-8 bytes 0-255, end of text 256),
 // or byte-level BPE from a Hugging Face tokenizer.json.
 // Truncation to max_length, or packing of documents into max_length chunks.
 // Batches: input_ids [B, T] padded with end-of-text, labels [B, T] with -100
@@ -197,7 +197,7 @@ class Text : public wick::Dataset {
       if (r.kind == wick::text::JsonlRecord::Ids) {
         Doc d;
         d.ids = std::move(r.ids);
-        d.labels = d.ids;
+        d.labels = r.labels.empty() ? d.ids : std::move(r.labels);
         docs.push_back(std::move(d));
       } else if (r.kind == wick::text::JsonlRecord::PromptCompletion) {
         docs.push_back(text_doc(r.text, r.prompt));
@@ -223,7 +223,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v2\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v3\n" + tok + "\n" + eos + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -307,7 +307,7 @@ class Text : public wick::Dataset {
 WICK_PLUGIN(wick::plugin<Text>(
     "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion), packing",
     {wick::opt("files", wick::OptionType::StringList, wick::Value(), "plain text files, one document each").optional(),
-     wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"} or {\"prompt\", \"completion\"}").optional(),
+     wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"[, \"labels\"]} or {\"prompt\", \"completion\"}").optional(),
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
      wick::opt_string("tokenizer", "bytes", "'bytes', or a Hugging Face tokenizer.json (byte-level BPE)"),

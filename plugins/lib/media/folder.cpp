@@ -17,6 +17,7 @@
 // sequence of the batch with the end-of-text id (labels -100, mask 0).
 
 #include <wick/data.hpp>
+#include <wick/kit/json_fields.hpp>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -325,13 +326,21 @@ class MediaFolder : public wick::Dataset {
         nlohmann::json j;
         try {
           j = nlohmann::json::parse(line);
-        } catch (const std::exception& e) {
-          throw wick::Error(path + ":" + std::to_string(line_no) + ": not JSON: " + e.what());
+        } catch (const nlohmann::json::exception& e) {
+          throw wick::Error(path + ":" + std::to_string(line_no) + ": not JSON (" + wick::json_error_text(e) + ")");
         }
         if (!j.is_object() || !j.contains("path") || !j["path"].is_string())
           throw wick::Error(path + ":" + std::to_string(line_no) + ": expected an object with a \"path\" string");
-        std::string label = j.contains("label") ? (j["label"].is_string() ? j["label"].get<std::string>() : j["label"].dump()) : "";
-        add(j["path"].get<std::string>(), label, j.contains("text") && j["text"].is_string() ? j["text"].get<std::string>() : "");
+        // label: a class index (an integer >= 0) or a class name; text: a string
+        const wick::JsonFields f(j, path + ":" + std::to_string(line_no));
+        std::string label;
+        if (f.has("label")) {
+          const auto& l = *f.find("label");
+          if (l.is_string()) label = l.get<std::string>();
+          else if (l.is_number_unsigned()) label = std::to_string(l.get<std::uint64_t>());
+          else f.bad("label", "a class index (an integer >= 0) or a class name (a string)");
+        }
+        add(j["path"].get<std::string>(), label, f.string("text", ""));
       } else {
         auto f = csv_fields(line);
         if (header.empty()) {

@@ -377,14 +377,22 @@ PixelStats pixel_stats_from_folder(const std::string& dir, const PixelStats& fal
   if (!fs::exists(p)) return fallback;
   const nlohmann::json j = read_json_file(p.string());
   PixelStats s = fallback;
-  try {
-    if (j.contains("image_mean") && j["image_mean"].is_array()) s.mean = j["image_mean"].get<std::vector<double>>();
-    if (j.contains("image_std") && j["image_std"].is_array()) s.std = j["image_std"].get<std::vector<double>>();
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(p.string() + ": image_mean / image_std are not lists of numbers (" + wick::json_error_text(e) + ")");
-  }
-  if (s.mean.size() != 3 || s.std.size() != 3)
-    throw Error(p.string() + ": image_mean and image_std need 3 numbers each");
+  const wick::JsonFields f(j, p.string());
+  // a list of 3 numbers (one per channel), std above 0; anything else is named, never skipped
+  auto three = [&](const char* key, std::vector<double>& out, bool positive) {
+    if (!f.has(key)) return;
+    const auto& v = *f.find(key);
+    const char* want = positive ? "a list of 3 numbers above 0 (one per channel)" : "a list of 3 numbers (one per channel)";
+    if (!v.is_array() || v.size() != 3) f.bad(key, want);
+    std::vector<double> xs;
+    for (const auto& x : v) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()) || (positive && !(x.get<double>() > 0))) f.bad(key, want);
+      xs.push_back(x.get<double>());
+    }
+    out = xs;
+  };
+  three("image_mean", s.mean, false);
+  three("image_std", s.std, true);
   return s;
 }
 

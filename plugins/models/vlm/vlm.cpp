@@ -110,6 +110,23 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
                         " is outside the language model's vocabulary of " + str(lc.vocab) +
                         " (give the data's image_token_id and vocab_size)");
 
+    // The weights, read before the language model is made: tie_word_embeddings
+    // with a separate head in the file that differs from the embedding leaves
+    // the head untied, as transformers does (dec::untie_if_distinct).
+    wick::NamedTensorList llava_weights, language_weights;
+    if (!llava.empty()) {
+      llava_weights = vis::read_hf_weights(llava, kWho);
+      const bool t5 = transformers5(llava_weights);
+      dec::untie_if_distinct(lc, llava_weights,
+                             t5 ? "model.language_model.embed_tokens.weight" : "language_model.model.embed_tokens.weight",
+                             t5 ? "lm_head.weight" : "language_model.lm_head.weight", std::string(kWho) + ": " + llava);
+    }
+    if (!language_dir.empty()) {
+      language_weights = dec::read_folder(language_dir, kWho);
+      dec::untie_if_distinct(lc, language_weights, "model.embed_tokens.weight", "lm_head.weight",
+                             std::string(kWho) + ": " + language_dir);
+    }
+
     // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
     auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
@@ -123,14 +140,18 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     stats_ = vis::default_pixel_stats(vc.style);
     if (!llava.empty()) {
       stats_ = vis::pixel_stats_from_folder(llava, stats_);
-      load_llava(llava);
+      load_llava(llava, llava_weights);
+      llava_weights.clear();
     }
     if (!vision_dir.empty()) {
       stats_ = vis::pixel_stats_from_folder(vision_dir, stats_);
       auto t = vis::read_hf_weights(vision_dir, kWho);
       vis::load_vit_weights(*vit_, t, vis::find_vit_prefix(t, vc.style, vision_dir), vision_dir);
     }
-    if (!language_dir.empty()) load_language(language_dir);
+    if (!language_dir.empty()) {
+      load_language_tensors(language_weights, "model.", "lm_head.weight", language_dir);
+      language_weights.clear();
+    }
     if (o.has("image_mean")) stats_.mean = o.get_double_list("image_mean");
     if (o.has("image_std")) stats_.std = o.get_double_list("image_std");
     if (stats_.mean.size() != 3 || stats_.std.size() != 3)
@@ -151,9 +172,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     else if (dtype == "fp16") to(at::kHalf);
   }
 
-  // A LLaMA / Qwen2 folder: model.* -> model.language_model.*, lm_head.weight.
-  void load_language(const std::string& dir) { load_language_tensors(dec::read_folder(dir, kWho), "model.", "lm_head.weight", dir); }
-
+  // A LLaMA / Qwen2 folder (model.* -> model.language_model.*, lm_head.weight)
+  // or a LLaVA folder's language model.
   void load_language_tensors(const wick::NamedTensorList& all, const std::string& body_prefix,
                              const std::string& head_name, const std::string& dir) {
     wick::NamedTensorList body, head;
@@ -169,18 +189,22 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   // model.multi_modal_projector.*, model.language_model.*, lm_head.weight) or
   // the ones save_pretrained writes (vision_tower.*, multi_modal_projector.*,
   // language_model.model.*, language_model.lm_head.weight).
-  void load_llava(const std::string& dir) {
-    const auto all = vis::read_hf_weights(dir, kWho);
+  // transformers 5's names (model.language_model.*) rather than save_pretrained's older ones
+  static bool transformers5(const wick::NamedTensorList& all) {
+    for (const auto& [n, t] : all)
+      if (n.rfind("model.language_model.", 0) == 0) return true;
+    return false;
+  }
+
+  void load_llava(const std::string& dir, const wick::NamedTensorList& all) {
     vis::load_vit_weights(*vit_, all, vis::find_vit_prefix(all, vit_->config().style, dir), dir);
     wick::NamedTensorList proj;
-    bool transformers5 = false;
     for (const auto& [n, t] : all) {
       const auto at = n.find("multi_modal_projector.");
       if (at != std::string::npos) proj.emplace_back(n.substr(at + 22), t);
-      if (n.rfind("model.language_model.", 0) == 0) transformers5 = true;
     }
     wick::load_state(*projector_, proj, dir + " (multi_modal_projector)");
-    if (transformers5) load_language_tensors(all, "model.language_model.", "lm_head.weight", dir);
+    if (transformers5(all)) load_language_tensors(all, "model.language_model.", "lm_head.weight", dir);
     else load_language_tensors(all, "language_model.model.", "language_model.lm_head.weight", dir);
   }
 

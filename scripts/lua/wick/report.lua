@@ -43,6 +43,43 @@ function M.record_problem(rec)
   return nil
 end
 
+-- run.json's fields as wick.train writes them (a string, a number, an object)
+local META_TYPES = {
+  accumulate = "number", best_loss = "number", checkpoint = "string", device = "string", ended = "number",
+  error = "string", final_loss = "number", host = "string", item_name = "string", memory = "table",
+  micro_batch = "number", options = "table", peak_memory = "number", precision = "string", recipe = "string",
+  seconds = "number", start_step = "number", started = "number", status = "string", steps = "number",
+  total_steps = "number", world_size = "number",
+}
+
+--- A run folder's run.json: (meta, problems). A field of another type than
+-- wick.train writes is left out of meta and named in problems
+-- ("<dir>/run.json: 'status' is a number, expected a string"); a file that
+-- is not a JSON object gives an empty meta and one problem. No run.json:
+-- ({}, {}).
+function M.read_meta(dir)
+  local file = dir:gsub("/+$", "") .. "/run.json"
+  local text = runlog.read_file(file)
+  if not text then return {}, {} end
+  local ok, meta = pcall(core.json_decode, text, file)
+  if not ok then return {}, { tostring(meta) } end
+  if type(meta) ~= "table" or meta[1] ~= nil then return {}, { file .. " is not a JSON object" } end
+  local problems, keys = {}, {}
+  for k in pairs(META_TYPES) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v, want = meta[k], META_TYPES[k]
+    local bad = v ~= nil and type(v) ~= want
+    if want == "table" and type(v) == "table" and v[1] ~= nil then bad = true end
+    if bad then
+      problems[#problems + 1] = string.format("%s: '%s' is %s, expected %s", file, k,
+        type(v) == "table" and "a list" or ("a " .. type(v)), want == "table" and "an object" or ("a " .. want))
+      meta[k] = nil
+    end
+  end
+  return meta, problems
+end
+
 --- Reads a run folder: { meta = run.json or {}, steps = {records}, evals = {records}, recipe = text,
 -- bad = {{line = N, why = text}, ...} }.
 -- A record that is not JSON or not of the types wick.train writes is skipped
@@ -56,9 +93,8 @@ function M.read_run(dir)
     f:close()
     fail(dir .. " has no metrics.jsonl: not a run folder (wick.train writes one when given out = ...)")
   end
-  local meta = runlog.read_json(dir .. "/run.json")
-  if type(meta) ~= "table" or meta[1] ~= nil then meta = {} end
-  local run = { meta = meta, steps = {}, evals = {}, dir = dir, bad = {} }
+  local meta, meta_problems = M.read_meta(dir)
+  local run = { meta = meta, meta_problems = meta_problems, steps = {}, evals = {}, dir = dir, bad = {} }
   local n = 0
   for line, nl in text:gmatch("([^\n]*)(\n?)") do
     if line == "" and nl == "" then break end
@@ -372,6 +408,7 @@ end
 function M.main(dir, out)
   if not dir or dir == "" then fail("needs a run folder (the `out` of a wick.train call)") end
   local run = M.read_run(dir)
+  for _, p in ipairs(run.meta_problems) do io.stderr:write("wick: warning: ", p, "; the report leaves it out\n") end
   local file = dir:gsub("/+$", "") .. "/metrics.jsonl"
   for i, b in ipairs(run.bad) do
     if i > 10 then

@@ -30,8 +30,7 @@ end
 
 --- One run's summary row.
 function M.summary(dir)
-  local meta = runlog.read_json(dir .. "/run.json")
-  if type(meta) ~= "table" or meta[1] ~= nil then meta = {} end
+  local meta, meta_problems = report.read_meta(dir)
   -- run.json's fields as wick.train writes them; anything else counts as absent
   local function typed(v, t) return type(v) == t and v or nil end
   local ok, run = pcall(report.read_run, dir)
@@ -59,6 +58,7 @@ function M.summary(dir)
     error = meta.error ~= nil and tostring(meta.error) or nil,
     bad_records = ok and #run.bad > 0 and #run.bad or nil,
     bad_note = ok and #run.bad > 0 and report.bad_note(run) or nil,
+    meta_problems = #meta_problems > 0 and meta_problems or nil,
   }
 end
 
@@ -106,6 +106,7 @@ function M.main(dir, json)
   io.stdout:flush()
   for _, r in ipairs(rows) do
     if r.bad_note then io.stderr:write("wick: warning: ", r.run, ": ", r.bad_note, "\n") end
+    for _, p in ipairs(r.meta_problems or {}) do io.stderr:write("wick: warning: ", p, "; shown without it\n") end
   end
 end
 

@@ -98,9 +98,10 @@ class JsonFields {
 
   /// "<where>: <path><key> is <value>, expected <what>"
   [[noreturn]] void bad(const std::string& key, const std::string& expected) const {
-    const auto* v = find(key);
-    throw Error(where_ + ": " + printable_utf8(path_ + key) + (v ? " is " + json_brief(*v) : std::string(" is missing")) + ", expected " +
-                expected);
+    // JSON null is said as null: a key written as null is there, not missing
+    auto it = j_.find(key);
+    throw Error(where_ + ": " + printable_utf8(path_ + key) +
+                (it != j_.end() ? " is " + json_brief(*it) : std::string(" is missing")) + ", expected " + expected);
   }
   /// An error about `key` in words of the caller's: "<where>: <path><key> <what>".
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
