@@ -119,9 +119,14 @@ class Lora : public wick::Transform {
     for (auto& [name, lin] : layers)
       if (matches(name)) {
         if (nf4_) {
-          if (lin->in_features * lin->out_features % block_ != 0)
-            throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(lin->in_features * lin->out_features) +
+          const std::int64_t count = lin->in_features * lin->out_features;
+          if (count % block_ != 0)
+            throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(count) +
                               " weights, not a multiple of block_size " + std::to_string(block_));
+          if (count % 2 != 0)  // an odd block_size lets an odd count through the check above
+            throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(count) +
+                              " weights, an odd count, expected an even one (two 4-bit values share a byte; an even "
+                              "block_size makes every count even)");
           base_params_ += lin->in_features * lin->out_features;
           float_bytes_ += lin->weight_bytes();
           lin->quantize_nf4(compute_, block_);

@@ -16,11 +16,13 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 #include <stdexcept>
 #include <string>
@@ -86,6 +88,10 @@ struct Nf4Weight {
 
 /// Quantizes `w` (any float dtype; numel a multiple of `block`, and even).
 inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std::int64_t scale_block = 256) {
+  if (w.numel() % 2 != 0)
+    throw std::invalid_argument("nf4: a weight of " + std::to_string(w.numel()) +
+                                " values is odd, expected an even count (two 4-bit values share a byte; an even block "
+                                "size makes every weight even)");
   if (w.numel() % block != 0)
     throw std::invalid_argument("nf4: a weight of " + std::to_string(w.numel()) + " values is not a multiple of the block size " +
                                 std::to_string(block));
@@ -115,23 +121,168 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   return q;
 }
 
-/// The weight back, in `dtype`.
+namespace detail {
+
+/// How many slices a product decodes the weight in: the decoded weight of one
+/// slice is all of it that exists at a time.
+inline constexpr std::int64_t kNf4Slices = 8;
+
+/// The two levels of each of the 256 packed bytes (high nibble first), [256, 2]
+/// float on `device`: one int32 index per byte decodes two weights.
+inline const at::Tensor& nf4_pair_table(const at::Device& device) {
+  static std::mutex mu;
+  static auto* tables = new std::map<std::string, at::Tensor>();  // never destroyed, as nf4_table's
+  std::lock_guard<std::mutex> lock(mu);
+  auto& t = (*tables)[device.str()];
+  if (!t.defined()) {
+    at::Tensor levels = at::from_blob(const_cast<float*>(nf4_levels()), {16}, at::kFloat);
+    at::Tensor byte = at::arange(256, at::kLong);
+    t = at::stack({levels.index_select(0, byte.floor_divide(16)), levels.index_select(0, byte.remainder(16))}, 1).to(device);
+  }
+  return t;
+}
+
+/// The absmax constants of blocks [b0, b1), float: the same float arithmetic
+/// as the whole weight's (map value x scale + offset).
+inline at::Tensor nf4_absmax(const Nf4Weight& q, std::int64_t b0, std::int64_t b1) {
+  const at::Device device = q.packed.device();
+  const std::int64_t g0 = b0 / q.scale_block, g1 = (b1 - 1) / q.scale_block + 1;
+  at::Tensor scale = q.absmax_scale.slice(0, g0, g1).unsqueeze(1).expand({g1 - g0, q.scale_block}).reshape({-1});
+  scale = scale.slice(0, b0 - g0 * q.scale_block, b1 - g0 * q.scale_block);
+  return nf4_table(1, device).index_select(0, q.absmax_q.slice(0, b0, b1).to(at::kInt)) * scale + q.absmax_offset;
+}
+
+/// Every block's absmax constant, decoded a slice at a time.
+inline at::Tensor nf4_absmax_all(const Nf4Weight& q) {
+  const std::int64_t nb = q.absmax_q.numel(), step = std::max<std::int64_t>(1, (nb + kNf4Slices - 1) / kNf4Slices);
+  at::Tensor out = at::empty({nb}, q.absmax_scale.options());
+  for (std::int64_t b0 = 0; b0 < nb; b0 += step) out.slice(0, b0, std::min(nb, b0 + step)).copy_(nf4_absmax(q, b0, std::min(nb, b0 + step)));
+  return out;
+}
+
+/// Values [p0, p1) of the flattened weight, float: level x absmax, the same
+/// float arithmetic as the whole weight's. Decodes whole bytes around the range.
+inline at::Tensor nf4_decode_range(const Nf4Weight& q, std::int64_t p0, std::int64_t p1) {
+  const std::int64_t B = q.block;
+  const std::int64_t a = p0 / 2 * 2, b = (p1 + 1) / 2 * 2;  // on byte boundaries
+  const std::int64_t k0 = a / B, k1 = (b - 1) / B + 1;       // the blocks they touch
+  at::Tensor vals = nf4_pair_table(q.packed.device()).index_select(0, q.packed.slice(0, a / 2, b / 2).to(at::kInt)).view({-1});
+  at::Tensor absmax = nf4_absmax(q, k0, k1);
+  if (a == k0 * B && b == k1 * B) {
+    vals.view({k1 - k0, B}).mul_(absmax.unsqueeze(1));
+  } else {  // a range across blocks (an odd block size, or rows that end inside a block)
+    vals.mul_(absmax.unsqueeze(1).expand({k1 - k0, B}).reshape({-1}).slice(0, a - k0 * B, b - k0 * B));
+  }
+  // a buffer of its own: BLAS may round a product differently at another alignment
+  return p0 == a && p1 == b ? vals : vals.slice(0, p0 - a, p1 - a).clone();
+}
+
+/// Columns [c0, c1) of the [out, in] weight, float [out, c1 - c0]. With `absmax`
+/// (every block's constant) the columns are cut from 2-D views of the packed
+/// bytes, which needs in % block == 0, an even block and c0, c1 on block
+/// boundaries; without, each slice of rows is decoded whole and cut.
+inline at::Tensor nf4_decode_columns(const Nf4Weight& q, std::int64_t c0, std::int64_t c1, const at::Tensor& absmax) {
+  const std::int64_t out = q.shape[0], in = q.shape[1], B = q.block, w = c1 - c0;
+  if (absmax.defined()) {
+    at::Tensor bytes = q.packed.view({out, in / 2}).slice(1, c0 / 2, c1 / 2).to(at::kInt).contiguous();
+    at::Tensor vals = nf4_pair_table(q.packed.device()).index_select(0, bytes.view({-1})).view({out, w / B, B});
+    bytes.reset();
+    vals.mul_(absmax.view({out, in / B}).slice(1, c0 / B, c1 / B).unsqueeze(2));
+    return vals.view({out, w});
+  }
+  at::Tensor cols = at::empty({out, w}, q.absmax_scale.options());
+  const std::int64_t rows = (out + kNf4Slices - 1) / kNf4Slices;
+  for (std::int64_t r0 = 0; r0 < out; r0 += rows) {
+    const std::int64_t r1 = std::min(out, r0 + rows);
+    cols.slice(0, r0, r1).copy_(nf4_decode_range(q, r0 * in, r1 * in).view({r1 - r0, in}).slice(1, c0, c1));
+  }
+  return cols;
+}
+
+inline void nf4_check_matrix(const Nf4Weight& q) {
+  if (q.shape.size() != 2)
+    throw std::invalid_argument("nf4: a product needs a 2-D weight [out, in], this one has " + std::to_string(q.shape.size()) +
+                                " dimensions");
+}
+
+/// The slices of output rows a forward product decodes, [begin, end) each.
+inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_row_slices(const Nf4Weight& q) {
+  nf4_check_matrix(q);
+  const std::int64_t out = q.shape[0], rows = (out + kNf4Slices - 1) / kNf4Slices;
+  std::vector<std::pair<std::int64_t, std::int64_t>> s;
+  for (std::int64_t r0 = 0; r0 < out; r0 += rows) s.emplace_back(r0, std::min(out, r0 + rows));
+  return s;
+}
+
+/// Whether the input gradient can cut columns from 2-D views of the packed
+/// bytes and the absmax constants (whole blocks in a row, two values a byte).
+inline bool nf4_column_views(const Nf4Weight& q) { return q.shape[1] % q.block == 0 && q.block % 2 == 0; }
+
+/// The slices of input columns an input gradient decodes, [begin, end) each
+/// (whole blocks when nf4_column_views).
+inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(const Nf4Weight& q) {
+  nf4_check_matrix(q);
+  const std::int64_t in = q.shape[1];
+  std::int64_t width = (in + kNf4Slices - 1) / kNf4Slices;
+  if (nf4_column_views(q)) width = (width + q.block - 1) / q.block * q.block;
+  std::vector<std::pair<std::int64_t, std::int64_t>> s;
+  for (std::int64_t c0 = 0; c0 < in; c0 += width) s.emplace_back(c0, std::min(in, c0 + width));
+  return s;
+}
+
+/// x W^T, the weight decoded a slice of output rows at a time (nf4_row_slices);
+/// each slice's columns of the result are x times that slice, transposed.
+inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
+  nf4_check_matrix(q);
+  const std::int64_t out = q.shape[0], in = q.shape[1];
+  at::Tensor x2 = x.reshape({-1, in}), y;
+  for (const auto& [r0, r1] : nf4_row_slices(q)) {
+    at::Tensor part = at::mm(x2, nf4_decode_range(q, r0 * in, r1 * in).to(x.scalar_type()).view({r1 - r0, in}).t());
+    if (!y.defined()) y = at::empty({x2.size(0), out}, part.options());
+    y.slice(1, r0, r1).copy_(part);
+  }
+  std::vector<std::int64_t> sizes = x.sizes().vec();
+  sizes.back() = out;
+  return y.view(sizes);
+}
+
+/// g W, the weight decoded a slice of input columns at a time
+/// (nf4_column_slices; slicing the rows would split the sum over them).
+inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
+  nf4_check_matrix(q);
+  const std::int64_t out = q.shape[0], in = q.shape[1];
+  at::Tensor g2 = g.reshape({-1, out}), y;
+  at::Tensor absmax = nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
+  for (const auto& [c0, c1] : nf4_column_slices(q)) {
+    at::Tensor part = at::mm(g2, nf4_decode_columns(q, c0, c1, absmax).to(g.scalar_type()));
+    if (!y.defined()) y = at::empty({g2.size(0), in}, part.options());
+    y.slice(1, c0, c1).copy_(part);
+  }
+  std::vector<std::int64_t> sizes = g.sizes().vec();
+  sizes.back() = in;
+  return y.view(sizes);
+}
+
+}  // namespace detail
+
+/// The weight back, in `dtype`, decoded a slice at a time into the result
+/// (besides it, temporaries of about 6 bytes per weight of one slice).
 inline at::Tensor nf4_dequantize(const Nf4Weight& q, at::ScalarType dtype = at::kFloat) {
   at::NoGradGuard no_grad;
-  const std::int64_t nb = q.absmax_q.numel();
-  at::Tensor absmax = nf4_table(1, q.packed.device()).index_select(0, q.absmax_q.to(at::kLong)) *
-                           q.absmax_scale.repeat_interleave(q.scale_block).slice(0, 0, nb) +
-                       q.absmax_offset;
-  at::Tensor hi = q.packed.bitwise_right_shift(4), lo = q.packed.bitwise_and(15);
-  at::Tensor idx = at::stack({hi, lo}, 1).reshape({-1}).to(at::kLong);
-  at::Tensor w = nf4_table(0, q.packed.device()).index_select(0, idx).reshape({-1, q.block}) * absmax.unsqueeze(1);
-  return w.reshape(q.shape).to(dtype);
+  // slices of whole blocks and bytes
+  const std::int64_t unit = q.block % 2 == 0 ? q.block : 2 * q.block, n = q.numel();
+  const std::int64_t step = std::max<std::int64_t>(1, (n / detail::kNf4Slices + unit - 1) / unit) * unit;
+  at::Tensor w = at::empty({n}, q.absmax_scale.options().dtype(dtype));
+  for (std::int64_t p0 = 0; p0 < n; p0 += step)
+    w.slice(0, p0, std::min(n, p0 + step)).copy_(detail::nf4_decode_range(q, p0, std::min(n, p0 + step)));
+  return w.view(q.shape);
 }
 
 namespace detail {
 
-/// y = x W^T with W dequantized from NF4 in the forward and again in the
-/// backward: only the 4-bit weight stays alive between them.
+/// y = x W^T with W decoded from NF4 a slice at a time in the forward and
+/// again in the backward: only the 4-bit weight stays alive between them, and
+/// a product's temporaries stay under 2 bytes per weight (bench/nf4.cpp).
 struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 at::TensorList q, std::vector<std::int64_t> shape, std::int64_t block,
@@ -141,21 +292,23 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
     ctx->saved_data["shape"] = c10::IValue(shape);
     ctx->saved_data["block"] = block;
     ctx->saved_data["scale_block"] = scale_block;
-    return {at::matmul(x, nf4_dequantize(w, x.scalar_type()).t())};
+    return {nf4_matmul_t(x, w)};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     Nf4Weight w{saved[0], saved[1], saved[2], saved[3], ctx->saved_data["shape"].toIntVector(),
                 ctx->saved_data["block"].toInt(), ctx->saved_data["scale_block"].toInt()};
-    at::Tensor gx = at::matmul(grads[0], nf4_dequantize(w, grads[0].scalar_type()));
+    at::Tensor gx = nf4_matmul(grads[0], w);
     return {gx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace detail
 
-/// x W^T for an NF4 weight, computed in x's dtype, differentiable in x.
+/// x W^T for an NF4 weight, computed in x's dtype, differentiable in x. The
+/// weight is decoded an eighth at a time (forward: rows, backward: columns);
+/// the result is the product with the whole decoded weight.
 inline at::Tensor nf4_linear(const at::Tensor& x, const Nf4Weight& w) {
   return detail::Nf4LinearFunction::apply(x, at::TensorList({w.packed, w.absmax_q, w.absmax_scale, w.absmax_offset}),
                                           w.shape, w.block, w.scale_block)[0];

@@ -119,12 +119,28 @@ end
     assert.truthy(err:find("\nusage: wick <command>", 1, true), err)
   end)
 
-  it("reports versions of wick, LibTorch, CUDA and NCCL", function()
+  -- WICK_WITH_CUDA of the build that made $WICK (its CMakeCache.txt, beside bin/)
+  local function built_with_cuda()
+    local f = assert(io.open(H.wick:gsub("/bin/wick$", "") .. "/CMakeCache.txt"), "no CMakeCache.txt beside " .. H.wick)
+    local cache = f:read("*a")
+    f:close()
+    return assert(cache:match("\nWICK_WITH_CUDA:BOOL=(%u+)"), "WICK_WITH_CUDA not in the CMake cache") == "ON"
+  end
+
+  it("reports versions of wick, LibTorch, CUDA and NCCL, as the build has them", function()
     local code, out = H.run("version")
     assert.are.equal(0, code)
-    assert.truthy(out:find("libtorch%s+2%.11%.0"))
-    assert.truthy(out:find("nccl%s+%d+%.%d+"))
-    assert.truthy(out:find("cuda_usable"))
+    -- the LibTorch built against (the wheel's 2.11.0, or WICK_LIBTORCH's)
+    assert.truthy(out:find("libtorch%s+%d+%.%d+%.%d+"), out)
+    if built_with_cuda() then
+      assert.truthy(out:find("nccl%s+%d+%.%d+"), out)
+      assert.truthy(out:find("cuda_runtime%s+%d+%.%d+"), out)
+      assert.truthy(out:find("cuda_usable"), out)
+    else
+      assert.truthy(out:find("nccl%s+not built"), out)
+      assert.truthy(out:find("cuda_runtime%s+not built"), out)
+      assert.truthy(out:find("cuda_usable%s+no %(built without CUDA%)"), out)
+    end
   end)
 
   it("lists plugins, also as JSON", function()

@@ -1,0 +1,106 @@
+// QLoRA's temporaries: the bytes a product with an NF4 weight holds besides
+// its inputs and its result, per weight of the layer, and its time. Baseline:
+// the whole-weight decode the kit used before (an int64 level index per
+// weight, then the float weight), against the decode a slice at a time
+// (wick/kit/nf4.hpp), on LLaMA-2-7B's layer shapes (the seed 003 QLoRA model).
+// Bytes come from the counting CPU allocator (what CUDA's allocated bytes
+// would show); both decodes give the same bits.
+//   build/bin/wick-bench-nf4 [tokens=64] [bf16|fp32] [reps=3]
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "util/memory.hpp"
+#include "wick/kit/nf4.hpp"
+
+namespace {
+
+// The kit's decode before slicing: the whole weight at once.
+at::Tensor whole_decode(const wick::Nf4Weight& q, at::ScalarType dtype) {
+  const std::int64_t nb = q.absmax_q.numel();
+  at::Tensor absmax = wick::nf4_table(1, q.packed.device()).index_select(0, q.absmax_q.to(at::kLong)) *
+                          q.absmax_scale.repeat_interleave(q.scale_block).slice(0, 0, nb) +
+                      q.absmax_offset;
+  at::Tensor hi = q.packed.bitwise_right_shift(4), lo = q.packed.bitwise_and(15);
+  at::Tensor idx = at::stack({hi, lo}, 1).reshape({-1}).to(at::kLong);
+  at::Tensor w = wick::nf4_table(0, q.packed.device()).index_select(0, idx).reshape({-1, q.block}) * absmax.unsqueeze(1);
+  return w.reshape(q.shape).to(dtype);
+}
+
+struct Measure {
+  double bytes_per_weight = 0, seconds = 0;
+  at::Tensor result;
+};
+
+template <class F>
+Measure measure(F&& f, std::int64_t weights, int reps) {
+  Measure m;
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    m.result = at::Tensor();
+    const std::int64_t base = wick::cpu_tensor_memory().allocated;
+    wick::reset_cpu_tensor_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor y = f();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const std::int64_t temp = wick::cpu_tensor_memory().peak - base - static_cast<std::int64_t>(y.nbytes());
+    m.bytes_per_weight = static_cast<double>(temp) / static_cast<double>(weights);
+    m.result = y;
+  }
+  std::sort(times.begin(), times.end());
+  m.seconds = times[times.size() / 2];
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  wick::install_memory_tracking();
+  at::NoGradGuard no_grad;
+  const std::int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 64;
+  const std::string dt = argc > 2 ? argv[2] : "bf16";
+  const int reps = argc > 3 ? std::atoi(argv[3]) : 3;
+  if (tokens < 1 || reps < 1 || (dt != "bf16" && dt != "fp32")) {
+    std::fprintf(stderr, "usage: wick-bench-nf4 [tokens >= 1] [bf16|fp32] [reps >= 1]\n");
+    return 2;
+  }
+  const at::ScalarType dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
+  struct Layer {
+    const char* name;
+    std::int64_t out, in;
+  };
+  const Layer layers[] = {{"q_proj 4096x4096", 4096, 4096}, {"up_proj 11008x4096", 11008, 4096},
+                          {"down_proj 4096x11008", 4096, 11008}};
+  std::printf("NF4 products, %lld tokens, compute %s, median of %d; temporaries = peak tensor bytes besides inputs and "
+              "result, per weight\n",
+              static_cast<long long>(tokens), dt.c_str(), reps);
+  std::printf("%-22s %-9s %12s %12s %7s %10s %10s %7s %s\n", "layer", "product", "whole B/w", "sliced B/w", "ratio",
+              "whole ms", "sliced ms", "ratio", "same bits");
+  at::manual_seed(0);
+  int failures = 0;
+  for (const auto& l : layers) {
+    const std::int64_t n = l.out * l.in;
+    const wick::Nf4Weight q = wick::nf4_quantize(at::randn({l.out, l.in}) * 0.02);
+    const at::Tensor x = at::randn({tokens, l.in}).to(dtype), g = at::randn({tokens, l.out}).to(dtype);
+    for (const bool forward : {true, false}) {
+      const Measure whole = measure(
+          [&] { return forward ? at::matmul(x, whole_decode(q, dtype).t()) : at::matmul(g, whole_decode(q, dtype)); }, n,
+          reps);
+      const Measure sliced = measure(
+          [&] { return forward ? wick::detail::nf4_matmul_t(x, q) : wick::detail::nf4_matmul(g, q); }, n, reps);
+      const bool same = at::equal(whole.result, sliced.result);
+      // fp32: MKL may round a slice's product apart from the whole one's (tests/sdk/nf4_test.cpp)
+      failures += (!same && dtype != at::kFloat) || sliced.bytes_per_weight > 2.0;
+      std::printf("%-22s %-9s %12.3f %12.3f %6.1fx %10.1f %10.1f %6.2fx %s\n", l.name, forward ? "x W^T" : "g W",
+                  whole.bytes_per_weight, sliced.bytes_per_weight, whole.bytes_per_weight / sliced.bytes_per_weight,
+                  whole.seconds * 1e3, sliced.seconds * 1e3, sliced.seconds / whole.seconds, same ? "yes" : "NO");
+    }
+  }
+  std::printf("ratio: whole / sliced for bytes, sliced / whole for time (2 bytes per weight is the goal)\n");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,27 @@
+"""QLoRA's 4-bit base weights: a layer whose weight count NF4 cannot store
+with the recipe's block_size (not a multiple of it, or odd, which an odd
+block_size lets through) is refused, naming the layer and both numbers."""
+from harness import Case
+
+
+def recipe(model, block):
+    def setup(d):
+        (d / "r.lua").write_text(
+            'local wick = require "wick"\n'
+            f'local m = wick.model({model})\n'
+            f'wick.optim("qlora", {{ block_size = {block}, target_modules = {{ "all-linear" }} }}):apply(m)\n')
+    return setup
+
+
+DECODER = '"decoder_lm", { vocab_size = 260, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2 }'
+# a text tower of width 3: its 3 x 3 projections hold 9 weights
+ODD_CLIP = '"clip", { text_hidden_size = 3, text_heads = 1, text_intermediate_size = 3, projection_dim = 3, text_layers = 1 }'
+
+CASES = [
+    Case("block_size not dividing a layer", ["run", "r.lua"],
+         r"r\.lua:3: optim 'qlora': layer model\.layers\.0\.self_attn\.q_proj has 64 weights, not a multiple of block_size 3",
+         setup=recipe(DECODER, 3)),
+    Case("odd block_size and an odd layer", ["run", "r.lua"],
+         r"r\.lua:3: optim 'qlora': layer \S+ has 9 weights, an odd count, expected an even one",
+         setup=recipe(ODD_CLIP, 3)),
+]

@@ -1,0 +1,164 @@
+// NF4 products (wick/kit/nf4.hpp): the weight is decoded a slice at a time.
+// The reference is the whole weight decoded at once, the way the first
+// version did (written out here). Every product must equal, bit for bit, the
+// products of that reference's slices, and the one product with the whole
+// reference: bit for bit in bf16, within GEMM rounding in fp32 (see below),
+// for aligned and odd shapes and odd block sizes; the temporaries of a
+// product stay under 2 bytes per weight.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <tuple>
+
+#include "util/memory.hpp"
+#include "wick/kit/nf4.hpp"
+
+using ::testing::HasSubstr;
+
+namespace wick {
+namespace {
+
+// The whole-weight decode: one int64 index per weight, levels x absmax.
+at::Tensor reference_dequantize(const Nf4Weight& q, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  const std::int64_t nb = q.absmax_q.numel();
+  at::Tensor absmax = nf4_table(1, q.packed.device()).index_select(0, q.absmax_q.to(at::kLong)) *
+                          q.absmax_scale.repeat_interleave(q.scale_block).slice(0, 0, nb) +
+                      q.absmax_offset;
+  at::Tensor hi = q.packed.bitwise_right_shift(4), lo = q.packed.bitwise_and(15);
+  at::Tensor idx = at::stack({hi, lo}, 1).reshape({-1}).to(at::kLong);
+  at::Tensor w = nf4_table(0, q.packed.device()).index_select(0, idx).reshape({-1, q.block}) * absmax.unsqueeze(1);
+  return w.reshape(q.shape).to(dtype);
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && at::equal(a, b);
+}
+
+struct Shape {
+  std::int64_t out, in, block;
+};
+
+// aligned; rows ending inside a block; an odd block size (with in a multiple
+// of it, and not); fewer rows than slices; more than one group of 256
+// absmax constants; a wide layer with few rows; rows of an odd length
+const Shape kShapes[] = {{64, 128, 64}, {48, 100, 64}, {30, 10, 3}, {7, 18, 9}, {5, 6, 2},
+                         {300, 256, 64}, {3, 1024, 32}, {9, 14, 6}, {6, 9, 3}};
+
+class Nf4Products : public ::testing::TestWithParam<std::tuple<Shape, at::ScalarType>> {};
+
+TEST_P(Nf4Products, DequantizeEqualsTheWholeDecode) {
+  const auto [s, dtype] = GetParam();
+  at::manual_seed(1);
+  const Nf4Weight q = nf4_quantize(at::randn({s.out, s.in}), s.block);
+  EXPECT_TRUE(same_bits(nf4_dequantize(q, dtype), reference_dequantize(q, dtype)));
+}
+
+// x W^T and g W with the whole decoded weight w, as products of the same
+// slices the kit decodes (nf4_row_slices, nf4_column_slices), each slice in a
+// buffer of its own as the kit's are (MKL's fp32 GEMM rounds by alignment).
+at::Tensor sliced_forward(const at::Tensor& x, const at::Tensor& w, const Nf4Weight& q) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [r0, r1] : detail::nf4_row_slices(q)) parts.push_back(at::mm(x.reshape({-1, w.size(1)}), w.slice(0, r0, r1).clone().t()));
+  std::vector<std::int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  return at::cat(parts, 1).view(sizes);
+}
+
+at::Tensor sliced_input_gradient(const at::Tensor& g, const at::Tensor& w, const Nf4Weight& q) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [c0, c1] : detail::nf4_column_slices(q))
+    parts.push_back(at::mm(g.reshape({-1, w.size(0)}), w.slice(1, c0, c1).clone()));
+  std::vector<std::int64_t> sizes = g.sizes().vec();
+  sizes.back() = w.size(1);
+  return at::cat(parts, 1).view(sizes);
+}
+
+TEST_P(Nf4Products, ForwardAndInputGradientEqualTheWholeDecodeBitForBit) {
+  const auto [s, dtype] = GetParam();
+  at::manual_seed(2);
+  const Nf4Weight q = nf4_quantize(at::randn({s.out, s.in}), s.block);
+  const at::Tensor w = reference_dequantize(q, dtype);
+  for (const auto& lead : std::vector<std::vector<std::int64_t>>{{5}, {2, 3}, {1}}) {
+    std::vector<std::int64_t> xs = lead, gs = lead;
+    xs.push_back(s.in);
+    gs.push_back(s.out);
+    const at::Tensor x = at::randn(xs).to(dtype).requires_grad_(true);
+    const at::Tensor g = at::randn(gs).to(dtype);
+    const at::Tensor y = nf4_linear(x, q);
+    y.backward(g);
+    const std::string where = std::to_string(s.out) + "x" + std::to_string(s.in) + " block " + std::to_string(s.block);
+    // the decoded slices are the whole decode's, in place
+    EXPECT_TRUE(same_bits(y.detach(), sliced_forward(x.detach(), w, q))) << where;
+    EXPECT_TRUE(same_bits(x.grad(), sliced_input_gradient(g, w, q))) << where;
+    if (dtype == at::kFloat) {
+      // MKL's fp32 GEMM groups its sums by the width of the matrix, so a slice
+      // of the product may differ from the whole product in the last bits
+      EXPECT_TRUE(at::allclose(y.detach(), at::matmul(x.detach(), w.t()), 1e-5, 1e-5)) << where;
+      EXPECT_TRUE(at::allclose(x.grad(), at::matmul(g, w), 1e-5, 1e-5)) << where;
+    } else {
+      // LibTorch's CPU bf16 GEMM sums each output alike whatever the width
+      EXPECT_TRUE(same_bits(y.detach(), at::matmul(x.detach(), w.t()))) << where;
+      EXPECT_TRUE(same_bits(x.grad(), at::matmul(g, w))) << where;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Nf4Products,
+                         ::testing::Combine(::testing::ValuesIn(kShapes), ::testing::Values(at::kFloat, at::kBFloat16)));
+
+// The bytes tensors hold during `f` beyond what they held before and what it returns.
+template <class F>
+std::int64_t temporaries_of(F&& f) {
+  const std::int64_t base = cpu_tensor_memory().allocated;
+  reset_cpu_tensor_peak();
+  at::Tensor result = f();
+  return cpu_tensor_memory().peak - base - static_cast<std::int64_t>(result.nbytes());
+}
+
+TEST(Nf4Memory, AProductHoldsUnderTwoBytesPerWeight) {
+  at::manual_seed(3);
+  // rows that are whole blocks, and rows that end inside one (decoded row by row)
+  for (const std::int64_t in : {512, 500}) {
+    const std::int64_t out = 768, n = out * in;
+    const Nf4Weight q = nf4_quantize(at::randn({out, in}));
+    for (auto dtype : {at::kBFloat16, at::kFloat}) {
+      const at::Tensor x = at::randn({16, in}).to(dtype), g = at::randn({16, out}).to(dtype);
+      const std::int64_t fwd = temporaries_of([&] { return detail::nf4_matmul_t(x, q); });
+      const std::int64_t bwd = temporaries_of([&] { return detail::nf4_matmul(g, q); });
+      const std::int64_t whole = temporaries_of([&] { return at::matmul(x, reference_dequantize(q, dtype).t()); });
+      EXPECT_LE(fwd, 2 * n) << in << " " << at::toString(dtype);
+      EXPECT_LE(bwd, 2 * n) << in << " " << at::toString(dtype);
+      EXPECT_GT(fwd, 0);
+      EXPECT_GE(whole, 8 * n);  // the whole decode holds an 8-byte index per weight
+    }
+  }
+}
+
+TEST(Nf4Errors, AWeightNotAMultipleOfTheBlockIsRefused) {
+  try {
+    nf4_quantize(at::randn({10, 10}), 64);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nf4: a weight of 100 values is not a multiple of the block size 64"));
+  }
+}
+
+TEST(Nf4Errors, AnOddCountIsRefusedClearly) {
+  // a multiple of the odd block size 3, but two values share a byte
+  try {
+    nf4_quantize(at::randn({3, 3}), 3);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("nf4: a weight of 9 values is odd"));
+  }
+}
+
+TEST(Nf4Errors, AProductNeedsAMatrix) {
+  const Nf4Weight q = nf4_quantize(at::randn({4, 4, 4}), 64);
+  EXPECT_THROW(nf4_linear(at::randn({2, 16}), q), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace wick
