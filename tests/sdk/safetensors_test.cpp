@@ -5,6 +5,7 @@
 
 #include "../test_util.hpp"
 #include "wick/kit/safetensors.hpp"
+#include "wick/kit/weights.hpp"
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -251,6 +252,33 @@ TEST(Safetensors, StreamedWritesRoundTripLargeAndStridedTensors) {
   EXPECT_TRUE(at::equal(*f.get("big"), big));
   EXPECT_TRUE(at::equal(*f.get("strided"), strided));
   EXPECT_TRUE(at::equal(*f.get("small"), at::arange(3, at::kInt)));
+}
+
+// VmHWM (peak resident set), in bytes, after resetting it when `reset`.
+std::int64_t peak_bytes(bool reset = false) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+TEST(Safetensors, LoadingAFileIntoAModuleHoldsItOnce) {
+  test::TempDir dir;
+  const auto p = dir.path / "w.safetensors";
+  const std::int64_t mib = 1 << 20, n = 96 * mib / 4;
+  write_safetensors(p, {{"w", at::arange(n, at::kFloat).reshape({-1, 1024})}});
+  torch::nn::Module m;
+  at::Tensor w = m.register_parameter("w", at::empty({n / 1024, 1024}));  // untouched: not resident yet
+  const std::int64_t before = resident_bytes();
+  peak_bytes(/*reset=*/true);
+  load_state(m, read_safetensors(p).tensors, p.string());
+  const std::int64_t peak = peak_bytes() - before;
+  EXPECT_TRUE(at::equal(w.view({-1}), at::arange(n, at::kFloat)));
+  // the model's 96 MiB, plus a slice of the file at a time (a whole copy would be 192 MiB)
+  EXPECT_GT(peak, 90 * mib);
+  EXPECT_LT(peak, 120 * mib);
 }
 
 }  // namespace
