@@ -5,6 +5,7 @@
 
 #include "../test_util.hpp"
 #include "wick/kit/safetensors.hpp"
+#include "wick/kit/weights.hpp"
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -160,6 +161,124 @@ TEST(Safetensors, WritesAtomicallyLeavingNoTemporaryFiles) {
 TEST(Safetensors, AnUnwritableFolderIsAnErrorNotACrash) {
   auto msg = test::error_of([] { write_safetensors("/proc/wick-no/w.safetensors", {{"a", at::ones({1})}}); });
   EXPECT_THAT(msg, HasSubstr("cannot write"));
+}
+
+// The process's resident set (VmRSS), in bytes.
+std::int64_t resident_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+TEST(Safetensors, ReadTensorsAreCopyOnWriteViewsOfTheFile) {
+  test::TempDir dir;
+  const auto p = dir.path / "t.safetensors";
+  const at::Tensor x = at::randn({64, 64});
+  write_safetensors(p, {{"x", x}, {"y", at::arange(10)}});
+  {
+    auto f = read_safetensors(p);
+    at::Tensor t = f.get("x")->clone();
+    f.tensors[0].second.add_(1.0);  // written in place: this process's copy only
+    EXPECT_TRUE(at::equal(f.tensors[0].second, x + 1.0));
+    auto again = read_safetensors(p);
+    EXPECT_TRUE(at::equal(*again.get("x"), x));  // the file is unchanged
+    EXPECT_TRUE(at::equal(*again.get("y"), at::arange(10)));
+  }
+  // the mapping outlives the file object as long as one tensor lives
+  at::Tensor kept;
+  { kept = read_safetensors(p).tensors[1].second; }
+  EXPECT_TRUE(at::equal(kept, at::arange(10)));
+}
+
+TEST(Safetensors, FreedTensorsLeaveTheResidentSet) {
+  test::TempDir dir;
+  const auto p = dir.path / "big.safetensors";
+  const std::int64_t mib = 1 << 20;
+  write_safetensors(p, {{"a", at::ones({32 * mib / 4})}, {"b", at::full({32 * mib / 4}, 2.0)}});
+  auto f = read_safetensors(p);
+  const std::int64_t mapped = resident_bytes();
+  // reading every value brings the file's pages in
+  EXPECT_EQ(f.get("a")->sum().item<double>() + f.get("b")->sum().item<double>(), 3.0 * 8 * mib);
+  const std::int64_t touched = resident_bytes();
+  EXPECT_GT(touched - mapped, 56 * mib);
+  // dropping one tensor releases its pages, while the other still reads right
+  f.tensors[0].second = at::Tensor();
+  const std::int64_t one = resident_bytes();
+  EXPECT_LT(one, touched - 28 * mib);
+  EXPECT_EQ(f.get("b")->sum().item<double>(), 2.0 * 8 * mib);
+  f = TensorFile();
+  EXPECT_LT(resident_bytes(), touched - 56 * mib);
+}
+
+TEST(Safetensors, UnalignedTensorsAreReadAsCopies) {
+  test::TempDir dir;
+  const auto p = dir.path / "odd.safetensors";
+  // a 57-byte header: the data starts at byte 65, not a multiple of 4
+  const std::string json = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}   )";
+  ASSERT_EQ((8 + json.size()) % 4, 1u);
+  write_raw(p, header_file(json, std::string("\0\0\x80\x3f\0\0\0\x40", 8)));
+  auto f = read_safetensors(p);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(f.get("a")->data_ptr()) % 4, 0u);
+  EXPECT_TRUE(at::equal(*f.get("a"), at::tensor({1.0f, 2.0f})));
+}
+
+TEST(Safetensors, AWriteFailingMidStreamLeavesTheOldFileAndNoTemporary) {
+  test::TempDir dir;
+  const auto p = dir.path / "w.safetensors";
+  write_safetensors(p, {{"a", at::ones({2})}});
+  // the second tensor cannot be brought to the CPU: it fails after the first is written
+  auto msg = test::error_of([&] {
+    write_safetensors(p, {{"a", at::zeros({1000})}, {"b", at::empty({4}, at::TensorOptions().device(at::kMeta))}});
+  });
+  EXPECT_FALSE(msg.empty());
+  EXPECT_TRUE(at::equal(*read_safetensors(p).get("a"), at::ones({2})));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Safetensors, StreamedWritesRoundTripLargeAndStridedTensors) {
+  test::TempDir dir;
+  const auto p = dir.path / "s.safetensors";
+  const at::Tensor big = at::randn({1024, 1024}).to(at::kBFloat16);
+  const at::Tensor strided = at::randn({300, 200}).t().narrow(0, 10, 100);
+  write_safetensors(p, {{"big", big}, {"strided", strided}, {"small", at::arange(3, at::kInt)}});
+  auto f = read_safetensors(p);
+  EXPECT_TRUE(at::equal(*f.get("big"), big));
+  EXPECT_TRUE(at::equal(*f.get("strided"), strided));
+  EXPECT_TRUE(at::equal(*f.get("small"), at::arange(3, at::kInt)));
+}
+
+// VmHWM (peak resident set), in bytes, after resetting it when `reset`.
+std::int64_t peak_bytes(bool reset = false) {
+  if (reset) std::ofstream("/proc/self/clear_refs") << "5";
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+TEST(Safetensors, LoadingAFileIntoAModuleHoldsItOnce) {
+  test::TempDir dir;
+  const auto p = dir.path / "w.safetensors";
+  const std::int64_t mib = 1 << 20, n = 96 * mib / 4;
+  write_safetensors(p, {{"w", at::arange(n, at::kFloat).reshape({-1, 1024})}});
+  torch::nn::Module m;
+  at::Tensor w = m.register_parameter("w", at::empty({n / 1024, 1024}));  // untouched: not resident yet
+  const std::int64_t before = resident_bytes();
+  peak_bytes(/*reset=*/true);
+  load_state(m, read_safetensors(p).tensors, p.string());
+  const std::int64_t peak = peak_bytes() - before;
+  EXPECT_TRUE(at::equal(w.view({-1}), at::arange(n, at::kFloat)));
+  // the model's 96 MiB, plus a slice of the file at a time (a whole copy would be 192 MiB)
+  EXPECT_GT(peak, 90 * mib);
+  EXPECT_LT(peak, 120 * mib);
 }
 
 }  // namespace

@@ -115,6 +115,13 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   c.qkv_bias = type == "qwen2" ? true : j.flag("attention_bias", false);
   if (j.string("hidden_act", "silu") != "silu") j.bad("hidden_act", "silu");
   if (j.has("rope_scaling")) j.bad("rope_scaling", "null (rotary scaling is not supported yet)");
+  // the dtype the weights were saved in: the model is built in it
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!c.dtype.empty() || !j.has(key)) continue;
+    const std::string d = j.string(key);
+    c.dtype = d == "float32" ? "fp32" : d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "";
+    if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16");
+  }
   finish_config(c, where, /*hf=*/true);
   return c;
 }
@@ -167,7 +174,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
                       {"tie_word_embeddings", c.tie},
                       {"max_position_embeddings", c.max_positions},
-                      {"torch_dtype", "float32"}};
+                      {"torch_dtype", c.dtype == "bf16" ? "bfloat16" : c.dtype == "fp16" ? "float16" : "float32"}};
   if (!qwen) j["attention_bias"] = c.qkv_bias;
   return j;
 }

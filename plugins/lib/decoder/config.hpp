@@ -23,6 +23,9 @@ struct Config {
   /// continuation may use together.
   std::int64_t max_positions = 4096;
   bool tie = false, qkv_bias = false;
+  /// The weights' dtype: "fp32", "bf16", "fp16", or "" when a config.json
+  /// does not say (its torch_dtype, or dtype as transformers 5 writes it).
+  std::string dtype;
 };
 
 /// Reads a JSON file; errors name it.

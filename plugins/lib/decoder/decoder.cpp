@@ -15,8 +15,8 @@ namespace fs = std::filesystem;
 
 namespace wick::decoder {
 
-RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) {
-  weight = register_parameter("weight", at::ones({dim}));
+RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype) : eps_(eps) {
+  weight = register_parameter("weight", at::ones({dim}, at::TensorOptions().dtype(dtype)));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -33,11 +33,17 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 }  // namespace
 
-AttentionImpl::AttentionImpl(const Config& c) : c_(c) {
-  q_proj = register_module("q_proj", wick::Linear(c.hidden, c.heads * c.head_dim, c.qkv_bias));
-  k_proj = register_module("k_proj", wick::Linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
-  v_proj = register_module("v_proj", wick::Linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias));
-  o_proj = register_module("o_proj", wick::Linear(c.heads * c.head_dim, c.hidden, false));
+namespace {
+wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Build& b) {
+  return wick::Linear(in, out, bias, b.dtype, b.init, b.defer_linear);
+}
+}  // namespace
+
+AttentionImpl::AttentionImpl(const Config& c, const Build& b) : c_(c) {
+  q_proj = register_module("q_proj", linear(c.hidden, c.heads * c.head_dim, c.qkv_bias, b));
+  k_proj = register_module("k_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, b));
+  v_proj = register_module("v_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, b));
+  o_proj = register_module("o_proj", linear(c.heads * c.head_dim, c.hidden, false, b));
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -67,21 +73,21 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   return o_proj->forward(y.transpose(1, 2).reshape({B, T, c_.heads * c_.head_dim}));
 }
 
-MlpImpl::MlpImpl(const Config& c) {
-  gate_proj = register_module("gate_proj", wick::Linear(c.hidden, c.intermediate, false));
-  up_proj = register_module("up_proj", wick::Linear(c.hidden, c.intermediate, false));
-  down_proj = register_module("down_proj", wick::Linear(c.intermediate, c.hidden, false));
+MlpImpl::MlpImpl(const Config& c, const Build& b) {
+  gate_proj = register_module("gate_proj", linear(c.hidden, c.intermediate, false, b));
+  up_proj = register_module("up_proj", linear(c.hidden, c.intermediate, false, b));
+  down_proj = register_module("down_proj", linear(c.intermediate, c.hidden, false, b));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-LayerImpl::LayerImpl(const Config& c) {
-  self_attn = register_module("self_attn", Attention(c));
-  mlp = register_module("mlp", Mlp(c));
-  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden, c.eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden, c.eps));
+LayerImpl::LayerImpl(const Config& c, const Build& b) {
+  self_attn = register_module("self_attn", Attention(c, b));
+  mlp = register_module("mlp", Mlp(c, b));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden, c.eps, b.dtype));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden, c.eps, b.dtype));
 }
 
 at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
@@ -90,11 +96,27 @@ at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Ten
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
-BodyImpl::BodyImpl(const Config& c) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.hidden));
+namespace {
+// A parameter made in fp32 (random initialisation), now in `dtype`.
+void convert(at::Tensor& p, at::ScalarType dtype) {
+  if (p.scalar_type() == dtype) return;
+  at::NoGradGuard no_grad;
+  p.set_data(p.to(dtype));
+}
+}  // namespace
+
+BodyImpl::BodyImpl(const Config& c, const Build& b) {
+  if (b.init) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.hidden));
+    convert(embed_tokens->weight, b.dtype);
+  } else {  // the folder's values will fill it: no initialisation, no fp32 copy
+    embed_tokens = register_module(
+        "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden)
+                                                 ._weight(at::empty({c.vocab, c.hidden}, at::TensorOptions().dtype(b.dtype)))));
+  }
   layers = register_module("layers", torch::nn::ModuleList());
-  for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c));
-  norm = register_module("norm", RMSNorm(c.hidden, c.eps));
+  for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, b));
+  norm = register_module("norm", RMSNorm(c.hidden, c.eps, b.dtype));
 }
 
 wick::NamedTensorList read_folder(const fs::path& dir, const std::string& who) {
@@ -234,9 +256,12 @@ std::int64_t pick_token(const at::Tensor& l, const wick::GenerateOptions& g, at:
   return idx[pick].item<std::int64_t>();
 }
 
-Decoder::Decoder(const Config& c, std::string body_prefix) : c_(c), prefix_(std::move(body_prefix)) {
-  body = Body(c_);
-  if (!c_.tie) lm_head = torch::nn::Linear(torch::nn::LinearOptions(c_.hidden, c_.vocab).bias(false));
+Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(c), prefix_(std::move(body_prefix)) {
+  body = Body(c_, b);
+  if (!c_.tie) {
+    lm_head = torch::nn::Linear(torch::nn::LinearOptions(c_.hidden, c_.vocab).bias(false));
+    convert(lm_head->weight, b.dtype);
+  }
   const auto half = c_.head_dim / 2;
   inv_freq_ = 1.0 / at::pow(c_.rope_theta, at::arange(0, 2 * half, 2, at::kLong).to(at::kFloat) / c_.head_dim);
 }

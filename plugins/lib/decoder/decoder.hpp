@@ -34,9 +34,20 @@ namespace wick::decoder {
 
 constexpr std::int64_t kIgnore = -100;
 
+/// How the parameters are made: in `dtype` from the start (never an fp32
+/// model converted afterwards); randomly initialised, or (init false) left
+/// uninitialised for a folder's values; with `defer_linear`, the layers'
+/// linear weights are not allocated at all (meta tensors): they arrive
+/// quantized, tensor by tensor (wick::Linear::quantize_nf4_from).
+struct Build {
+  at::ScalarType dtype = at::kFloat;
+  bool init = true;
+  bool defer_linear = false;
+};
+
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(std::int64_t dim, double eps);
+  RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype = at::kFloat);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
 
@@ -47,7 +58,7 @@ TORCH_MODULE(RMSNorm);
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const Config& c);
+  explicit AttentionImpl(const Config& c, const Build& b = {});
   /// cache: this layer's keys and values of earlier positions, extended in place
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      std::pair<at::Tensor, at::Tensor>* cache = nullptr);
@@ -60,7 +71,7 @@ TORCH_MODULE(Attention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const Config& c);
+  explicit MlpImpl(const Config& c, const Build& b = {});
   at::Tensor forward(const at::Tensor& x);
   wick::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -68,7 +79,7 @@ TORCH_MODULE(Mlp);
 
 class LayerImpl : public torch::nn::Module {
  public:
-  explicit LayerImpl(const Config& c);
+  explicit LayerImpl(const Config& c, const Build& b = {});
   at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                      std::pair<at::Tensor, at::Tensor>* cache = nullptr);
   Attention self_attn{nullptr};
@@ -80,7 +91,7 @@ TORCH_MODULE(Layer);
 /// LlamaModel: embed_tokens, layers, norm.
 class BodyImpl : public torch::nn::Module {
  public:
-  explicit BodyImpl(const Config& c);
+  explicit BodyImpl(const Config& c, const Build& b = {});
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -125,7 +136,7 @@ class Decoder {
 
   /// body_prefix: the owner's name of the body ("model" or
   /// "model.language_model"); the layers run as blocks "<body_prefix>.layers.N".
-  Decoder(const Config& c, std::string body_prefix);
+  Decoder(const Config& c, std::string body_prefix, const Build& b = {});
 
   /// Registers the body and (untied) head with the owner's modules: the body
   /// as `body_name` under `body_parent`, the head as "lm_head" under `owner`.

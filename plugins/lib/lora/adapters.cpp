@@ -46,7 +46,8 @@ class Lora : public wick::Transform {
     if (nf4_) {
       const std::string c = o.get_string("compute_dtype");
       compute_ = c == "fp32" ? at::kFloat : c == "fp16" ? at::kHalf : at::kBFloat16;
-      block_ = o.get_int("block_size");
+      block_given_ = o.has("block_size");
+      if (block_given_) block_ = o.get_int("block_size");
     }
   }
 
@@ -118,7 +119,18 @@ class Lora : public wick::Transform {
     for (auto& p : model.parameters()) p.set_requires_grad(false);
     for (auto& [name, lin] : layers)
       if (matches(name)) {
-        if (nf4_) {
+        if (nf4_ && lin->quantized()) {
+          // quantized while loading (a model's quantize = "nf4"): kept as it is, not quantized twice
+          if (block_given_ && lin->nf4_block() != block_)
+            throw wick::Error("optim 'qlora': layer " + name + " was quantized on load in blocks of " +
+                              std::to_string(lin->nf4_block()) + " (the model's quantize_block), block_size is " +
+                              std::to_string(block_) + ", expected the same block size (or block_size left out)");
+          base_params_ += lin->in_features * lin->out_features;
+          // its float weight never existed: counted at the compute dtype's size
+          float_bytes_ += lin->in_features * lin->out_features * static_cast<std::int64_t>(c10::elementSize(compute_));
+          lin->set_compute_dtype(compute_);
+          base_bytes_ += lin->weight_bytes();
+        } else if (nf4_) {
           const std::int64_t count = lin->in_features * lin->out_features;
           if (count % block_ != 0)
             throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(count) +
@@ -326,6 +338,7 @@ class Lora : public wick::Transform {
   std::vector<std::string> applied_;
   at::ScalarType compute_ = at::kBFloat16;
   std::int64_t block_ = 64, base_params_ = 0, base_bytes_ = 0, float_bytes_ = 0;
+  bool block_given_ = false;
 };
 
 }  // namespace
@@ -355,7 +368,11 @@ wick::OptionSchema qlora_options() {
   auto o = lora_options();
   o.push_back(wick::opt_string("compute_dtype", "bf16", "dtype the 4-bit weights are dequantized to for each product")
                   .one_of({"bf16", "fp16", "fp32"}));
-  o.push_back(wick::opt_int("block_size", 64, "weights per NF4 block (one absmax constant each)").at_least(2));
+  o.push_back(wick::opt_int("block_size", wick::Value(),
+                            "weights per NF4 block (one absmax constant each); default 64, or the block size a model "
+                            "quantized on load used (its quantize_block), which a different value is refused against")
+                  .at_least(2)
+                  .optional());
   return o;
 }
 

@@ -14,7 +14,12 @@
 
 #include "lib/decoder/decoder.hpp"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <filesystem>
+#include <map>
 #include <memory>
 
 namespace fs = std::filesystem;
@@ -29,6 +34,15 @@ dec::Config config_of(const wick::Options& o, const nlohmann::json* hf, const fs
   return c;
 }
 
+// Quantizing's float temporaries, freed between the small NF4 tensors that
+// stay, would otherwise leave the heap fragmented and resident (glibc keeps
+// freed chunks below its growing mmap threshold): handed back after each.
+void release_free_heap() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
+
 class DecoderLM : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
  public:
   explicit DecoderLM(const wick::Options& o) {
@@ -41,19 +55,45 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     }
     dec::Config c = config_of(o, hf.get(), dir);
     if (hf) {
-      weights = dec::read_folder(dir, "decoder_lm");
+      weights = dec::read_folder(dir, "decoder_lm");  // views of the mapped files: nothing copied yet
       dec::untie_if_distinct(c, weights, "model.embed_tokens.weight", "lm_head.weight", "decoder_lm: " + dir.string());
     }
-    dec_ = std::make_unique<dec::Decoder>(c, "model");
+    // the dtype: the option when given, else the folder's, else fp32
+    if (o.has("dtype")) c.dtype = o.get_string("dtype");
+    if (c.dtype.empty()) c.dtype = "fp32";
+    const bool nf4 = o.get_string("quantize") == "nf4";
+    const std::int64_t block = o.get_int("quantize_block");
+    dec::Build b;
+    b.dtype = c.dtype == "bf16" ? at::kBFloat16 : c.dtype == "fp16" ? at::kHalf : at::kFloat;
+    b.init = !hf;
+    b.defer_linear = hf && nf4;
+    dec_ = std::make_unique<dec::Decoder>(c, "model", b);
     dec_->register_with(*this, "model", *this);
+    std::map<std::string, wick::Linear> quantized;  // "<layer>.weight" -> the layer
+    if (nf4) {
+      for (auto& [name, lin] : dec_->linear_layers()) {
+        const std::int64_t n = lin->in_features * lin->out_features;
+        if (n % block != 0 || n % 2 != 0)
+          throw wick::Error("decoder_lm: quantize_block " + std::to_string(block) + " does not divide layer " + name +
+                            "'s " + std::to_string(n) + " weights, expected a block size that divides every linear "
+                            "layer's weight count (an even count)");
+        quantized.emplace(name + ".weight", lin);
+      }
+    }
     if (hf) {
-      wick::load_state(*this, weights, dir.string(), dec_->ignored_on_load());
-      weights.clear();
+      // each tensor lands (or is quantized) and its pages are released before the next
+      wick::load_state(*this, std::move(weights), dir.string(), dec_->ignored_on_load(),
+                       [&](const std::string& name, const at::Tensor& t) {
+                         auto it = quantized.find(name);
+                         if (it == quantized.end()) return false;
+                         it->second->quantize_nf4_from(t, at::kBFloat16, block);
+                         release_free_heap();
+                         return true;
+                       });
+    } else {
+      for (auto& [name, lin] : quantized) lin->quantize_nf4(at::kBFloat16, block);
     }
     dec_->set_loss_chunk(o.get_int("loss_chunk"));
-    const std::string dtype = o.get_string("dtype");
-    if (dtype == "bf16") to(at::kBFloat16);
-    else if (dtype == "fp16") to(at::kHalf);
   }
 
   static at::Tensor labels_of(const wick::Batch& b) {
@@ -101,7 +141,16 @@ wick::OptionSchema schema() {
                                            "Hugging Face model folder (config.json + safetensors); overrides the sizes below")
                               .optional()};
   for (auto& o : dec::size_options()) s.push_back(o);
-  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  s.push_back(wick::opt_string("dtype", wick::Value(),
+                               "weight dtype; default: the folder's (config.json's torch_dtype) with `path`, else fp32")
+                  .one_of({"fp32", "bf16", "fp16"})
+                  .optional());
+  s.push_back(wick::opt_string("quantize", "none",
+                               "nf4: every linear layer but the head is stored as 4-bit NF4 (double-quantized constants, "
+                               "as optim 'qlora' stores it), each weight quantized as its tensor is read, so the "
+                               "full-precision model never exists; qlora over it keeps these weights")
+                  .one_of({"none", "nf4"}));
+  s.push_back(wick::opt_int("quantize_block", 64, "weights per NF4 block with quantize = \"nf4\"").at_least(2));
   for (auto& o : dec::loss_options()) s.push_back(o);
   return s;
 }

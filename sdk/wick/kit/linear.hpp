@@ -31,6 +31,24 @@ class LinearImpl : public torch::nn::Module {
     if (bias) this->bias = register_parameter("bias", init->bias.detach().clone());
   }
 
+  /// The layer built in `dtype`: initialised as above (in fp32, then
+  /// converted), or, with `init` false, left uninitialised for values that
+  /// come from a file. `defer_weight` allocates no weight at all (a meta
+  /// tensor of its shape): it arrives through quantize_nf4_from.
+  LinearImpl(std::int64_t in, std::int64_t out, bool bias, at::ScalarType dtype, bool init, bool defer_weight = false)
+      : in_features(in), out_features(out) {
+    const auto opts = at::TensorOptions().dtype(dtype);
+    if (init) {
+      torch::nn::Linear made(torch::nn::LinearOptions(in, out).bias(bias));
+      weight = register_parameter("weight", defer_weight ? at::empty({out, in}, opts.device(at::kMeta))
+                                                         : made->weight.detach().to(dtype).clone());
+      if (bias) this->bias = register_parameter("bias", made->bias.detach().to(dtype).clone());
+    } else {
+      weight = register_parameter("weight", at::empty({out, in}, defer_weight ? opts.device(at::kMeta) : opts));
+      if (bias) this->bias = register_parameter("bias", at::empty({out}, opts));
+    }
+  }
+
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor y;
     if (nf4_) {
@@ -67,7 +85,28 @@ class LinearImpl : public torch::nn::Module {
   /// wick/kit/nf4.hpp) and drops the float weight; products run in `compute`.
   void quantize_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
     if (nf4_) return;
-    nf4_ = std::make_shared<Nf4Weight>(nf4_quantize(weight, block));
+    adopt_nf4(nf4_quantize(weight, block), compute);
+  }
+
+  /// The same from `w`, the weight's values as they arrive (a file's tensor,
+  /// of this layer's shape), quantized a chunk at a time (nf4_quantize_chunked:
+  /// the same bytes as quantize_nf4): the float weight is never allocated.
+  void quantize_nf4_from(const at::Tensor& w, at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
+    if (nf4_) throw std::logic_error("wick::Linear: the weight is quantized already");
+    if (w.sizes() != at::IntArrayRef{out_features, in_features})
+      throw std::invalid_argument("wick::Linear: a weight of shape " + c10::str(w.sizes()) + " for a layer of [" +
+                                  std::to_string(out_features) + ", " + std::to_string(in_features) + "]");
+    adopt_nf4(nf4_quantize_chunked(w, block), compute);
+  }
+
+  /// The NF4 block size of a quantized weight (0 when not quantized).
+  std::int64_t nf4_block() const { return nf4_ ? nf4_->block : 0; }
+  /// The dtype quantized products run in.
+  void set_compute_dtype(at::ScalarType compute) { compute_dtype_ = compute; }
+
+ private:
+  void adopt_nf4(Nf4Weight q, at::ScalarType compute) {
+    nf4_ = std::make_shared<Nf4Weight>(std::move(q));
     compute_dtype_ = compute;
     // a child module holds the 4-bit tensors: <layer>.nf4.packed, ...; they
     // move with the model and save with it
@@ -80,6 +119,8 @@ class LinearImpl : public torch::nn::Module {
     parameters_.erase("weight");
     weight = at::Tensor();
   }
+
+ public:
   bool quantized() const { return static_cast<bool>(nf4_); }
   /// Bytes the base weight takes (4-bit codes and constants when quantized).
   std::int64_t weight_bytes() const { return nf4_ ? nf4_->bytes() : static_cast<std::int64_t>(weight.nbytes()); }

@@ -121,6 +121,50 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   return q;
 }
 
+/// nf4_quantize(w, block, scale_block), computed `chunk_blocks` blocks at a
+/// time: the same bytes, with float temporaries of chunk_blocks * block
+/// values rather than of the whole weight's (quantizing while loading).
+inline Nf4Weight nf4_quantize_chunked(const at::Tensor& w, std::int64_t block = 64, std::int64_t scale_block = 256,
+                                      std::int64_t chunk_blocks = 16384) {
+  if (w.numel() % block != 0)
+    throw std::invalid_argument("nf4: a weight of " + std::to_string(w.numel()) + " values is not a multiple of the block size " +
+                                std::to_string(block));
+  if (w.numel() % 2 != 0)
+    throw std::invalid_argument("nf4: a weight of " + std::to_string(w.numel()) + " values is odd, expected an even count");
+  chunk_blocks += chunk_blocks % 2;  // every chunk but the last packs an even number of values
+  at::NoGradGuard no_grad;
+  Nf4Weight q;
+  q.shape = w.sizes().vec();
+  q.block = block;
+  q.scale_block = scale_block;
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(w.device());
+  const at::Tensor rows = w.detach().reshape({-1, block});
+  const std::int64_t nb = rows.size(0);
+  at::Tensor absmax = at::empty({nb}, opts);
+  q.packed = at::empty({w.numel() / 2}, opts.dtype(at::kByte));
+  for (std::int64_t s = 0; s < nb; s += chunk_blocks) {
+    const std::int64_t n = std::min(chunk_blocks, nb - s);
+    at::Tensor blocks = rows.narrow(0, s, n).to(at::kFloat);
+    at::Tensor am = blocks.abs().amax(1);
+    absmax.narrow(0, s, n).copy_(am);
+    at::Tensor normed = blocks / am.clamp_min(1e-12).unsqueeze(1);
+    blocks = at::Tensor();
+    at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
+    q.packed.narrow(0, s * block / 2, n * block / 2).copy_(idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1)));
+  }
+  // double quantization of the constants, as nf4_quantize does it
+  q.absmax_offset = absmax.mean();
+  at::Tensor centred = absmax - q.absmax_offset;
+  const std::int64_t groups = (nb + scale_block - 1) / scale_block;
+  at::Tensor padded = at::zeros({groups * scale_block}, opts);
+  padded.slice(0, 0, nb).copy_(centred);
+  at::Tensor scale = padded.reshape({groups, scale_block}).abs().amax(1);
+  q.absmax_scale = scale;
+  at::Tensor per = scale.clamp_min(1e-12).repeat_interleave(scale_block).slice(0, 0, nb);
+  q.absmax_q = nearest(centred / per, nf4_table(1, w.device())).to(at::kByte);
+  return q;
+}
+
 namespace detail {
 
 /// How many slices a product decodes the weight in: the decoded weight of one

@@ -1,19 +1,30 @@
 #pragma once
 /// \file safetensors.hpp
 /// safetensors read and write (the reference format: 8-byte little-endian
-/// header length, JSON header, raw little-endian data). Writes are atomic.
+/// header length, JSON header, raw little-endian data). Reads map the file:
+/// each tensor is a view over the mapping (copy-on-write, never written back),
+/// and when the last tensor over some pages is freed those pages leave the
+/// process's resident set, so copying a file's tensors into a model and
+/// dropping them holds the file at most once. Writes stream tensor by tensor
+/// to a temporary file renamed over the target: atomic, and never the whole
+/// file in one buffer.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <random>
 
 #include <filesystem>
@@ -37,7 +48,11 @@ struct TensorFile {
   }
 };
 
-/// Reads a whole file into CPU tensors; errors name the file and the problem.
+/// Reads a file's tensors as CPU tensors viewing a private mapping of it
+/// (writing into one changes neither the file nor the others); a tensor whose
+/// bytes are not aligned to its element size is copied instead. Freeing a
+/// tensor releases its pages (see the file's note). The file must not be
+/// truncated while its tensors live. Errors name the file and the problem.
 inline TensorFile read_safetensors(const std::filesystem::path& file);
 
 /// The tensors of a Hugging Face folder: model.safetensors, or the shards of
@@ -46,14 +61,20 @@ inline TensorFile read_safetensors(const std::filesystem::path& file);
 inline std::vector<std::pair<std::string, at::Tensor>> read_safetensors_folder(const std::filesystem::path& dir,
                                                                                const std::string& who);
 
-/// Writes tensors (moved to CPU, made contiguous) to `file` through a
-/// temporary file and rename, so a reader never sees half a file.
+/// Writes tensors (each moved to CPU and made contiguous in turn, while it is
+/// written) to `file` through a temporary file and rename, so a reader never
+/// sees half a file.
 inline void write_safetensors(const std::filesystem::path& file,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 /// Writes `bytes` to `file` atomically (temporary file, fsync, rename).
 inline void write_file_atomic(const std::filesystem::path& file, const std::string& bytes);
+
+/// Writes `file` atomically from `fill`, which streams the content into the
+/// temporary file; if it throws, the temporary file is removed and `file`
+/// is left as it was.
+inline void write_file_atomic(const std::filesystem::path& file, const std::function<void(std::ostream&)>& fill);
 
 
 namespace detail {
@@ -82,7 +103,7 @@ inline void fsync_path(const std::filesystem::path& p, bool dir) {
 
 }  // namespace detail
 
-inline void write_file_atomic(const std::filesystem::path& file, const std::string& bytes) {
+inline void write_file_atomic(const std::filesystem::path& file, const std::function<void(std::ostream&)>& fill) {
   const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -91,11 +112,19 @@ inline void write_file_atomic(const std::filesystem::path& file, const std::stri
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    try {
+      fill(out);
+    } catch (...) {
+      out.close();
+      std::filesystem::remove(tmp, ec);
+      throw;
+    }
     out.flush();
     if (!out) {
+      const std::string why = std::strerror(errno);
+      out.close();
       std::filesystem::remove(tmp, ec);
-      throw Error("cannot write " + file.string() + ": " + std::strerror(errno));
+      throw Error("cannot write " + file.string() + ": " + why);
     }
   }
   detail::fsync_path(tmp, false);
@@ -107,33 +136,113 @@ inline void write_file_atomic(const std::filesystem::path& file, const std::stri
   detail::fsync_path(dir, true);
 }
 
+inline void write_file_atomic(const std::filesystem::path& file, const std::string& bytes) {
+  write_file_atomic(file, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+}
+
+namespace detail {
+
+// A whole file mapped privately (copy-on-write); unmapped with its last tensor.
+struct Mapping {
+  void* addr = MAP_FAILED;
+  std::size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr != MAP_FAILED) ::munmap(addr, size);
+  }
+};
+
+// Drops the pages wholly inside [p, p + n) from the resident set: a private
+// mapping reads them from the file again if touched later.
+inline void release_pages(const void* p, std::size_t n) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto b = reinterpret_cast<std::uintptr_t>(p), e = b + n;
+  const std::uintptr_t lo = (b + page - 1) / page * page, hi = e / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
+// The context of one tensor's view: the mapping it keeps alive and its bytes.
+struct MappedView {
+  std::shared_ptr<Mapping> map;
+  const char* begin;
+  std::size_t bytes;
+};
+
+inline void free_view(void* ctx) {
+  auto* v = static_cast<MappedView*>(ctx);
+  release_pages(v->begin, v->bytes);
+  delete v;
+}
+
+inline bool is_file_view(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &free_view;
+}
+
+}  // namespace detail
+
+/// Drops from the resident set the pages wholly inside `t`'s bytes when `t`
+/// is contiguous and views a file read by read_safetensors (else does
+/// nothing): reading them again reads the file again. For a tensor that was
+/// never written to (a write into its copy-on-write pages would be lost):
+/// loaders call it on the part of a tensor they have just copied.
+inline void release_file_pages(const at::Tensor& t) {
+  if (!detail::is_file_view(t) || !t.is_contiguous()) return;
+  detail::release_pages(t.data_ptr(), t.numel() * t.element_size());
+}
+
 inline TensorFile read_safetensors(const std::filesystem::path& file) {
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec))
     throw Error("safetensors file " + file.string() + " is a directory, expected a .safetensors file");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error("cannot open safetensors file " + file.string() + ": " + std::strerror(errno));
-  const auto file_size = std::filesystem::file_size(file, ec);
-  if (ec) throw Error("cannot read safetensors file " + file.string() + ": " + ec.message());
-  // the 8-byte length, then the header it gives (checked as the reference checks it)
-  std::string head(8, '\0');
-  in.read(head.data(), 8);
-  if (in && file_size >= 8) {
-    const std::uint64_t n =
-        safetensors::header_length(reinterpret_cast<const unsigned char*>(head.data()), file_size, file.string());
-    head.resize(8 + n);
-    in.read(head.data() + 8, static_cast<std::streamsize>(n));
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open safetensors file " + file.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw Error("cannot read safetensors file " + file.string() + ": " + why);
   }
-  const safetensors::Header header = safetensors::parse(head, file_size, file.string());
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  auto map = std::make_shared<detail::Mapping>();
+  if (file_size >= 8) {
+    // MAP_NORESERVE: the private mapping's copy-on-write pages are not charged up front
+    map->addr = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
+    map->size = file_size;
+  }
+  const int map_errno = errno;
+  ::close(fd);
+  if (file_size >= 8 && map->addr == MAP_FAILED)
+    throw Error("cannot read safetensors file " + file.string() + ": " + std::strerror(map_errno));
+  const char* base = static_cast<const char*>(map->addr == MAP_FAILED ? nullptr : map->addr);
+  // the 8-byte length, then the header it gives (checked as the reference checks it)
+  const safetensors::Header header =
+      safetensors::parse(base ? std::string_view(base, file_size) : std::string_view(), file_size, file.string());
+  // the header's pages are read once: they need not stay resident
+  detail::release_pages(base, header.data_start);
   TensorFile out;
   out.metadata = header.metadata;
   for (const auto& e : header.entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(detail::dtype_by_name().at(e.dtype)));
-    in.seekg(static_cast<std::streamoff>(header.data_start + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in)
-      throw Error("corrupt safetensors file " + file.string() + ": tensor '" + e.name + "' is cut short, expected " +
-                  std::to_string(e.end - e.begin) + " bytes");
+    const auto dtype = detail::dtype_by_name().at(e.dtype);
+    const auto options = at::TensorOptions().dtype(dtype);
+    const char* src = base + header.data_start + e.begin;
+    const std::size_t bytes = e.end - e.begin;
+    at::Tensor t;
+    if (bytes == 0) {
+      t = at::empty(e.shape, options);
+    } else if (reinterpret_cast<std::uintptr_t>(src) % safetensors::dtype_size(e.dtype) != 0) {
+      // LibTorch's kernels expect elements at their natural alignment
+      t = at::empty(e.shape, options);
+      std::memcpy(t.data_ptr(), src, bytes);
+    } else {
+      auto* view = new detail::MappedView{map, src, bytes};
+      t = at::for_blob(const_cast<char*>(src), e.shape)
+              .options(options)
+              .context(view, &detail::free_view)
+              .target_device(at::kCPU)
+              .make_tensor();
+    }
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
@@ -143,26 +252,28 @@ inline void write_safetensors(const std::filesystem::path& file, const std::vect
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
   std::uint64_t offset = 0;
-  for (const auto& [name, t0] : tensors) {
-    at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+  for (const auto& [name, t] : tensors) {
     const std::uint64_t bytes = t.numel() * t.element_size();
     header[name] = {{"dtype", detail::dtype_name(t.scalar_type())},
                     {"shape", t.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(t);
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // data starts 8-byte aligned, as the reference writer does
-  std::string bytes;
-  bytes.reserve(8 + h.size() + offset);
-  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((h.size() >> (8 * i)) & 0xff));
-  bytes += h;
-  for (const auto& t : data)
-    bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  write_file_atomic(file, bytes);
+  write_file_atomic(file, [&](std::ostream& out) {
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+    out.write(len, 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    // one tensor at a time: only it is copied to the CPU or made contiguous
+    for (const auto& [name, t0] : tensors) {
+      const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+      if (!out) return;  // the caller reports the failed stream
+    }
+  });
 }
 
 inline std::vector<std::pair<std::string, at::Tensor>> read_safetensors_folder(const std::filesystem::path& dir,
