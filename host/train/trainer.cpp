@@ -803,7 +803,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
     rng.emplace_back(name, gen.get_state());
   }
   write_safetensors(tmp / "rng.safetensors", rng);
-  nlohmann::json state = {{"step", step_}, {"wick_version", WICK_VERSION_STRING}, {"extra", extra},
+  nlohmann::json state = {{"step", step_}, {"wick_version", WICK_VERSION_STRING}, {"extra", extra.is_null() ? nlohmann::json::object() : extra},
                           {"skipped_steps", skipped_}, {"precision", to_string(cfg_.precision)}};
   if (scale_.defined())
     state["loss_scale"] = {{"scale", scale_.item<double>()}, {"growth_tracker", growth_tracker_.item<std::int64_t>()}};
