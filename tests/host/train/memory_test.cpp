@@ -526,6 +526,32 @@ TEST(Precision, MasterWeightsResumeEqualsAnUnbrokenRun) {
   for (std::size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
 }
 
+// Two ranks with a micro-batch each sum the same fp32 gradients as one rank
+// with both (two terms: the order cannot change the sum), so they end at its
+// weights bit for bit.
+TEST(Precision, MasterWeightsOnTwoRanksEqualOneRankWithTheWholeWindow) {
+  const Batch a = batch(8, 8, 3, 11), b = batch(8, 8, 3, 12);
+  auto adamw = [] { return test::make<Optimizer>("adamw", PluginKind::Optim, {{"lr", Value(1e-3)}}); };
+  const TrainerConfig tc{.precision = Precision::BF16True, .master_weights = true};
+  auto one = mlp(8, {32}, 3);
+  Trainer t(one, adamw(), nullptr, tc);
+  for (int step = 0; step < 3; ++step) t.step({a, b});
+  std::vector<std::vector<at::Tensor>> ranks(2);
+  test::two_ranks([&](std::shared_ptr<Group> g) {
+    auto m = mlp(8, {32}, 3);
+    TrainerConfig c = tc;
+    c.group = g;
+    Trainer tr(m, adamw(), nullptr, c);
+    for (int step = 0; step < 3; ++step) tr.step({g->rank() == 0 ? a : b});
+    for (auto& p : m->parameters()) ranks[g->rank()].push_back(p.detach().clone());
+  });
+  auto ref = one->parameters();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(ranks[r].size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(ranks[r][i], ref[i])) << "rank " << r << ", parameter " << i;
+  }
+}
+
 TEST(Precision, MasterWeightsAreAnOptionOfTheTrueModesOnly) {
   EXPECT_THAT(test::error_of([] { Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr, {.master_weights = true}); }),
               HasSubstr("master_weights: only with precision = \"bf16-true\" or \"fp16-true\""));
