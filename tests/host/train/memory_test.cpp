@@ -537,8 +537,10 @@ TEST(Precision, MasterWeightsOnTwoRanksEqualOneRankWithTheWholeWindow) {
   Trainer t(one, adamw(), nullptr, tc);
   for (int step = 0; step < 3; ++step) t.step({a, b});
   std::vector<std::vector<at::Tensor>> ranks(2);
+  // made here: the ranks are threads sharing the global generator
+  std::vector<std::shared_ptr<Model>> models{mlp(8, {32}, 3), mlp(8, {32}, 3)};
   test::two_ranks([&](std::shared_ptr<Group> g) {
-    auto m = mlp(8, {32}, 3);
+    auto m = models[g->rank()];
     TrainerConfig c = tc;
     c.group = g;
     Trainer tr(m, adamw(), nullptr, c);
