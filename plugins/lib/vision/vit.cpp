@@ -154,7 +154,16 @@ std::vector<std::pair<std::string, wick::Linear>> VitBlockImpl::linear_layers() 
 
 // ---- encoder ----
 
-VitImpl::VitImpl(VitConfig c) : c_(std::move(c)) {
+void convert_module(torch::nn::Module& m, at::ScalarType dtype) {
+  if (dtype == at::kFloat) return;
+  at::NoGradGuard g;
+  for (auto& p : m.parameters())
+    if (p.is_floating_point() && p.scalar_type() != dtype) p.set_data(p.to(dtype));
+  for (auto& b : m.buffers())
+    if (b.is_floating_point() && b.scalar_type() != dtype) b.set_data(b.to(dtype));
+}
+
+VitImpl::VitImpl(VitConfig c, at::ScalarType dtype) : c_(std::move(c)) {
   check_sizes(c_, "vit");
   const auto D = c_.hidden, p = c_.patch_size;
   const auto P = num_patches();
@@ -182,8 +191,11 @@ VitImpl::VitImpl(VitConfig c) : c_(std::move(c)) {
   }
   trunc_normal(patch_->weight, 0.0, 0.02, -0.04, 0.04);
   if (patch_->bias.defined()) patch_->bias.zero_();
+  convert_module(*embeddings, dtype);
+  if (pre_) convert_module(*pre_, dtype);
   for (std::int64_t i = 0; i < c_.layers; ++i) {
     blocks_.push_back(VitBlock(c_));
+    convert_module(*blocks_.back(), dtype);  // before the next block is made
     list->push_back(blocks_.back());
   }
   if (c_.style == "vit") {
@@ -196,6 +208,8 @@ VitImpl::VitImpl(VitConfig c) : c_(std::move(c)) {
   } else {
     final_ = register_module("post_layernorm", ln());
   }
+  convert_module(*final_, dtype);
+  if (pooler_) convert_module(*pooler_, dtype);
 }
 
 at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const std::string& prefix, int layer) {
@@ -495,7 +509,7 @@ void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const 
   wick::load_state(vit, mine, prefix.empty() ? source : source + " (under '" + prefix + "')", ignore);
 }
 
-Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool) {
+Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool, at::ScalarType dtype) {
   const std::string cfg_file = (fs::path(dir) / "config.json").string();
   if (!fs::exists(cfg_file)) throw Error(who + ": " + dir + " has no config.json (expected a Hugging Face model folder)");
   VitConfig c = config_from_hf(read_json_file(cfg_file), cfg_file);
@@ -503,7 +517,7 @@ Vit vit_from_folder(const std::string& dir, const std::string& who, const std::s
   const auto tensors = read_hf_weights(dir, who);
   const std::string prefix = find_vit_prefix(tensors, c.style, dir);
   c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
-  Vit vit(c);
+  Vit vit(c, dtype);
   load_vit_weights(*vit, tensors, prefix, dir);
   return vit;
 }

@@ -83,7 +83,11 @@ void check_activation(const std::string& act, const std::string& where);
 
 class VitImpl : public torch::nn::Module {
  public:
-  explicit VitImpl(VitConfig c);
+  /// Built in `dtype` part by part: each block (and the embeddings) is
+  /// initialised in fp32 and converted before the next is made, so the
+  /// encoder never exists whole in fp32 (a ViT-L/14 tower in bf16 peaks at
+  /// its bf16 size plus one fp32 block while it is built).
+  explicit VitImpl(VitConfig c, at::ScalarType dtype = at::kFloat);
 
   /// pixels: floating [N, 3, H, W], normalised. Returns the tokens after
   /// block `layer` (-1: the last, -2: the one before, ... as LLaVA's
@@ -155,7 +159,13 @@ void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const 
 /// A folder's vision encoder in one call: config.json (ViT, CLIPVision, CLIP
 /// or a config with a vision_config such as LLaVA's) and its weights. `pool`
 /// overrides the config's pooling when not empty.
-Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool = "");
+Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool = "",
+                    at::ScalarType dtype = at::kFloat);
+
+/// Converts a module made in fp32 (random initialisation) to `dtype` in place;
+/// the vision plugins call it on each part as it is made, so no model exists
+/// whole in fp32 before it is converted.
+void convert_module(torch::nn::Module& m, at::ScalarType dtype);
 
 /// uint8 images [..., 3, H, W] (as image_folder / video_folder give them, on
 /// any device) to floating pixels normalised by mean and std per channel, in

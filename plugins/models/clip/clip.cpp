@@ -46,7 +46,8 @@ struct TextConfig {
 
 class TextModelImpl : public torch::nn::Module {
  public:
-  explicit TextModelImpl(const TextConfig& c) : c_(c) {
+  /// Built in `dtype` part by part, as vision::VitImpl.
+  TextModelImpl(const TextConfig& c, at::ScalarType dtype) : c_(c) {
     auto emb = register_module("embeddings", std::make_shared<torch::nn::Module>());
     token_ = emb->register_module("token_embedding", torch::nn::Embedding(c.vocab, c.hidden));
     position_ = emb->register_module("position_embedding", torch::nn::Embedding(c.max_len, c.hidden));
@@ -55,6 +56,7 @@ class TextModelImpl : public torch::nn::Module {
       token_->weight.normal_(0, 0.02);
       position_->weight.normal_(0, 0.01);
     }
+    convert_module(*emb, dtype);
     VitConfig bc;
     bc.style = "clip";
     bc.hidden = c.hidden, bc.intermediate = c.intermediate, bc.heads = c.heads, bc.eps = c.eps, bc.act = c.act;
@@ -62,9 +64,11 @@ class TextModelImpl : public torch::nn::Module {
                     ->register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < c.layers; ++i) {
       blocks_.push_back(VitBlock(bc));
+      convert_module(*blocks_.back(), dtype);
       list->push_back(blocks_.back());
     }
     final_ = register_module("final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden}).eps(c.eps)));
+    convert_module(*final_, dtype);
   }
 
   // pooled [N, hidden]: the final-normed state at each row's end-of-text token
@@ -120,7 +124,8 @@ TORCH_MODULE(TextModel);
 
 class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoupled, public wick::AdapterTargets {
  public:
-  explicit Clip(const wick::Options& o) : exact_(o.get_string("accumulation") == "exact") {
+  explicit Clip(const wick::Options& o)
+      : exact_(o.get_string("accumulation") == "exact"), dtype_(dtype_named(o.get_string("dtype"))) {
     VitConfig vc;
     std::int64_t projection = o.get_int("projection_dim");
     double scale_init = o.get_double("logit_scale_init");
@@ -177,8 +182,8 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
     vc.style = "clip";
     if (!o.has("path")) vc.pool = o.get_string("pool");
     projection_ = projection;
-    text_model_ = register_module("text_model", TextModel(tc_));
-    vision_model_ = register_module("vision_model", Vit(vc));
+    text_model_ = register_module("text_model", TextModel(tc_, dtype_));
+    vision_model_ = register_module("vision_model", Vit(vc, dtype_));
     visual_projection_ =
         register_module("visual_projection", torch::nn::Linear(torch::nn::LinearOptions(vc.hidden, projection).bias(false)));
     text_projection_ =
@@ -196,8 +201,7 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
       // non-persistent buffers older files carry
       wick::load_state(*this, tensors, dir, {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"});
     }
-    dtype_ = dtype_named(o.get_string("dtype"));
-    if (dtype_ != at::kFloat) to(dtype_);
+    if (dtype_ != at::kFloat) to(dtype_);  // projections and logit_scale; the towers were built in dtype_
   }
 
   at::Tensor image_embeds(const wick::Batch& b) {

@@ -27,13 +27,16 @@ namespace {
 class VideoClassifier : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
  public:
   explicit VideoClassifier(const wick::Options& o)
-      : classes_(o.get_int("classes")), temporal_(o.get_string("temporal")), freeze_(o.get_bool("freeze_vision")) {
+      : classes_(o.get_int("classes")),
+        temporal_(o.get_string("temporal")),
+        freeze_(o.get_bool("freeze_vision")),
+        dtype_(dtype_named(o.get_string("dtype"))) {
     if (o.has("vision_path")) {
       const std::string dir = o.get_string("vision_path");
-      vit_ = vit_from_folder(dir, "video_classifier", o.get_string("pool"));
+      vit_ = vit_from_folder(dir, "video_classifier", o.get_string("pool"), dtype_);
       stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, vit_->config().style, "video_classifier"));
     } else {
-      vit_ = Vit(config_from_options(o));
+      vit_ = Vit(config_from_options(o), dtype_);
       stats_ = pixel_stats_from_options(o, vit_->config().style, "video_classifier");
     }
     const VitConfig& fc = vit_->config();
@@ -63,8 +66,7 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     classifier_ = register_module("classifier", torch::nn::Linear(D, classes_));
     if (freeze_)
       for (auto& p : vit_->parameters()) p.set_requires_grad(false);
-    dtype_ = dtype_named(o.get_string("dtype"));
-    if (dtype_ != at::kFloat) to(dtype_);
+    if (dtype_ != at::kFloat) to(dtype_);  // the small parts; the encoder was built in dtype_
   }
 
   // [N, T, D]: the pooled features of every frame

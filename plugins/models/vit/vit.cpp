@@ -24,7 +24,8 @@ namespace {
 
 class VitModel : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
  public:
-  explicit VitModel(const wick::Options& o) : classes_(o.get_int("classes")), output_(o.get_string("output")) {
+  explicit VitModel(const wick::Options& o)
+      : classes_(o.get_int("classes")), output_(o.get_string("output")), dtype_(dtype_named(o.get_string("dtype"))) {
     std::string style = o.get_string("style");
     if (o.has("path")) {
       const std::string dir = o.get_string("path");
@@ -52,13 +53,12 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
       build(c);
       stats_ = pixel_stats_from_options(o, c.style, "vit");
     }
-    dtype_ = dtype_named(o.get_string("dtype"));
-    if (dtype_ != at::kFloat) to(dtype_);
+    if (dtype_ != at::kFloat) to(dtype_);  // the head; the encoder was built in dtype_
   }
 
   void build(const VitConfig& c) {
     prefix_ = c.style == "vit" ? "vit." : "vision_model.";
-    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c));
+    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_));
     if (classes_ > 0) classifier_ = register_module("classifier", torch::nn::Linear(c.hidden, classes_));
   }
 
