@@ -13,7 +13,8 @@ VOCAB, IMAGE = 61, 60
 RECIPE = """
 local wick = require "wick"
 local a = wick.args
-local model = wick.model("vlm", { path = a.path, freeze_vision = false })
+local model = wick.model("vlm", { path = a.path, freeze_vision = a.freeze_vision == true,
+  frame_tokens = a.frame_tokens, frame_chunk = a.frame_chunk, time_pool = a.time_pool })
 wick.core.predict(model, a.batch, a.logits)
 wick.core.gradients(model, a.batch, a.grads)
 model:save(a.saved)
@@ -32,12 +33,12 @@ def tiny(layer, strategy, tie=False):
     return transformers.LlavaForConditionalGeneration(cfg).float().eval()
 
 
-def run_recipe(tmp_path, run_wick):
+def run_recipe(tmp_path, run_wick, *extra):
     """RECIPE on tmp_path's hf folder and batch: logits, gradients, saved weights."""
     (tmp_path / "r.lua").write_text(RECIPE)
     run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
              f"logits={tmp_path / 'logits.safetensors'}", f"grads={tmp_path / 'grads.safetensors'}",
-             f"saved={tmp_path / 'wick.safetensors'}")
+             f"saved={tmp_path / 'wick.safetensors'}", *extra)
 
 
 def widen_image_tokens(ids, x, fill, count):
@@ -178,3 +179,60 @@ def test_a_tied_config_with_its_own_lm_head_weight_does_what_transformers_does(t
     got = load_file(tmp_path / "o.safetensors")["output"]
     assert (got - want).abs().max().item() < 1e-4
     assert ("stays a separate output head, as transformers leaves it" in p.stderr) == (not same)
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_pooled_frames_in_chunks_equal_a_written_out_reference(tmp_path, run_wick, freeze):
+    """frame_tokens = 4 (each frame's 4x4 patch grid averaged in 2x2 squares),
+    time_pool = 2 (frames 0-1 averaged, frame 2 alone), frame_chunk = 2 (the 6
+    frames through the tower two at a time): logits, loss and gradients equal
+    transformers' tower, the pooling written out here, the projector and the
+    language model fed those embeddings; a frozen tower gives the same logits."""
+    torch.manual_seed(3)
+    ref = tiny(-2, "default")
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    B, T, L = 2, 3, 7
+    ids = torch.randint(0, IMAGE, (B, L))
+    ids[0, 1] = IMAGE
+    ids[1, 4] = IMAGE
+    labels = ids.clone()
+    labels[ids == IMAGE] = -100
+    video = torch.randn(B, T, 3, 32, 32)
+    save_file({"input_ids": ids, "labels": labels, "video": video}, tmp_path / "batch.safetensors")
+    run_recipe(tmp_path, run_wick, "frame_tokens=4", "frame_chunk=2", "time_pool=2", f"freeze_vision={str(freeze).lower()}")
+
+    # the reference, step by step
+    hs = ref.model.vision_tower(video.flatten(0, 1), output_hidden_states=True).hidden_states[-2]
+    grid = hs[:, 1:].reshape(B * T, 4, 4, -1)  # [frames, row, col, D]
+    pooled = (grid[:, 0::2, 0::2] + grid[:, 1::2, 0::2] + grid[:, 0::2, 1::2] + grid[:, 1::2, 1::2]) / 4
+    pooled = pooled.reshape(B, T, 4, -1)
+    timed = torch.stack([(pooled[:, 0] + pooled[:, 1]) / 2, pooled[:, 2]], 1).reshape(B, 8, -1)
+    feats = ref.model.multi_modal_projector(timed)
+    emb = ref.model.get_input_embeddings()(ids.masked_fill(ids == IMAGE, 0))
+    rows, lab = [], []
+    for r in range(B):
+        p = int((ids[r] == IMAGE).nonzero())
+        rows.append(torch.cat([emb[r, :p], feats[r], emb[r, p + 1:]]))
+        lab.append(torch.cat([labels[r, :p], torch.full((8,), -100), labels[r, p + 1:]]))
+    h = ref.model.language_model(inputs_embeds=torch.stack(rows)).last_hidden_state
+    want = ref.lm_head(h)
+    y = torch.stack(lab)[:, 1:].reshape(-1)
+    loss = torch.nn.functional.cross_entropy(want[:, :-1].reshape(-1, VOCAB), y, ignore_index=-100)
+    loss.backward()
+
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert logits.shape == want.shape == (B, L - 1 + 8, VOCAB)
+    assert (logits - want.detach()).abs().max().item() < 1e-4
+    g = load_file(tmp_path / "grads.safetensors")
+    assert abs(g["loss"].item() - loss.item()) < 1e-5
+    checked = 0
+    for n, p in ref.named_parameters():
+        if p.grad is None or p.grad.abs().max() == 0:
+            continue
+        if freeze and n.startswith("model.vision_tower."):
+            assert "grad." + n not in g or g["grad." + n].abs().max() == 0
+            continue
+        torch.testing.assert_close(g["grad." + n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        checked += 1
+    assert checked > 20
+    assert any(k.startswith("grad.model.vision_tower.") for k in g) != freeze

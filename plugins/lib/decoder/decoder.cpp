@@ -1,5 +1,9 @@
 #include "lib/decoder/decoder.hpp"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <wick/kit/safetensors.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,6 +13,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -35,9 +40,37 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 namespace {
 wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Build& b) {
-  return wick::Linear(in, out, bias, b.dtype, b.init, b.defer_linear);
+  wick::Linear l(in, out, bias, b.dtype, b.init, b.defer_linear);
+  if (b.init && !b.defer_linear && b.quantize_block > 0) l->quantize_nf4(at::kBFloat16, b.quantize_block);
+  return l;
 }
 }  // namespace
+
+wick::OptionSchema quantize_options() {
+  return {wick::opt_string("quantize", "none",
+                           "nf4: every linear layer of the language model but the head is stored as 4-bit NF4 "
+                           "(double-quantized constants, as optim 'qlora' stores it), each weight quantized as its "
+                           "tensor is read (or made), so the full-precision model never exists; qlora over it keeps "
+                           "these weights")
+              .one_of({"none", "nf4"}),
+          wick::opt_int("quantize_block", 64, "weights per NF4 block with quantize = \"nf4\"").at_least(2)};
+}
+
+void check_nf4_block(const Config& c, std::int64_t block, const std::string& prefix, const std::string& who) {
+  const std::string l0 = prefix + ".layers.0.";
+  const std::int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  const std::vector<std::pair<std::string, std::int64_t>> layers = {
+      {"self_attn.q_proj", c.hidden * q},     {"self_attn.k_proj", c.hidden * kv},
+      {"self_attn.v_proj", c.hidden * kv},    {"self_attn.o_proj", q * c.hidden},
+      {"mlp.gate_proj", c.hidden * c.intermediate}, {"mlp.up_proj", c.hidden * c.intermediate},
+      {"mlp.down_proj", c.intermediate * c.hidden}};
+  if (c.layers == 0) return;
+  for (const auto& [name, n] : layers)
+    if (n % block != 0 || n % 2 != 0)
+      throw wick::Error(who + ": quantize_block " + std::to_string(block) + " does not divide layer " + l0 + name +
+                        "'s " + std::to_string(n) + " weights, expected a block size that divides every linear "
+                        "layer's weight count (an even count)");
+}
 
 AttentionImpl::AttentionImpl(const Config& c, const Build& b) : c_(c) {
   q_proj = register_module("q_proj", linear(c.hidden, c.heads * c.head_dim, c.qkv_bias, b));
@@ -121,6 +154,32 @@ BodyImpl::BodyImpl(const Config& c, const Build& b) {
 
 wick::NamedTensorList read_folder(const fs::path& dir, const std::string& who) {
   return wick::read_safetensors_folder(dir, who);
+}
+
+namespace {
+// Quantizing's float temporaries, freed between the small NF4 tensors that
+// stay, would otherwise leave the heap fragmented and resident (glibc keeps
+// freed chunks below its growing mmap threshold): handed back after each.
+void release_free_heap() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
+}  // namespace
+
+void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
+                     const std::set<std::string>& ignore,
+                     const std::vector<std::pair<std::string, wick::Linear>>& layers, std::int64_t block) {
+  std::map<std::string, wick::Linear> quantized;  // "<layer>.weight" -> the layer
+  if (block > 0)
+    for (const auto& [name, lin] : layers) quantized.emplace(name + ".weight", lin);
+  wick::load_state(m, std::move(weights), source, ignore, [&](const std::string& name, const at::Tensor& t) {
+    auto it = quantized.find(name);
+    if (it == quantized.end()) return false;
+    it->second->quantize_nf4_from(t, at::kBFloat16, block);
+    release_free_heap();
+    return true;
+  });
 }
 
 void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const std::string& embed,
@@ -319,10 +378,19 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
   if (loss_chunk_ <= 0) return loss(head(h), labels);
   const auto H = h.size(-1);
   at::Tensor x = h.narrow(1, 0, h.size(1) - 1).reshape({-1, H});
+  const at::Tensor live = y_cpu.ne(kIgnore);
+  const std::int64_t items = live.sum().item<std::int64_t>();
+  if (items < y_cpu.size(0)) {
+    // only the rows that carry a label reach the head: a prompt's or a
+    // picture's positions (most of a VLM's sequence) cost no vocabulary product
+    const at::Tensor rows = live.nonzero().reshape({-1});
+    x = x.index_select(0, rows.to(x.device()));
+    y = y.index_select(0, rows.to(y.device()));
+  }
   auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk_);
   wick::ForwardResult r;
   r.loss_sum = sum;
-  r.items = y_cpu.ne(kIgnore).sum().item<std::int64_t>();
+  r.items = items;
   r.metrics["accuracy"] = right;
   return r;
 }

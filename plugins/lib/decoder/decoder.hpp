@@ -39,11 +39,22 @@ constexpr std::int64_t kIgnore = -100;
 /// uninitialised for a folder's values; with `defer_linear`, the layers'
 /// linear weights are not allocated at all (meta tensors): they arrive
 /// quantized, tensor by tensor (wick::Linear::quantize_nf4_from).
+/// With `quantize_block` > 0 and `init`, each layer's linear weight is
+/// quantized to NF4 as soon as it is made (the same bytes as quantizing the
+/// whole model afterwards), so a from-scratch QLoRA model never holds more
+/// than one float layer.
 struct Build {
   at::ScalarType dtype = at::kFloat;
   bool init = true;
   bool defer_linear = false;
+  std::int64_t quantize_block = 0;
 };
+
+/// The model options of 4-bit weights (decoder_lm's and vlm's): quantize, quantize_block.
+wick::OptionSchema quantize_options();
+/// quantize_block must divide every layer's linear weight count (and leave an
+/// even count); throws naming the first layer (under `prefix`) it does not.
+void check_nf4_block(const Config& c, std::int64_t block, const std::string& prefix, const std::string& who);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -101,6 +112,14 @@ TORCH_MODULE(Body);
 /// The tensors of a Hugging Face folder: model.safetensors or the shards of
 /// model.safetensors.index.json (wick::read_safetensors_folder).
 wick::NamedTensorList read_folder(const std::filesystem::path& dir, const std::string& who);
+
+/// Loads `weights` (named as in `m`) into `m` tensor by tensor, releasing
+/// each as it lands (wick::load_state by rvalue). With block > 0, the weights
+/// of `layers` (built with Build::defer_linear; names as in `m`) are quantized
+/// to NF4 as they arrive instead, so the float layer never exists.
+void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
+                     const std::set<std::string>& ignore,
+                     const std::vector<std::pair<std::string, wick::Linear>>& layers, std::int64_t block);
 
 /// tie_word_embeddings with a separate `head` tensor in the weights that
 /// differs from `embed`: transformers then leaves the head untied and uses

@@ -14,10 +14,6 @@
 
 #include "lib/decoder/decoder.hpp"
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -32,15 +28,6 @@ dec::Config config_of(const wick::Options& o, const nlohmann::json* hf, const fs
   dec::Config c = dec::config_from_options(o);
   dec::finish_config(c, "decoder_lm");
   return c;
-}
-
-// Quantizing's float temporaries, freed between the small NF4 tensors that
-// stay, would otherwise leave the heap fragmented and resident (glibc keeps
-// freed chunks below its growing mmap threshold): handed back after each.
-void release_free_heap() {
-#ifdef __GLIBC__
-  ::malloc_trim(0);
-#endif
 }
 
 class DecoderLM : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
@@ -63,36 +50,17 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     if (c.dtype.empty()) c.dtype = "fp32";
     const bool nf4 = o.get_string("quantize") == "nf4";
     const std::int64_t block = o.get_int("quantize_block");
+    if (nf4) dec::check_nf4_block(c, block, "model", "decoder_lm");
     dec::Build b;
     b.dtype = c.dtype == "bf16" ? at::kBFloat16 : c.dtype == "fp16" ? at::kHalf : at::kFloat;
     b.init = !hf;
-    b.defer_linear = hf && nf4;
+    b.defer_linear = hf && nf4;          // a folder's weights arrive quantized, tensor by tensor
+    b.quantize_block = nf4 ? block : 0;  // random ones are quantized layer by layer as they are made
     dec_ = std::make_unique<dec::Decoder>(c, "model", b);
     dec_->register_with(*this, "model", *this);
-    std::map<std::string, wick::Linear> quantized;  // "<layer>.weight" -> the layer
-    if (nf4) {
-      for (auto& [name, lin] : dec_->linear_layers()) {
-        const std::int64_t n = lin->in_features * lin->out_features;
-        if (n % block != 0 || n % 2 != 0)
-          throw wick::Error("decoder_lm: quantize_block " + std::to_string(block) + " does not divide layer " + name +
-                            "'s " + std::to_string(n) + " weights, expected a block size that divides every linear "
-                            "layer's weight count (an even count)");
-        quantized.emplace(name + ".weight", lin);
-      }
-    }
-    if (hf) {
-      // each tensor lands (or is quantized) and its pages are released before the next
-      wick::load_state(*this, std::move(weights), dir.string(), dec_->ignored_on_load(),
-                       [&](const std::string& name, const at::Tensor& t) {
-                         auto it = quantized.find(name);
-                         if (it == quantized.end()) return false;
-                         it->second->quantize_nf4_from(t, at::kBFloat16, block);
-                         release_free_heap();
-                         return true;
-                       });
-    } else {
-      for (auto& [name, lin] : quantized) lin->quantize_nf4(at::kBFloat16, block);
-    }
+    if (hf)
+      dec::load_quantizing(*this, std::move(weights), dir.string(), dec_->ignored_on_load(), dec_->linear_layers(),
+                           nf4 ? block : 0);
     dec_->set_loss_chunk(o.get_int("loss_chunk"));
   }
 
@@ -145,12 +113,7 @@ wick::OptionSchema schema() {
                                "weight dtype; default: the folder's (config.json's torch_dtype) with `path`, else fp32")
                   .one_of({"fp32", "bf16", "fp16"})
                   .optional());
-  s.push_back(wick::opt_string("quantize", "none",
-                               "nf4: every linear layer but the head is stored as 4-bit NF4 (double-quantized constants, "
-                               "as optim 'qlora' stores it), each weight quantized as its tensor is read, so the "
-                               "full-precision model never exists; qlora over it keeps these weights")
-                  .one_of({"none", "nf4"}));
-  s.push_back(wick::opt_int("quantize_block", 64, "weights per NF4 block with quantize = \"nf4\"").at_least(2));
+  for (auto& o : dec::quantize_options()) s.push_back(o);
   for (auto& o : dec::loss_options()) s.push_back(o);
   return s;
 }

@@ -9,10 +9,17 @@
 // Batches: input_ids [B, L] with exactly one image token per sample, labels
 // [B, L] (-100 = ignored), and the picture: image [B, 3, H, W] (uint8, as
 // image_folder gives it; normalised here), video [B, T, 3, H, W] (every
-// frame's patches become visual tokens, frame after frame: T * patches
-// tokens), or pixel_values (floating, already normalised). The image token
-// is replaced by the projected visual tokens; their positions carry no loss.
-// Items are the answer tokens (labels other than -100).
+// frame's tokens become visual tokens, frame after frame), or pixel_values
+// (floating, already normalised). The image token is replaced by the
+// projected visual tokens; their positions carry no loss. Items are the
+// answer tokens (labels other than -100).
+//
+// Frames, memory bounded: the tower sees `frame_chunk` frames at a time (a
+// frozen tower keeps nothing of a chunk once its tokens are out), each
+// frame's patch grid is average-pooled to `frame_tokens` tokens (a g x g
+// grid, as the LLaVA-Video family pools), and `time_pool` consecutive frames
+// are averaged into one, before the projector: a clip of T frames gives
+// ceil(T / time_pool) * frame_tokens tokens to the language model.
 
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
@@ -26,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/linear.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -103,6 +111,20 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
         dec::finish_config(lc, kWho);
       }
     }
+    const std::string dtype = o.get_string("dtype");
+    const at::ScalarType wdtype = dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+    frame_tokens_ = o.get_int("frame_tokens");
+    frame_chunk_ = o.get_int("frame_chunk");
+    time_pool_ = o.get_int("time_pool");
+    {
+      const std::int64_t grid = vc.image_size / vc.patch_size;
+      const auto g = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(frame_tokens_))));
+      if (frame_tokens_ != 0 && (g * g != frame_tokens_ || g > grid))
+        throw wick::Error(std::string(kWho) + ": frame_tokens " + str(frame_tokens_) +
+                          " is not a square grid of at most the tower's " + str(grid) + "x" + str(grid) +
+                          " patches, expected 0 (every patch) or one of 1, 4, 9, ..., " + str(grid * grid));
+      pool_grid_ = frame_tokens_ == 0 ? 0 : g;
+    }
     if (select_ != "default" && select_ != "full")
       throw wick::Error(std::string(kWho) + ": vision_feature_select '" + select_ + "' is not default or full");
     if (image_token_id_ < 0 || image_token_id_ >= lc.vocab)
@@ -130,11 +152,22 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
     auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
-    vit_ = inner->register_module("vision_tower", vis::Vit(vc));
+    vit_ = inner->register_module("vision_tower", vis::Vit(vc, wdtype));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
                                         Projector(vc.hidden, lc.hidden, projector == "mlp2x_gelu", projector_bias));
-    dec_ = std::make_unique<dec::Decoder>(lc, "model.language_model");
+    vis::convert_module(*projector_, wdtype);
+    const bool from_folder = !llava.empty() || !language_dir.empty();
+    const bool nf4 = o.get_string("quantize") == "nf4";
+    const std::int64_t block = o.get_int("quantize_block");
+    if (nf4) dec::check_nf4_block(lc, block, "model.language_model", kWho);
+    dec::Build build;
+    build.dtype = wdtype;
+    build.init = !from_folder;
+    build.defer_linear = from_folder && nf4;     // a folder's weights arrive quantized, tensor by tensor
+    build.quantize_block = nf4 ? block : 0;      // random ones are quantized layer by layer as they are made
+    quantize_block_ = nf4 ? block : 0;
+    dec_ = std::make_unique<dec::Decoder>(lc, "model.language_model", build);
     dec_->register_with(*inner, "language_model", *this);
 
     stats_ = vis::default_pixel_stats(vc.style);
@@ -159,6 +192,25 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
 
     if (o.get_bool("freeze_vision"))
       for (auto& p : vit_->parameters()) p.set_requires_grad(false);
+    if (o.get_bool("quantize_vision")) {
+      // a frozen tower's linear weights as 4-bit NF4 too, as bitsandbytes'
+      // load_in_4bit quantizes every linear layer but the output head
+      if (!nf4)
+        throw wick::Error(std::string(kWho) + ": quantize_vision needs quantize = \"nf4\" (got quantize = \"" +
+                          o.get_string("quantize") + "\")");
+      if (!o.get_bool("freeze_vision"))
+        throw wick::Error(std::string(kWho) + ": quantize_vision needs freeze_vision = true (4-bit weights do not train)");
+      for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
+        const std::int64_t n = lin->in_features * lin->out_features;
+        if (n % block != 0 || n % 2 != 0)
+          throw wick::Error(std::string(kWho) + ": quantize_block " + str(block) + " does not divide layer " + name +
+                            "'s " + str(n) + " weights, expected a block size that divides every linear layer's "
+                            "weight count (an even count)");
+      }
+      for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
+        lin->quantize_nf4(/*compute=*/wdtype, block);
+      }
+    }
     if (o.get_bool("freeze_language")) {
       for (auto& p : dec_->body->parameters()) p.set_requires_grad(false);
       if (dec_->lm_head)
@@ -167,22 +219,25 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     if (o.get_bool("freeze_projector"))
       for (auto& p : projector_->parameters()) p.set_requires_grad(false);
     dec_->set_loss_chunk(o.get_int("loss_chunk"));
-    const std::string dtype = o.get_string("dtype");
-    if (dtype == "bf16") to(at::kBFloat16);
-    else if (dtype == "fp16") to(at::kHalf);
   }
 
   // A LLaMA / Qwen2 folder (model.* -> model.language_model.*, lm_head.weight)
-  // or a LLaVA folder's language model.
-  void load_language_tensors(const wick::NamedTensorList& all, const std::string& body_prefix,
-                             const std::string& head_name, const std::string& dir) {
+  // or a LLaVA folder's language model: its tensors are taken out of `all`
+  // and each released as it lands; with quantize = "nf4" the layers' linear
+  // weights are quantized as they arrive.
+  void load_language_tensors(wick::NamedTensorList& all, const std::string& body_prefix, const std::string& head_name,
+                             const std::string& dir) {
     wick::NamedTensorList body, head;
-    for (const auto& [n, t] : all) {
-      if (n.rfind(body_prefix, 0) == 0) body.emplace_back(n.substr(body_prefix.size()), t);
-      else if (n == head_name) head.emplace_back("weight", t);
+    for (auto& [n, t] : all) {
+      if (n.rfind(body_prefix, 0) == 0) body.emplace_back(n.substr(body_prefix.size()), std::move(t));
+      else if (n == head_name) head.emplace_back("weight", std::move(t));
     }
-    wick::load_state(*dec_->body, body, dir + " (language model under " + body_prefix + ")");
-    if (dec_->lm_head) wick::load_state(*dec_->lm_head, head, dir + " (" + head_name + ")");
+    std::vector<std::pair<std::string, wick::Linear>> layers;  // named as in the body
+    const std::string mine = "model.language_model.";
+    for (auto& [n, l] : dec_->linear_layers()) layers.emplace_back(n.substr(mine.size()), l);
+    dec::load_quantizing(*dec_->body, std::move(body), dir + " (language model under " + body_prefix + ")", {}, layers,
+                         quantize_block_);
+    if (dec_->lm_head) wick::load_state(*dec_->lm_head, std::move(head), dir + " (" + head_name + ")");
   }
 
   // A LLaVA folder, in transformers 5's names (model.vision_tower.*,
@@ -196,7 +251,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return false;
   }
 
-  void load_llava(const std::string& dir, const wick::NamedTensorList& all) {
+  void load_llava(const std::string& dir, wick::NamedTensorList& all) {
     vis::load_vit_weights(*vit_, all, vis::find_vit_prefix(all, vit_->config().style, dir), dir);
     wick::NamedTensorList proj;
     for (const auto& [n, t] : all) {
@@ -208,34 +263,69 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     else load_language_tensors(all, "language_model.model.", "language_model.lm_head.weight", dir);
   }
 
+  // [n, tokens, vision hidden]: one frame's tokens after the tower (block
+  // vision_feature_layer), the class token dropped (select default), the
+  // patch grid average-pooled to frame_tokens.
+  at::Tensor frame_features(const at::Tensor& pix) {
+    at::Tensor f = vit_->forward(pix, this, vision_prefix_, layer_);
+    at::Tensor cls;
+    if (select_ == "full") cls = f.narrow(1, 0, 1);
+    f = f.narrow(1, 1, f.size(1) - 1);
+    if (pool_grid_ > 0) {
+      const auto n = f.size(0), D = f.size(2);
+      const auto grid = vit_->config().image_size / vit_->config().patch_size;
+      f = at::adaptive_avg_pool2d(f.transpose(1, 2).reshape({n, D, grid, grid}), {pool_grid_, pool_grid_})
+              .flatten(2)
+              .transpose(1, 2);
+    }
+    return cls.defined() ? at::cat({cls, f}, 1) : f;
+  }
+
   // [N, visual tokens, text hidden] for the batch's pictures.
   at::Tensor visual_tokens(const wick::Batch& b) {
-    at::Tensor pix;
+    at::Tensor raw;  // [N * T, 3, H, W]: uint8 to be normalised, or floating pixels
     std::int64_t frames = 1;
-    const auto dtype = projector_->linear_1->weight.scalar_type();
+    bool normalised = false;
     if (auto it = b.find("video"); it != b.end()) {
       const auto& v = it->second;
       if (v.dim() != 5) throw wick::Error(std::string(kWho) + ": video must be [N, T, 3, H, W], got " + c10::str(v.sizes()));
       frames = v.size(1);
-      pix = vis::normalize_pixels(v.flatten(0, 1), stats_.mean, stats_.std, dtype);
+      raw = v.flatten(0, 1);
     } else if (auto it = b.find("image"); it != b.end()) {
-      pix = vis::normalize_pixels(it->second, stats_.mean, stats_.std, dtype);
+      raw = it->second;
     } else if (auto it = b.find("pixel_values"); it != b.end()) {
-      pix = it->second.to(dtype);
+      raw = it->second;
+      normalised = true;
     } else {
       throw wick::Error(std::string(kWho) + ": the batch has no image, video or pixel_values");
     }
+    // the weights' dtype now (precision = bf16-true converts them after they are made)
+    const auto dtype = projector_->linear_1->weight.scalar_type();
     bool vision_trains = false;
     for (const auto& p : vit_->parameters()) vision_trains = vision_trains || p.requires_grad();
-    at::Tensor feats;
-    {
-      // a frozen tower keeps no activations for backward
+    // frame_chunk frames through the tower at a time; a frozen tower keeps no
+    // activations for backward, so a chunk's are gone once its tokens are out
+    const std::int64_t total = raw.size(0);
+    const std::int64_t chunk = frame_chunk_ > 0 ? frame_chunk_ : total;
+    std::vector<at::Tensor> parts;
+    for (std::int64_t s = 0; s < total; s += chunk) {
+      const at::Tensor r = raw.narrow(0, s, std::min(chunk, total - s));
+      const at::Tensor pix = normalised ? r.to(dtype) : vis::normalize_pixels(r, stats_.mean, stats_.std, dtype);
       std::unique_ptr<at::NoGradGuard> guard;
       if (!vision_trains) guard = std::make_unique<at::NoGradGuard>();
-      feats = vit_->forward(pix, this, vision_prefix_, layer_);
+      parts.push_back(frame_features(pix));
     }
-    if (select_ == "default") feats = feats.narrow(1, 1, feats.size(1) - 1);  // drop the class token
-    feats = feats.reshape({feats.size(0) / frames, frames * feats.size(1), feats.size(2)});
+    at::Tensor feats = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [N * T, tokens, D]
+    parts.clear();
+    const auto N = feats.size(0) / frames, P = feats.size(1), D = feats.size(2);
+    feats = feats.view({N, frames, P, D});
+    if (time_pool_ > 1 && frames > 1) {  // consecutive frames averaged, the last group maybe shorter
+      std::vector<at::Tensor> groups;
+      for (std::int64_t t = 0; t < frames; t += time_pool_)
+        groups.push_back(feats.narrow(1, t, std::min(time_pool_, frames - t)).mean(1));
+      feats = at::stack(groups, 1);
+    }
+    feats = feats.reshape({N, feats.size(1) * P, D});
     return projector_->forward(feats.to(dtype));
   }
 
@@ -266,9 +356,14 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return at::stack(rows);
   }
 
+  // Visual tokens of one frame (frame_tokens, or every patch; with the class token for select full).
+  std::int64_t tokens_per_frame() const {
+    return (pool_grid_ > 0 ? pool_grid_ * pool_grid_ : vit_->num_patches()) + (select_ == "full" ? 1 : 0);
+  }
+
   std::int64_t tokens_per_picture(const wick::Batch& b) const {
-    std::int64_t V = vit_->num_patches() + (select_ == "full" ? 1 : 0);
-    if (auto it = b.find("video"); it != b.end()) V *= it->second.size(1);
+    std::int64_t V = tokens_per_frame();
+    if (auto it = b.find("video"); it != b.end()) V *= (it->second.size(1) + time_pool_ - 1) / time_pool_;
     return V;
   }
 
@@ -373,7 +468,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
             {"vision_layers", v.layers},
             {"image_size", v.image_size},
             {"image_token_id", image_token_id_},
-            {"visual_tokens", vit_->num_patches() + (select_ == "full" ? 1 : 0)},
+            {"visual_tokens", tokens_per_frame()},
             {"vision_feature_layer", static_cast<std::int64_t>(layer_)}};
   }
 
@@ -385,6 +480,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   vis::PixelStats stats_;
   std::int64_t image_token_id_ = 0;
   int layer_ = -2;
+  std::int64_t frame_tokens_ = 0, pool_grid_ = 0, frame_chunk_ = 0, time_pool_ = 1, quantize_block_ = 0;
 };
 
 wick::OptionSchema schema() {
@@ -416,6 +512,16 @@ wick::OptionSchema schema() {
   };
   for (auto& o : dec::size_options()) s.push_back(o);
   s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  s.push_back(wick::opt_int("frame_tokens", 0,
+                            "visual tokens per frame (or image): the patch grid average-pooled to a g x g grid "
+                            "(1, 4, 9, 16, ...); 0: every patch").at_least(0));
+  s.push_back(wick::opt_int("frame_chunk", 0,
+                            "frames through the vision tower at a time (a frozen tower then holds one chunk's "
+                            "activations, whatever the frame count); 0: all at once").at_least(0));
+  s.push_back(wick::opt_int("time_pool", 1, "consecutive frames averaged into one before the projector").at_least(1));
+  for (auto& o : dec::quantize_options()) s.push_back(o);
+  s.push_back(wick::opt_bool("quantize_vision", false,
+                             "with quantize = \"nf4\": the frozen vision tower's linear weights as NF4 too"));
   for (auto& o : dec::loss_options()) s.push_back(o);
   return s;
 }
