@@ -1,0 +1,98 @@
+-- The machinery the five seed recipes share (configs/seeds/00N_*.lua). Each
+-- recipe is a table: the seed's own settings (micro-batch x accumulation,
+-- precision, checkpointing, LoRA/QLoRA, sequence length, image size, frames,
+-- clipping, empty-cache cadence), its model at two shapes (small: trains here
+-- in seconds; real: the architecture the seed's project runs, with random
+-- weights), and the seed's own memory figure. Running a recipe trains it:
+--   wick run configs/seeds/000_microvlm.lua [clips=DIR] [shape=small|real] [epochs=N] [out=DIR]
+-- bench/seeds.lua measures each at its real shapes (one optimizer step).
+local wick = require "wick"
+local M = {}
+
+-- The model options at a shape; `depth` (bench/seeds.lua) scales the layer
+-- options of a real shape to depth units (recipe.units: the options that
+-- hold layer counts, and how many units the real model has).
+function M.model_options(recipe, shape, data, depth)
+  local o = {}
+  for k, v in pairs(recipe.model[shape]) do o[k] = v end
+  for k, v in pairs(recipe.model.common or {}) do if o[k] == nil then o[k] = v end end
+  if recipe.model.from_data then recipe.model.from_data(o, data, shape) end
+  if depth then
+    local units = recipe.units.count
+    for key, per_unit in pairs(recipe.units.per_unit) do
+      assert(o[key] == per_unit * units, recipe.name .. ": " .. key .. " is not " .. units .. " units of " .. per_unit)
+      o[key] = per_unit * depth
+    end
+  end
+  return o
+end
+
+-- The data set at a shape: media made by `wick make-clips DIR` (images or
+-- clips with captions), or the captions as text.
+function M.data(recipe, shape, clips)
+  local d = recipe.data
+  local o = {}
+  for k, v in pairs(d.common or {}) do o[k] = v end
+  for k, v in pairs(d[shape] or {}) do o[k] = v end
+  local manifest = clips .. (d.kind == "clips" and "/manifest.csv" or "/images/manifest.csv")
+  local f = io.open(manifest)
+  if not f then
+    error("no " .. manifest .. ": run `wick make-clips " .. clips .. (d.make and (" " .. d.make[shape]) or "") ..
+      "` first (or give clips=DIR)", 0)
+  end
+  f:close()
+  if d.kind == "text" then
+    -- the captions of the still images, as JSONL text
+    local lines = {}
+    for line in io.lines(manifest) do
+      local caption = line:match(",([^,]*)$")
+      if caption and caption ~= "text" then lines[#lines + 1] = wick.core.json({ text = caption }) end
+    end
+    local file = clips .. "/images/captions.jsonl"
+    wick.core.write_file(file, table.concat(lines, "\n") .. "\n")
+    o.file = file
+    return wick.data("text", o)
+  end
+  o.manifest = manifest
+  return wick.data(d.kind == "clips" and "video_folder" or "image_folder", o)
+end
+
+-- The wick.train table of a recipe at a shape (model, data, optimizer and
+-- the seed's settings), with `extra` on top.
+function M.train_table(recipe, shape, clips, extra, depth)
+  local data = M.data(recipe, shape, clips)
+  local model = wick.model(recipe.model.plugin, M.model_options(recipe, shape, data, depth))
+  if recipe.transform then
+    local t = wick.optim(recipe.transform[1], recipe.transform[2])
+    t:apply(model)
+  end
+  local oo = {}
+  for k, v in pairs(recipe.optim[2]) do oo[k] = v end
+  for k, v in pairs(recipe.optim[shape] or {}) do oo[k] = v end
+  local t = { model = model, data = data, optim = wick.optim(recipe.optim[1], oo) }
+  for k, v in pairs(recipe.train) do t[k] = v end
+  for k, v in pairs(recipe.train_at and recipe.train_at[shape] or {}) do t[k] = v end
+  for k, v in pairs(extra or {}) do t[k] = v end
+  return t
+end
+
+-- Running a recipe: bench/seeds.lua collects the table instead.
+function M.main(recipe)
+  local collect = rawget(_G, "wick_seed_collect")
+  if collect then return collect(recipe) end
+  local a = wick.args
+  local shape = a.shape or "small"
+  if shape ~= "small" and shape ~= "real" then error("shape=" .. tostring(shape) .. ": expected small or real", 0) end
+  local t = M.train_table(recipe, shape, a.clips or "clips",
+    { out = a.out or ("runs/seeds/" .. recipe.name), epochs = recipe.epochs and recipe.epochs[shape] or 1 })
+  local total, trainable = t.model:parameters()
+  print(string.format("seed %s (%s), %s shapes: %d parameters, %d train; micro-batch %d x accumulate %d, %s",
+    recipe.name, recipe.title, shape, total, trainable, t.micro_batch, t.accumulate, t.precision or "fp32"))
+  local run = wick.train(t)
+  print(string.format("seed %s: %d steps, first loss %.4f, final loss %.4f", recipe.name, run.steps,
+    run.history[1] and run.history[1].loss or 0 / 0, run.final_loss or 0 / 0))
+  if recipe.check then recipe.check(t.model, t.data, run) end
+  return run
+end
+
+return M
