@@ -47,11 +47,11 @@ local GiB = 2 ^ 30
 local keys = { "weights", "gradients", "optimizer", "data", "activations", "peak" }
 
 -- one run of two optimizer steps at `depth` units; its memory record
-local function measure(recipe, depth, dir)
+local function measure(recipe, depth, dir, optim)
   collectgarbage()
   wick.seed(1)
   local t = lib.train_table(recipe, "real", clips, { accumulate = 2, max_steps = 2, epochs = 1, quiet = true,
-    shuffle = false, out = dir, overwrite = true, overrides = false, save_every = 0 }, depth)
+    shuffle = false, out = dir, overwrite = true, overrides = false, save_every = 0, optim = optim }, depth)
   local total, trainable = t.model:parameters()
   local t0 = wick.core.now()
   local run = wick.train(t)
@@ -102,6 +102,13 @@ for _, name in ipairs(wanted) do
     print(string.format("  extrapolated / measured peak: %.4f (%d parameters, %.1f s per step)", est.peak / measured.peak,
       measured.params, measured.seconds))
   end
+  if recipe.forward_backward then
+    -- the seed's own measurement: forward and backward alone; plain SGD keeps no state
+    local fb = measure(recipe, units, tmp .. "-" .. name .. "-fb", wick.optim("sgd", { lr = 1e-3 }))
+    show("forward + backward", fb, recipe.goal)
+    print(string.format("  forward + backward (sgd: no optimizer state) at full depth: %.3f GiB against the seed's %.2f GiB",
+      fb.peak / GiB, recipe.goal / GiB))
+  end
   print(string.format("  the seed's figure: %s; goal %.2f GiB", recipe.figure, recipe.goal / GiB))
   summary[#summary + 1] = { name = name, est = measured or est, goal = recipe.goal, measured = measured ~= nil,
     title = recipe.title }
@@ -113,5 +120,6 @@ for _, s in ipairs(summary) do
   print(string.format("%-5s %-58s %10.3f %10.2f %7.2fx %s", s.name, s.title, s.est.peak / GiB, s.goal / GiB,
     s.est.peak / s.goal, s.measured and "measured" or "extrapolated"))
 end
+print("activ.: the step's peak above weights, gradients, state and data (0 when the peak is the optimizer's update).")
 print("CPU figures: bytes held by CPU tensors at the step's peak. A CUDA run adds its context (300-500 MiB,")
 print("outside the allocator's count) and the caching allocator's reserve above what tensors hold.")

@@ -21,6 +21,7 @@ return dofile(here .. "/lib.lua").main {
     end,
   },
   units = { count = 8, per_unit = { layers = 1 } },
+  forward_backward = true,  -- the seed measured forward and backward alone
   data = { kind = "text", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { tokenizer = "bytes", cache_dir = "none", pack = true, max_length = 512 },
     small = { max_length = 32 } },
