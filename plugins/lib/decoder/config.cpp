@@ -109,6 +109,7 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   }
   if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");
   c.eps = j.number("rms_norm_eps", 1e-6, 0);
+  c.init_range = j.number("initializer_range", 0.02, 0);
   // the context; absent, transformers' default for the family
   c.max_positions = j.integer("max_position_embeddings", type == "qwen2" ? 32768 : 2048, 1, kMax);
   c.tie = j.flag("tie_word_embeddings", false);
@@ -137,6 +138,7 @@ Config config_from_options(const wick::Options& o) {
   c.kv_heads = o.has("kv_heads") ? o.get_int("kv_heads") : c.heads;
   c.rope_theta = o.get_double("rope_theta");
   c.eps = o.get_double("rms_norm_eps");
+  c.init_range = o.get_double("initializer_range");
   c.tie = o.get_bool("tie_embeddings");
   c.qkv_bias = c.family == "qwen2";
   return c;
@@ -154,7 +156,11 @@ wick::OptionSchema size_options() {
               .optional(),
           wick::opt_float("rope_theta", 10000.0, "rotary embedding base").at_least(1),
           wick::opt_float("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
-          wick::opt_bool("tie_embeddings", false, "output head shares the token embedding")};
+          wick::opt_bool("tie_embeddings", false, "output head shares the token embedding"),
+          wick::opt_float("initializer_range", 0.02,
+                          "a fresh model's weights: linear and embedding weights normal(0, this), biases 0, norms 1 "
+                          "(transformers' _init_weights)")
+              .range(0, 1)};
 }
 
 nlohmann::json hf_config(const Config& c) {
@@ -170,6 +176,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"head_dim", c.head_dim},
                       {"hidden_act", "silu"},
                       {"rms_norm_eps", c.eps},
+                      {"initializer_range", c.init_range},
                       {"rope_theta", c.rope_theta},
                       {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
                       {"tie_word_embeddings", c.tie},

@@ -19,6 +19,10 @@ struct Config {
   std::string family = "llama";
   std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
   double rope_theta = 10000, eps = 1e-6;
+  /// The standard deviation of a fresh model's weights (initializer_range):
+  /// linear and embedding weights normal(0, it), biases 0, norms 1, as
+  /// transformers' _init_weights.
+  double init_range = 0.02;
   /// The context (max_position_embeddings): positions a prompt and its
   /// continuation may use together.
   std::int64_t max_positions = 4096;

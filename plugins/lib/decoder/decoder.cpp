@@ -39,9 +39,23 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }  // namespace
 
 namespace {
-wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Build& b) {
-  wick::Linear l(in, out, bias, b.dtype, b.init, b.defer_linear);
-  if (b.init && !b.defer_linear && b.quantize_block > 0) l->quantize_nf4(at::kBFloat16, b.quantize_block);
+// A fresh weight as transformers' _init_weights makes it: normal(0, std),
+// drawn in fp32 and rounded into t's dtype (so a bf16 build holds what an
+// fp32 build converted holds).
+void init_normal(at::Tensor& t, double std) {
+  at::NoGradGuard no_grad;
+  t.copy_(at::empty(t.sizes(), at::kFloat).normal_(0.0, std));
+}
+
+wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Config& c, const Build& b) {
+  wick::Linear l(in, out, bias, b.dtype, /*init=*/false, b.defer_linear);
+  if (!b.init) return l;
+  if (!b.defer_linear) init_normal(l->weight, c.init_range);
+  if (bias) {
+    at::NoGradGuard no_grad;
+    l->bias.zero_();
+  }
+  if (!b.defer_linear && b.quantize_block > 0) l->quantize_nf4(at::kBFloat16, b.quantize_block);
   return l;
 }
 }  // namespace
@@ -73,10 +87,10 @@ void check_nf4_block(const Config& c, std::int64_t block, const std::string& pre
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const Build& b) : c_(c) {
-  q_proj = register_module("q_proj", linear(c.hidden, c.heads * c.head_dim, c.qkv_bias, b));
-  k_proj = register_module("k_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, b));
-  v_proj = register_module("v_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, b));
-  o_proj = register_module("o_proj", linear(c.heads * c.head_dim, c.hidden, false, b));
+  q_proj = register_module("q_proj", linear(c.hidden, c.heads * c.head_dim, c.qkv_bias, c, b));
+  k_proj = register_module("k_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, c, b));
+  v_proj = register_module("v_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, c, b));
+  o_proj = register_module("o_proj", linear(c.heads * c.head_dim, c.hidden, false, c, b));
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -107,9 +121,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
 }
 
 MlpImpl::MlpImpl(const Config& c, const Build& b) {
-  gate_proj = register_module("gate_proj", linear(c.hidden, c.intermediate, false, b));
-  up_proj = register_module("up_proj", linear(c.hidden, c.intermediate, false, b));
-  down_proj = register_module("down_proj", linear(c.intermediate, c.hidden, false, b));
+  gate_proj = register_module("gate_proj", linear(c.hidden, c.intermediate, false, c, b));
+  up_proj = register_module("up_proj", linear(c.hidden, c.intermediate, false, c, b));
+  down_proj = register_module("down_proj", linear(c.intermediate, c.hidden, false, c, b));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
@@ -129,24 +143,13 @@ at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Ten
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
-namespace {
-// A parameter made in fp32 (random initialisation), now in `dtype`.
-void convert(at::Tensor& p, at::ScalarType dtype) {
-  if (p.scalar_type() == dtype) return;
-  at::NoGradGuard no_grad;
-  p.set_data(p.to(dtype));
-}
-}  // namespace
 
 BodyImpl::BodyImpl(const Config& c, const Build& b) {
-  if (b.init) {
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.hidden));
-    convert(embed_tokens->weight, b.dtype);
-  } else {  // the folder's values will fill it: no initialisation, no fp32 copy
-    embed_tokens = register_module(
-        "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden)
-                                                 ._weight(at::empty({c.vocab, c.hidden}, at::TensorOptions().dtype(b.dtype)))));
-  }
+  // made in its dtype; a fresh one initialised as transformers does, else the folder's values fill it
+  embed_tokens = register_module(
+      "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden)
+                                               ._weight(at::empty({c.vocab, c.hidden}, at::TensorOptions().dtype(b.dtype)))));
+  if (b.init) init_normal(embed_tokens->weight, c.init_range);
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, b));
   norm = register_module("norm", RMSNorm(c.hidden, c.eps, b.dtype));
@@ -319,7 +322,9 @@ Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(
   body = Body(c_, b);
   if (!c_.tie) {
     lm_head = torch::nn::Linear(torch::nn::LinearOptions(c_.hidden, c_.vocab).bias(false));
-    convert(lm_head->weight, b.dtype);
+    at::NoGradGuard no_grad;
+    lm_head->weight.set_data(at::empty({c_.vocab, c_.hidden}, at::TensorOptions().dtype(b.dtype)));
+    if (b.init) init_normal(lm_head->weight, c_.init_range);
   }
   const auto half = c_.head_dim / 2;
   inv_freq_ = 1.0 / at::pow(c_.rope_theta, at::arange(0, 2 * half, 2, at::kLong).to(at::kFloat) / c_.head_dim);

@@ -101,7 +101,7 @@ std::map<std::string, at::Tensor> nf4_state(Model& m) {
 void expect_quantized_equals_post(const Case& c, const std::string& prefix) {
   auto q = build(c, "bf16", 5, {{"quantize", S("nf4")}});
   auto p = build(c, "bf16", 5);
-  auto* targets = p->capability<AdapterTargets>();
+  auto* targets = capability<AdapterTargets>(*p);
   ASSERT_NE(targets, nullptr);
   for (auto& [n, l] : targets->linear_layers()) l->quantize_nf4(at::kBFloat16, 64);
   auto a = nf4_state(*q), b = nf4_state(*p);
@@ -156,6 +156,39 @@ TEST(VlmOptions, BadFrameAndQuantizeOptionsAreRefusedByName) {
               HasSubstr("quantize_vision needs freeze_vision = true"));
   EXPECT_THAT(build_error(c, {{"quantize", S("nf4")}, {"quantize_block", I(7)}}),
               HasSubstr("quantize_block 7 does not divide layer model.language_model.layers.0.self_attn.q_proj"));
+}
+
+}  // namespace
+}  // namespace wick
+
+namespace wick {
+namespace {
+
+// A fresh decoder starts where transformers' does: linear and embedding
+// weights normal(0, initializer_range), biases 0, norms 1; its first loss
+// on random tokens is near ln(vocab), tied head or not.
+TEST(DecoderInit, AFreshDecoderStartsNearLnVocab) {
+  for (bool tie : {true, false}) {
+    at::manual_seed(0);
+    auto m = test::make<Model>("decoder_lm", PluginKind::Model,
+                               {{"vocab_size", I(4096)}, {"hidden_size", I(256)}, {"intermediate_size", I(512)},
+                                {"layers", I(2)}, {"heads", I(4)}, {"family", S("qwen2")}, {"tie_embeddings", Value(tie)}});
+    for (auto& [n, t] : module_state(*m)) {
+      if (n.find("norm") != std::string::npos) {
+        EXPECT_TRUE(at::equal(t, at::ones_like(t))) << n;
+      } else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) {
+        EXPECT_TRUE(at::equal(t, at::zeros_like(t))) << n;
+      } else {
+        EXPECT_NEAR(t.std().item<double>(), 0.02, 0.002) << n;
+        EXPECT_NEAR(t.mean().item<double>(), 0.0, 0.002) << n;
+      }
+    }
+    Batch b;
+    b["input_ids"] = at::randint(0, 4096, {4, 64}, at::kLong);
+    auto r = m->forward(b);
+    const double loss = r.loss_sum.item<double>() / static_cast<double>(r.items);
+    EXPECT_NEAR(loss, std::log(4096.0), 0.5) << (tie ? "tied" : "untied");
+  }
 }
 
 }  // namespace
