@@ -29,7 +29,7 @@ return dofile(here .. "/lib.lua").main {
       if shape == "small" then o.vocab_size = data.vocab_size end
     end,
   },
-  units = { count = 12, per_unit = { layers = 2, vision_layers = 1 } },
+  depth = { "layers", "vision_layers" },  -- the options holding layer counts (bench/seeds.lua)
   data = { kind = "images", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { resize = "exact", tokenizer = "bytes", prompt = "<image>", text_length = 64 },
     small = { image_size = 32 }, real = { image_size = 224 } },

@@ -29,7 +29,7 @@ return dofile(here .. "/lib.lua").main {
       if shape == "small" then o.vocab_size = data.vocab_size end
     end,
   },
-  units = { count = 24, per_unit = { layers = 1, vision_layers = 1 } },
+  depth = { "layers", "vision_layers" },  -- the options holding layer counts (bench/seeds.lua)
   transform = { "lora", { r = 16, alpha = 32, dropout = 0.05, target_modules = { "all-linear" },
     modules_to_save = { "multi_modal_projector" } } },
   data = { kind = "clips", make = { small = "--per-class 16 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images",

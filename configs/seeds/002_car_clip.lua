@@ -27,7 +27,7 @@ return dofile(here .. "/lib.lua").main {
       if shape == "small" then o.vocab_size = data.vocab_size end
     end,
   },
-  units = { count = 12, per_unit = { layers = 1, text_layers = 1 } },
+  depth = { "layers", "text_layers" },  -- the options holding layer counts (bench/seeds.lua)
   data = { kind = "images", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { resize = "exact", tokenizer = "bytes", image_token = "" },
     small = { image_size = 32, text_length = 64 }, real = { image_size = 224, text_length = 77 } },

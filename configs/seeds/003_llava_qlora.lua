@@ -30,7 +30,7 @@ return dofile(here .. "/lib.lua").main {
       if shape == "small" then o.vocab_size = data.vocab_size end
     end,
   },
-  units = { count = 8, per_unit = { layers = 4, vision_layers = 3 } },
+  depth = { "layers", "vision_layers" },  -- the options holding layer counts (bench/seeds.lua)
   transform = { "qlora", { r = 8, alpha = 16, dropout = 0.05, target_modules = { "all-linear" } } },
   data = { kind = "images", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { resize = "exact", tokenizer = "bytes", prompt = prompt },

@@ -20,7 +20,7 @@ return dofile(here .. "/lib.lua").main {
       if shape == "small" then o.vocab_size = data.vocab_size end
     end,
   },
-  units = { count = 8, per_unit = { layers = 1 } },
+  depth = { "layers" },  -- the options holding layer counts (bench/seeds.lua)
   forward_backward = true,  -- the seed measured forward and backward alone
   data = { kind = "text", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { tokenizer = "bytes", cache_dir = "none", pack = true, max_length = 512 },

@@ -9,21 +9,14 @@
 local wick = require "wick"
 local M = {}
 
--- The model options at a shape; `depth` (bench/seeds.lua) scales the layer
--- options of a real shape to depth units (recipe.units: the options that
--- hold layer counts, and how many units the real model has).
+-- The model options at a shape; `depth` (bench/seeds.lua) sets layer
+-- options ({layers = 1, vision_layers = 2}) of the ones recipe.depth names.
 function M.model_options(recipe, shape, data, depth)
   local o = {}
   for k, v in pairs(recipe.model[shape]) do o[k] = v end
   for k, v in pairs(recipe.model.common or {}) do if o[k] == nil then o[k] = v end end
   if recipe.model.from_data then recipe.model.from_data(o, data, shape) end
-  if depth then
-    local units = recipe.units.count
-    for key, per_unit in pairs(recipe.units.per_unit) do
-      assert(o[key] == per_unit * units, recipe.name .. ": " .. key .. " is not " .. units .. " units of " .. per_unit)
-      o[key] = per_unit * depth
-    end
-  end
+  for k, v in pairs(depth or {}) do o[k] = v end
   return o
 end
 
