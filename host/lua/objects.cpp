@@ -191,6 +191,17 @@ Transform& check_transform(lua_State* L, const char* fn) {
   return static_cast<Transform&>(*o);
 }
 
+// schedule:factor(step, total_steps): the lr multiplier of optimizer step `step` (0-based) in a run of total_steps
+int schedule_factor(lua_State* L) {
+  auto& o = check_box<Object>(L, 1, kOptimMt, "factor");
+  if (o->object_kind() != ObjectKind::Schedule)
+    throw Error("factor: this optim object is not a schedule (wick.schedule(...))");
+  const auto step = static_cast<std::int64_t>(luaL_checknumber(L, 2));
+  const auto total = static_cast<std::int64_t>(luaL_optnumber(L, 3, 0));
+  lua_pushnumber(L, static_cast<Schedule&>(*o).factor(step, total));
+  return 1;
+}
+
 // transform:apply(model), :save(model, dir), :load(model, dir), :merge(model)
 int transform_apply(lua_State* L) {
   auto& t = check_transform(L, "apply");
@@ -254,7 +265,8 @@ void open_objects(lua_State* L) {
   static const luaL_Reg data_methods[] = {
       {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {"window", G(data_window)},
       {nullptr, nullptr}};
-  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"apply", G(transform_apply)},
+  static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"factor", G(schedule_factor)},
+                                           {"apply", G(transform_apply)},
                                            {"save", G(transform_save)}, {"load", G(transform_load)},
                                            {"merge", G(transform_merge)}, {nullptr, nullptr}};
   static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {"save", G(window_save)}, {nullptr, nullptr}};
