@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "plugin/registry.hpp"
+#include "train/freeze.hpp"
 #include "train/inspect.hpp"
 #include "train/trainer.hpp"
 #include "wick/kit/safetensors.hpp"
@@ -36,6 +37,36 @@ int model_parameters(lua_State* L) {
   lua_pushnumber(L, static_cast<double>(trainable));
   return 2;
 }
+
+// model:freeze(patterns) / model:unfreeze(patterns): a name, a module or a
+// glob, or a list of them; returns the values in all parameters and in the
+// trainable ones, as model:parameters() does
+int set_trainable_from_lua(lua_State* L, bool trainable) {
+  const char* fn = trainable ? "unfreeze" : "freeze";
+  auto m = check_model(L, 1, fn);
+  std::vector<std::string> patterns;
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    patterns.push_back(lua_tostring(L, 2));
+  } else if (lua_istable(L, 2)) {
+    const auto n = lua_objlen(L, 2);
+    for (std::size_t k = 1; k <= n; ++k) {
+      lua_rawgeti(L, 2, static_cast<int>(k));
+      if (lua_type(L, -1) != LUA_TSTRING)
+        throw Error("bad argument #2 to '" + std::string(fn) + "' (a list of strings expected, item " +
+                    std::to_string(k) + " is a " + luaL_typename(L, -1) + ")");
+      patterns.push_back(lua_tostring(L, -1));
+      lua_pop(L, 1);
+    }
+  } else {
+    throw bad_argument(L, 2, fn, "string or list of strings");
+  }
+  const auto c = set_trainable(*m, patterns, trainable, fn);
+  lua_pushnumber(L, static_cast<double>(c.total));
+  lua_pushnumber(L, static_cast<double>(c.trainable));
+  return 2;
+}
+int model_freeze(lua_State* L) { return set_trainable_from_lua(L, false); }
+int model_unfreeze(lua_State* L) { return set_trainable_from_lua(L, true); }
 
 int model_blocks(lua_State* L) {
   auto m = check_model(L, 1, "blocks");
@@ -257,6 +288,8 @@ void open_objects(lua_State* L) {
   static const luaL_Reg model_methods[] = {{"save", G(model_save)},
                                            {"load", G(model_load)},
                                            {"parameters", G(model_parameters)},
+                                           {"freeze", G(model_freeze)},
+                                           {"unfreeze", G(model_unfreeze)},
                                            {"blocks", G(model_blocks)},
                                            {"item_name", G(model_item_name)},
                                            {"window_coupled", G(model_window_coupled)},

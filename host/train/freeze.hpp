@@ -1,0 +1,32 @@
+#pragma once
+// Freezing and unfreezing a model's parameters by name, for any model: what
+// the trainer then trains (parameters with requires_grad) and what holds
+// gradients and optimizer state (only those).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+namespace wick {
+
+struct TrainableCount {
+  std::int64_t total = 0;      ///< values in every parameter
+  std::int64_t trainable = 0;  ///< values in the parameters that train
+  std::int64_t matched = 0;    ///< parameter tensors the patterns named
+};
+
+/// Whether `name` (a parameter's dotted name) is named by `pattern`: the name
+/// itself, a module holding it ("model.vision_tower" names every parameter
+/// under it), or a glob where `*` stands for any characters, dots included,
+/// and `?` for one ("*.bias", "*norm*", "model.layers.1?.*").
+bool names_parameter(const std::string& pattern, const std::string& name);
+
+/// Sets requires_grad to `trainable` on every floating parameter of `m` that
+/// one of `patterns` names. A pattern that names no parameter is an error
+/// naming it and the model's top-level modules; `fn` names the caller.
+TrainableCount set_trainable(torch::nn::Module& m, const std::vector<std::string>& patterns, bool trainable,
+                             const std::string& fn);
+
+}  // namespace wick
