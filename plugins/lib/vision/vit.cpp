@@ -47,15 +47,17 @@ std::shared_ptr<torch::nn::Module> container(torch::nn::Module& parent, const st
   return parent.register_module(name, std::make_shared<torch::nn::Module>());
 }
 
-// normal(0, std) cut at two standard deviations, as timm and Hugging Face initialise ViTs
-void trunc_normal(at::Tensor t, double mean, double std, double lo, double hi) {
+// normal(0, std), drawn in place (the part is still fp32: it is converted
+// once made), as transformers' init.normal_; its ViT's trunc_normal_ cuts at
+// +-2 absolute, which a std of 0.02 never reaches
+void init_normal(at::Tensor t, double std) {
   at::NoGradGuard g;
-  t.normal_(mean, std).clamp_(lo, hi);
+  t.normal_(0.0, std);
 }
 
-void init_linear(wick::LinearImpl& l) {
+void init_linear(wick::LinearImpl& l, double std) {
   at::NoGradGuard g;
-  trunc_normal(l.weight, 0.0, 0.02, -0.04, 0.04);
+  init_normal(l.weight, std);
   if (l.bias.defined()) l.bias.zero_();
 }
 
@@ -119,7 +121,16 @@ VitBlockImpl::VitBlockImpl(const VitConfig& c) : c_(c) {
     names_ = {{"self_attn.q_proj", q}, {"self_attn.k_proj", k}, {"self_attn.v_proj", v},
               {"self_attn.out_proj", o}, {"mlp.fc1", fc1},        {"mlp.fc2", fc2}};
   }
-  for (auto* l : {q.get(), k.get(), v.get(), o.get(), fc1.get(), fc2.get()}) init_linear(*l);
+  if (c.style == "vit") {
+    for (auto* l : {q.get(), k.get(), v.get(), o.get(), fc1.get(), fc2.get()}) init_linear(*l, c.init_range);
+  } else {  // CLIPAttention and CLIPMLP's scaled normals
+    const double d = static_cast<double>(D), L = static_cast<double>(std::max<std::int64_t>(1, c.layers));
+    const double in_proj = std::pow(d, -0.5) * std::pow(2.0 * L, -0.5) * c.init_factor;
+    for (auto* l : {q.get(), k.get(), v.get()}) init_linear(*l, in_proj);
+    init_linear(*o, std::pow(d, -0.5) * c.init_factor);
+    init_linear(*fc1, std::pow(2.0 * d, -0.5) * c.init_factor);
+    init_linear(*fc2, in_proj);
+  }
 }
 
 at::Tensor VitBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask, bool causal) {
@@ -177,19 +188,19 @@ VitImpl::VitImpl(VitConfig c, at::ScalarType dtype) : c_(std::move(c)) {
     pos_ = embeddings->register_parameter("position_embeddings", at::zeros({1, P + 1, D}));
     patch_ = container(*embeddings, "patch_embeddings")
                  ->register_module("projection", torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p)));
-    trunc_normal(cls_, 0.0, 0.02, -0.04, 0.04);
-    trunc_normal(pos_, 0.0, 0.02, -0.04, 0.04);
+    init_normal(cls_, c_.init_range);
+    init_normal(pos_, c_.init_range);
   } else {
     cls_ = embeddings->register_parameter("class_embedding", at::zeros({D}));
     patch_ = embeddings->register_module("patch_embedding",
                                          torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p).bias(false)));
     auto table = embeddings->register_module("position_embedding", torch::nn::Embedding(P + 1, D));
     pos_ = table->weight;
-    torch::nn::init::normal_(cls_, 0.0, 1.0 / std::sqrt(static_cast<double>(D)));
-    torch::nn::init::normal_(pos_, 0.0, 0.02);
+    init_normal(cls_, std::pow(static_cast<double>(D), -0.5) * c_.init_factor);
+    init_normal(pos_, c_.init_range * c_.init_factor);
     pre_ = register_module("pre_layrnorm", ln());
   }
-  trunc_normal(patch_->weight, 0.0, 0.02, -0.04, 0.04);
+  init_normal(patch_->weight, c_.style == "clip" ? c_.init_range * c_.init_factor : c_.init_range);
   if (patch_->bias.defined()) patch_->bias.zero_();
   convert_module(*embeddings, dtype);
   if (pre_) convert_module(*pre_, dtype);
@@ -202,7 +213,7 @@ VitImpl::VitImpl(VitConfig c, at::ScalarType dtype) : c_(std::move(c)) {
     final_ = register_module("layernorm", ln());
     if (c_.pooler) {
       pooler_ = container(*this, "pooler")->register_module("dense", torch::nn::Linear(D, D));
-      trunc_normal(pooler_->weight, 0.0, 0.02, -0.04, 0.04);
+      init_normal(pooler_->weight, c_.init_range);
       pooler_->bias.zero_();
     }
   } else {
@@ -274,7 +285,9 @@ nlohmann::json VitImpl::hf_config() const {
                       {"patch_size", c_.patch_size},
                       {"num_channels", c_.channels},
                       {"layer_norm_eps", c_.eps},
-                      {"hidden_act", c_.act}};
+                      {"hidden_act", c_.act},
+                      {"initializer_range", c_.init_range}};
+  if (c_.style == "clip") j["initializer_factor"] = c_.init_factor;
   if (c_.style == "vit") {
     j["model_type"] = "vit";
     j["qkv_bias"] = c_.qkv_bias;
@@ -317,6 +330,8 @@ VitConfig config_from_hf(const nlohmann::json& config, const std::string& where)
   c.heads = j.integer("num_attention_heads", c.heads, 1, kMax);
   c.eps = j.number("layer_norm_eps", c.eps, 0);
   c.act = j.string("hidden_act", c.act);
+  c.init_range = j.number("initializer_range", c.init_range, 0);
+  if (c.style == "clip") c.init_factor = j.number("initializer_factor", c.init_factor, 0);
   if (c.style == "vit") {
     c.qkv_bias = j.flag("qkv_bias", true);
     if (j.string("pooler_act", "tanh") != "tanh") j.bad("pooler_act", "tanh");

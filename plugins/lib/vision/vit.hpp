@@ -37,6 +37,11 @@ struct VitConfig {
   std::string pool = "cls";   ///< cls (class token) or mean (mean of the patch tokens)
   bool pooler = false;        ///< style vit: ViTModel's pooler (dense + tanh on the class token)
   bool qkv_bias = true;       ///< style vit: biases on query, key, value (ViTConfig.qkv_bias)
+  /// A fresh encoder's initialisation, as transformers' _init_weights: style
+  /// vit: weights normal(0, init_range); style clip: CLIP's scaled normals
+  /// (q/k/v and fc2 D^-0.5 (2 layers)^-0.5, out_proj D^-0.5, fc1 (2D)^-0.5,
+  /// each times init_factor). Biases 0, norms 1.
+  double init_range = 0.02, init_factor = 1.0;
 };
 
 /// The config of a Hugging Face folder's config.json: a ViTConfig, a

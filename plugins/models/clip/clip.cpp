@@ -40,7 +40,7 @@ namespace {
 struct TextConfig {
   std::int64_t vocab = 258, hidden = 128, intermediate = 512, layers = 4, heads = 4, max_len = 77;
   std::int64_t eos = 256, bos = -1, pad = -1;
-  double eps = 1e-5;
+  double eps = 1e-5, init_factor = 1.0;
   std::string act = "quick_gelu";
 };
 
@@ -53,13 +53,14 @@ class TextModelImpl : public torch::nn::Module {
     position_ = emb->register_module("position_embedding", torch::nn::Embedding(c.max_len, c.hidden));
     {
       at::NoGradGuard g;
-      token_->weight.normal_(0, 0.02);
-      position_->weight.normal_(0, 0.01);
+      token_->weight.normal_(0, 0.02 * c.init_factor);  // CLIPTextEmbeddings, as transformers' _init_weights
+      position_->weight.normal_(0, 0.02 * c.init_factor);
     }
     convert_module(*emb, dtype);
     VitConfig bc;
     bc.style = "clip";
     bc.hidden = c.hidden, bc.intermediate = c.intermediate, bc.heads = c.heads, bc.eps = c.eps, bc.act = c.act;
+    bc.layers = c.layers, bc.init_factor = c.init_factor;  // the blocks' initialisation scales with both
     auto list = register_module("encoder", std::make_shared<torch::nn::Module>())
                     ->register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < c.layers; ++i) {
@@ -151,6 +152,7 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
       tc_.max_len = t.integer("max_position_embeddings", 77, 1, kMax);
       tc_.eps = t.number("layer_norm_eps", 1e-5, 0);
       tc_.act = t.string("hidden_act", "quick_gelu");
+      tc_.init_factor = t.number("initializer_factor", 1.0, 0);
       tc_.eos = t.integer("eos_token_id", 49407, -1, kMax);
       tc_.bos = t.integer("bos_token_id", -1, -1, kMax);
       tc_.pad = t.integer("pad_token_id", -1, -1, kMax);
@@ -190,8 +192,8 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
         register_module("text_projection", torch::nn::Linear(torch::nn::LinearOptions(tc_.hidden, projection).bias(false)));
     {
       at::NoGradGuard g;
-      visual_projection_->weight.normal_(0, 1.0 / std::sqrt(static_cast<double>(vc.hidden)));
-      text_projection_->weight.normal_(0, 1.0 / std::sqrt(static_cast<double>(tc_.hidden)));
+      visual_projection_->weight.normal_(0, vc.init_factor / std::sqrt(static_cast<double>(vc.hidden)));
+      text_projection_->weight.normal_(0, tc_.init_factor / std::sqrt(static_cast<double>(tc_.hidden)));
     }
     logit_scale_ = register_parameter("logit_scale", at::scalar_tensor(scale_init, at::kFloat));
     scale_init_ = scale_init;

@@ -59,7 +59,12 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
   void build(const VitConfig& c) {
     prefix_ = c.style == "vit" ? "vit." : "vision_model.";
     vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_));
-    if (classes_ > 0) classifier_ = register_module("classifier", torch::nn::Linear(c.hidden, classes_));
+    if (classes_ > 0) {
+      classifier_ = register_module("classifier", torch::nn::Linear(c.hidden, classes_));
+      at::NoGradGuard g;  // as transformers' _init_weights
+      classifier_->weight.normal_(0.0, c.init_range);
+      classifier_->bias.zero_();
+    }
   }
 
   at::Tensor pixels(const wick::Batch& b) {

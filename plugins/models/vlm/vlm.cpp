@@ -48,9 +48,16 @@ constexpr const char* kWho = "vlm";
 
 class ProjectorImpl : public torch::nn::Module {
  public:
-  ProjectorImpl(std::int64_t in, std::int64_t out, bool mlp, bool bias) {
+  /// Initialised as transformers' _init_weights makes LLaVA's: weights normal(0, std), biases 0.
+  ProjectorImpl(std::int64_t in, std::int64_t out, bool mlp, bool bias, double std) {
     linear_1 = register_module("linear_1", torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
     if (mlp) linear_2 = register_module("linear_2", torch::nn::Linear(torch::nn::LinearOptions(out, out).bias(bias)));
+    at::NoGradGuard g;
+    for (auto& l : {linear_1, linear_2}) {
+      if (!l) continue;
+      l->weight.normal_(0.0, std);
+      if (l->bias.defined()) l->bias.zero_();
+    }
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = linear_1->forward(x);
@@ -155,7 +162,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     vit_ = inner->register_module("vision_tower", vis::Vit(vc, wdtype));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
-                                        Projector(vc.hidden, lc.hidden, projector == "mlp2x_gelu", projector_bias));
+                                        Projector(vc.hidden, lc.hidden, projector == "mlp2x_gelu", projector_bias,
+                                                  lc.init_range));
     vis::convert_module(*projector_, wdtype);
     const bool from_folder = !llava.empty() || !language_dir.empty();
     const bool nf4 = o.get_string("quantize") == "nf4";
