@@ -67,6 +67,10 @@ local function measure(recipe, depth, optim, over)
   local total, trainable = t.model:parameters()
   local t0 = wick.core.now()
   local run = wick.train(t)
+  if run.steps < 2 then
+    error(string.format("seed %s: the data gave %d step(s) of micro-batch %d x 2, expected 2: make more media " ..
+      "(bench/seeds.sh makes enough)", recipe.name, run.steps, t.micro_batch), 0)
+  end
   local m = run.memory
   local row = { params = total, trainable = trainable, seconds = (wick.core.now() - t0) / 2 }
   for _, k in ipairs(keys) do row[k] = tonumber(m[k]) or 0 end

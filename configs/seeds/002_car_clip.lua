@@ -5,7 +5,8 @@
 -- prefetch 2, AdamW at 2e-5. Its figure: 3-4 GB. wick's accumulation here is
 -- exact: the contrastive loss is over the whole window of 128 pairs, as a
 -- real batch of 128 (plain accumulation, the seed's, scores each pair
--- against 16 only).
+-- against 16 only). Mixed precision here is bf16 (precision=fp16-mixed on a
+-- card without bf16, as the seed's: the same bytes, plus loss scaling).
 --   wick make-clips clips --per-class 64 --no-extras
 --   wick run configs/seeds/002_car_clip.lua [clips=clips] [shape=small|real] [epochs=N]
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."

@@ -24,7 +24,7 @@ return dofile(here .. "/lib.lua").main {
   forward_backward = true,  -- the seed measured forward and backward alone
   data = { kind = "text", make = { small = "--per-class 64 --no-extras", real = "--per-class 64 --no-extras" },
     common = { tokenizer = "bytes", cache_dir = "none", pack = true, max_length = 512 },
-    small = { max_length = 32 } },
+    small = { max_length = 32 }, real = { fill_bytes = 65536 } },
   optim = { "adamw", { lr = 3e-4, weight_decay = 0.01 }, small = { lr = 3e-3 } },
   train = { micro_batch = 2, accumulate = 16, checkpointing = true, clip_grad_norm = 1.0, precision = "bf16-mixed",
     seed = 1 },

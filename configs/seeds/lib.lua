@@ -35,12 +35,20 @@ function M.data(recipe, shape, clips)
   end
   f:close()
   if d.kind == "text" then
-    -- the captions of the still images, as JSONL text
-    local lines = {}
-    for line in io.lines(manifest) do
-      local caption = line:match(",([^,]*)$")
-      if caption and caption ~= "text" then lines[#lines + 1] = wick.core.json({ text = caption }) end
-    end
+    -- the captions of the still images, as JSONL text, repeated until they
+    -- hold fill_bytes (enough sequences of the real length for a few steps)
+    local lines, bytes = {}, 0
+    local fill = o.fill_bytes or 0
+    o.fill_bytes = nil
+    repeat
+      for line in io.lines(manifest) do
+        local caption = line:match(",([^,]*)$")
+        if caption and caption ~= "text" then
+          lines[#lines + 1] = wick.core.json({ text = caption })
+          bytes = bytes + #caption
+        end
+      end
+    until bytes >= fill or #lines == 0
     local file = clips .. "/images/captions.jsonl"
     wick.core.write_file(file, table.concat(lines, "\n") .. "\n")
     o.file = file

@@ -321,9 +321,7 @@ std::int64_t pick_token(const at::Tensor& l, const wick::GenerateOptions& g, at:
 Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(c), prefix_(std::move(body_prefix)) {
   body = Body(c_, b);
   if (!c_.tie) {
-    lm_head = torch::nn::Linear(torch::nn::LinearOptions(c_.hidden, c_.vocab).bias(false));
-    at::NoGradGuard no_grad;
-    lm_head->weight.set_data(at::empty({c_.vocab, c_.hidden}, at::TensorOptions().dtype(b.dtype)));
+    lm_head = wick::Linear(c_.hidden, c_.vocab, /*bias=*/false, b.dtype, /*init=*/false);
     if (b.init) init_normal(lm_head->weight, c_.init_range);
   }
   const auto half = c_.head_dim / 2;

@@ -205,7 +205,7 @@ class Decoder {
   at::Device device() const { return body->embed_tokens->weight.device(); }
 
   Body body{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  wick::Linear lm_head{nullptr};  ///< made in its dtype (a wick::Linear: no fp32 [vocab, hidden] first)
 
  private:
   Config c_;

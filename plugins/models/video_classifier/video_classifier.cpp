@@ -87,7 +87,10 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
                         std::to_string(max_frames_) + " (set the model's max_frames to at least the data's)");
     at::Tensor frames = normalize_pixels(video.flatten(0, 1), stats_.mean, stats_.std, dtype_);
     at::Tensor pooled;
-    if (freeze_) {  // a frozen encoder keeps no activations for backward
+    // frozen now (freeze_vision, or model:freeze later): the encoder keeps no activations for backward
+    bool trains = false;
+    for (const auto& p : vit_->parameters()) trains = trains || p.requires_grad();
+    if (!trains) {
       at::NoGradGuard g;
       pooled = vit_->pool(vit_->forward(frames));
     } else {

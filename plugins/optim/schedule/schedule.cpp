@@ -75,7 +75,8 @@ class Schedule : public wick::Schedule {
     const double progress = (s - static_cast<double>(warmup_)) /
                             static_cast<double>(std::max<std::int64_t>(1, total - warmup_));
     if (type_ == "polynomial") {
-      if (step > total) return min_ratio_;
+      // past the end, or a decay over no steps (total <= warmup: transformers divides by zero): the floor
+      if (step > total || total <= warmup_) return min_ratio_;
       const double remaining = 1.0 - (s - static_cast<double>(warmup_)) / static_cast<double>(total - warmup_);
       return (1.0 - min_ratio_) * std::pow(remaining, power_) + min_ratio_;
     }

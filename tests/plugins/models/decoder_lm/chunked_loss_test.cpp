@@ -122,11 +122,14 @@ TEST(ChunkedLoss, EveryLabelIgnoredGivesZeroLossAndZeroGradients) {
   for (const auto& [n, g] : c.grads) EXPECT_EQ(g.abs().max().item<double>(), 0.0) << n;
 }
 
-// bf16 autocast: both paths multiply in bf16 and take the softmax in fp32, so
-// the loss and the gradients below the head agree within 1e-3 (relative to
-// each tensor's largest entry); the head's weight gradient within 1e-2 (bf16's
-// precision is 2^-8 = 4e-3): the chunked path sums it over chunks in fp32 where
-// the plain one rounds one bf16 product (measured: 5e-3 of its scale).
+// bf16 autocast: both paths multiply in bf16 and take the softmax in fp32, but
+// group the head's rows differently, and a bf16 product rounds by its
+// blocking: the head's weight gradient agrees within 1e-2 of its scale (the
+// chunked path sums it over chunks in fp32 where the plain one rounds one bf16
+// product; measured 5e-3), and the gradients below it within 2^-6 (four bf16
+// steps of each tensor's largest entry: the head's rounding differences pass
+// back through every layer; measured up to 6.4e-3 with transformers'
+// initialisation). A wrong gradient is off by its own size, not by these.
 TEST(ChunkedLoss, UnderBf16AutocastMatchesThePlainPathUnderTheSameAutocast) {
   for (bool tie : {false, true}) {
     SCOPED_TRACE("tie " + std::to_string(tie));
@@ -134,7 +137,9 @@ TEST(ChunkedLoss, UnderBf16AutocastMatchesThePlainPathUnderTheSameAutocast) {
     copy_state(*plain, *chunked);
     const Batch b = batch();
     const Outcome p = run(*plain, b, true), c = run(*chunked, b, true);
-    expect_close(p, c, 1e-3, 1e-2);
+    expect_close(p, c, 1.0 / 64, 1e-2);
+    const double lp = p.r.loss_sum.item<double>(), lc = c.r.loss_sum.item<double>();
+    EXPECT_LE(std::abs(lp - lc), 1e-3 * std::abs(lp)) << "the loss itself: " << lp << " vs " << lc;
     // and the autocast path is not the fp32 one: the head ran in bf16
     const Outcome f = run(*chunked, b, false);
     EXPECT_NE(f.r.loss_sum.item<double>(), c.r.loss_sum.item<double>());
