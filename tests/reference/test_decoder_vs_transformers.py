@@ -112,9 +112,10 @@ m:save(a.result)
         run_wick("run", tmp_path / "r.lua", f"data={tmp_path / 'data.safetensors'}", f"micro={micro}", f"acc={acc}",
                  f"result={tmp_path / f'{micro}x{acc}.safetensors'}")
     a, b = load_file(tmp_path / "1x4.safetensors"), load_file(tmp_path / "4x1.safetensors")
-    # per-sequence means instead of per-token would differ by far more than this
+    # per-sequence means instead of per-token would differ by far more than this; reassociation's
+    # rounding scales with each tensor's size (measured: 2.6e-6 of its largest entry after 6 steps)
     for k in b:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-5 * b[k].abs().max().item(), msg=k)
 
 
 GEN = """
