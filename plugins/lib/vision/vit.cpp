@@ -148,9 +148,10 @@ at::Tensor VitBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask, bo
     if (causal) allowed = allowed.logical_and(at::ones({L, L}, allowed.options()).tril());
     // additive, with the dtype's lowest value as Hugging Face does: a row
     // with no allowed key attends uniformly instead of giving NaN
-    at::Tensor bias = at::zeros(allowed.sizes(), qs.options())
-                          .masked_fill(allowed.logical_not(), std::numeric_limits<float>::lowest());
-    if (qs.scalar_type() != at::kFloat) bias = bias.clamp_min(-65000.0);  // finite in half precision
+    // (a half-precision product, under autocast: -65000, finite in fp16 and bf16;
+    // fp32's lowest overflows bf16 and is refused)
+    const double lowest = qs.scalar_type() == at::kFloat ? std::numeric_limits<float>::lowest() : -65000.0;
+    at::Tensor bias = at::zeros(allowed.sizes(), qs.options()).masked_fill(allowed.logical_not(), lowest);
     y = at::scaled_dot_product_attention(qs, ks, vs, bias, 0.0, false);
   } else {
     y = at::scaled_dot_product_attention(qs, ks, vs, {}, 0.0, causal);

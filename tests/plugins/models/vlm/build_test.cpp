@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <ATen/autocast_mode.h>
+
 #include "../../../test_util.hpp"
 #include "util/memory.hpp"
 #include "wick/kit/linear.hpp"
@@ -189,6 +191,48 @@ TEST(DecoderInit, AFreshDecoderStartsNearLnVocab) {
     const double loss = r.loss_sum.item<double>() / static_cast<double>(r.items);
     EXPECT_NEAR(loss, std::log(4096.0), 0.5) << (tie ? "tied" : "untied");
   }
+}
+
+}  // namespace
+}  // namespace wick
+
+namespace wick {
+namespace {
+
+// CLIP's text tower under bf16 autocast with padded texts: the padding mask's
+// bias is finite in bf16 (fp32's lowest overflowed it and the step failed),
+// and the loss is the fp32 one within bf16's precision.
+TEST(ClipAutocast, PaddedTextsTrainUnderBf16Autocast) {
+  at::manual_seed(4);
+  auto m = test::make<Model>("clip", PluginKind::Model,
+                             {{"image_size", I(32)}, {"patch_size", I(8)}, {"hidden_size", I(32)},
+                              {"intermediate_size", I(64)}, {"layers", I(2)}, {"heads", I(4)},
+                              {"text_hidden_size", I(32)}, {"text_intermediate_size", I(64)}, {"text_layers", I(2)},
+                              {"text_heads", I(4)}, {"max_length", I(16)}, {"vocab_size", I(300)},
+                              {"eos_token_id", I(299)}});
+  Batch b;
+  b["image"] = at::randint(0, 255, {4, 3, 32, 32}, at::kByte);
+  b["input_ids"] = at::randint(0, 299, {4, 16}, at::kLong);
+  b["attention_mask"] = at::ones({4, 16}, at::kLong);
+  b["attention_mask"].index_put_({at::indexing::Slice(0, 2), at::indexing::Slice(9, 16)}, 0);  // two padded texts
+  b["input_ids"].index_put_({at::indexing::Slice(0, 2), 8}, 299);
+  b["input_ids"].index_put_({at::indexing::Slice(2, 4), 15}, 299);
+  const double fp32 = m->forward(b).loss_sum.item<double>();
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  double bf16 = 0;
+  try {
+    auto r = m->forward(b);
+    bf16 = r.loss_sum.item<double>();
+    r.loss_sum.backward();
+  } catch (...) {
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    throw;
+  }
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_TRUE(std::isfinite(bf16));
+  EXPECT_NEAR(bf16, fp32, 0.05 * std::abs(fp32));
 }
 
 }  // namespace
