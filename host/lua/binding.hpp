@@ -11,7 +11,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -129,7 +131,9 @@ inline Value to_value(lua_State* L, int i, const std::string& where) {
   }
 }
 
-inline std::map<std::string, Value> to_options(lua_State* L, int i, const std::string& plugin) {
+// The option table at i as values; keys in `skip` are left to the caller.
+inline std::map<std::string, Value> to_options(lua_State* L, int i, const std::string& plugin,
+                                               std::initializer_list<const char*> skip = {}) {
   std::map<std::string, Value> out;
   if (lua_isnoneornil(L, i)) return out;
   i = i < 0 ? lua_gettop(L) + i + 1 : i;
@@ -137,6 +141,10 @@ inline std::map<std::string, Value> to_options(lua_State* L, int i, const std::s
   while (lua_next(L, i)) {
     if (lua_type(L, -2) != LUA_TSTRING) throw Error(plugin + ": option names must be strings");
     std::string key = lua_tostring(L, -2);
+    if (std::find_if(skip.begin(), skip.end(), [&](const char* k) { return key == k; }) != skip.end()) {
+      lua_pop(L, 1);
+      continue;
+    }
     out[key] = to_value(L, -1, plugin + ": option '" + key + "'");
     lua_pop(L, 1);
   }

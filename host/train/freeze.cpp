@@ -1,5 +1,6 @@
 #include "train/freeze.hpp"
 
+#include <regex>
 #include <set>
 
 #include "wick/object.hpp"
@@ -31,9 +32,35 @@ bool glob(const char* p, const char* s) {
 }  // namespace
 
 bool names_parameter(const std::string& pattern, const std::string& name) {
+  if (pattern.rfind("re:", 0) == 0) {
+    try {
+      return std::regex_match(name, std::regex(pattern.substr(3), std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      throw Error("'" + pattern + "' is not a valid regular expression: " + e.what());
+    }
+  }
   if (pattern.find_first_of("*?") != std::string::npos) return glob(pattern.c_str(), name.c_str());
-  return name == pattern || (name.size() > pattern.size() && name.compare(0, pattern.size(), pattern) == 0 &&
-                             name[pattern.size()] == '.');
+  if (pattern.empty() || name.size() < pattern.size()) return false;
+  if (name == pattern) return true;
+  // whole dotted components, at any depth: a module ("model.vision_tower",
+  // "q_proj") or the parameter's own name ("bias")
+  for (std::size_t at = name.find(pattern); at != std::string::npos; at = name.find(pattern, at + 1)) {
+    const std::size_t end = at + pattern.size();
+    if ((at == 0 || name[at - 1] == '.') && (end == name.size() || name[end] == '.')) return true;
+  }
+  return false;
+}
+
+void check_pattern(const std::string& pattern, const std::string& where) {
+  if (pattern.empty()) throw Error(where + ": an empty pattern (expected a parameter's or a module's name, a glob "
+                                   "such as '*.bias' or 're:' and a regular expression)");
+  if (pattern.rfind("re:", 0) == 0) {
+    try {
+      std::regex(pattern.substr(3), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw Error(where + ": '" + pattern + "' is not a valid regular expression: " + e.what());
+    }
+  }
 }
 
 TrainableCount set_trainable(torch::nn::Module& m, const std::vector<std::string>& patterns, bool trainable,
@@ -42,6 +69,7 @@ TrainableCount set_trainable(torch::nn::Module& m, const std::vector<std::string
   const auto params = m.named_parameters(/*recurse=*/true);
   // every pattern checked before anything changes: a refused call leaves the model as it was
   for (const auto& pattern : patterns) {
+    check_pattern(pattern, fn);
     bool used = false;
     for (const auto& p : params) used = used || names_parameter(pattern, p.key());
     if (used) continue;

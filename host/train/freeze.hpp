@@ -17,11 +17,19 @@ struct TrainableCount {
   std::int64_t matched = 0;    ///< parameter tensors the patterns named
 };
 
-/// Whether `name` (a parameter's dotted name) is named by `pattern`: the name
-/// itself, a module holding it ("model.vision_tower" names every parameter
-/// under it), or a glob where `*` stands for any characters, dots included,
-/// and `?` for one ("*.bias", "*norm*", "model.layers.1?.*").
+/// Whether `name` (a parameter's dotted name) is named by `pattern`, in the
+/// forms LoRA's target_modules takes and globs:
+/// - whole dotted components at any depth: the name itself, a module holding
+///   it ("model.vision_tower", or "q_proj": every q_proj), or the parameter's
+///   own name ("bias": every bias);
+/// - a glob over the whole name, where `*` stands for any characters, dots
+///   included, and `?` for one ("*.bias", "*norm*", "model.layers.1?.*");
+/// - "re:" and an ECMAScript regular expression matching the whole name.
 bool names_parameter(const std::string& pattern, const std::string& name);
+
+/// Throws naming `where` when `pattern` cannot name anything: empty, or a
+/// "re:" pattern that is not a regular expression.
+void check_pattern(const std::string& pattern, const std::string& where);
 
 /// Sets requires_grad to `trainable` on every floating parameter of `m` that
 /// one of `patterns` names. A pattern that names no parameter is an error

@@ -26,6 +26,7 @@
 #include "dist/group.hpp"
 #include "dist/reducer.hpp"
 #include "train/loader.hpp"
+#include "train/param_groups.hpp"
 #include "util/checksum.hpp"
 #include "util/system.hpp"
 
@@ -713,12 +714,15 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
       }
     }
   }
-  s.lr = lr_at(step_);
+  const double factor = schedule_ ? schedule_->factor(step_, cfg_.total_steps) : 1.0;
+  s.lr = optim_->base_lr() * factor;
   if (s.skipped) {
     ++skipped_;  // the window is consumed and the schedule moves on; the weights do not change
   } else {
     at::NoGradGuard no_grad;
-    optim_->step(s.lr);
+    // parameter groups: each at its own base rate, scaled by the schedule
+    if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get())) groups->step_scaled(factor);
+    else optim_->step(s.lr);
     if (cfg_.master_weights)
       for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
   }

@@ -49,6 +49,13 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 /// Updates parameters from their .grad(). The host calls attach() once, then
 /// step(lr) once per optimizer step with the scheduled learning rate.
+///
+/// Parameter groups (a recipe's `groups = {{params = patterns, lr = ...}}`):
+/// the host makes one object per group from the plugin, with the group's
+/// options over the recipe's, and attaches that group's parameters; step(lr)
+/// gets the group's own base rate times the schedule's factor. load_state
+/// receives the entries of every group: take your parameters' own (state
+/// keyed by parameter name, as the built-in optimizers keep it).
 class Optimizer : public Object {
  public:
   static constexpr ObjectKind object_type = ObjectKind::Optimizer;

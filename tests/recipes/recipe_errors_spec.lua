@@ -125,4 +125,32 @@ describe("recipe errors", function()
         "mat1 and mat2 shapes cannot be multiplied" })
     assert.falsy(err:find("frame #", 1, true), err)
   end)
+
+  it("parameter groups: each bad group is named with what was expected", function()
+    local prelude = "local wick = require 'wick'\nlocal d = wick.data('synthetic', { size = 8 })\n" ..
+      "local m = wick.model('mlp', { inputs = 16, outputs = 4 })\n"
+    local function optim(groups) return "local o = wick.optim('adamw', { lr = 0.01, groups = " .. groups .. " })\n" end
+    local train = "wick.train { model = m, data = d, optim = o, quiet = true }\n"
+    fails_with(prelude .. optim("'bias'"),
+      "recipe.lua:4: optim 'adamw': groups: expected a list of tables {params = patterns, <options>}, got a string")
+    fails_with(prelude .. optim("{ { weight_decay = 0 } }"),
+      "recipe.lua:4: optim 'adamw': groups[1]: expected params = a pattern or a list of patterns")
+    fails_with(prelude .. optim("{ { params = { 'bias', 3 } } }"),
+      "optim 'adamw': groups[1]: params[2]: expected a pattern (a string), got a number")
+    fails_with(prelude .. optim("{ { params = 'bias', name = 'no_decay', wieght_decay = 0 } }"),
+      { "recipe.lua:4: optim 'adamw': group 'no_decay': ", "unknown option 'wieght_decay'" })
+    fails_with(prelude .. optim("{ { params = 'bias', lr = -1 } }"),
+      { "optim 'adamw': groups[1]: ", "option 'lr': expected a value >= 0" })
+    fails_with(prelude .. optim("{ { params = 're:(bias' } }"),
+      "optim 'adamw': groups[1]: 're:(bias' is not a valid regular expression")
+    fails_with("local wick = require 'wick'\nwick.optim('schedule', { type = 'cosine', groups = { { params = 'x' } } })\n",
+      "recipe.lua:2: optim 'schedule': groups: only an optimizer has parameter groups; this makes a schedule")
+    -- a group that names nothing trainable: found when the optimizer meets the model
+    fails_with(prelude .. optim("{ { params = 'lm_head' } }") .. train,
+      { "recipe.lua:5: ", "optim 'adamw': groups[1] (params 'lm_head') takes no trainable parameter",
+        "named like " })
+    -- an earlier group took everything the second names
+    fails_with(prelude .. optim("{ { params = '*' }, { params = 'bias', name = 'late' } }") .. train,
+      "optim 'adamw': late (params 'bias') takes no trainable parameter (an earlier group takes what it names")
+  end)
 end)

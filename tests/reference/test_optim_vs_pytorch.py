@@ -108,3 +108,123 @@ def test_final_weights_match_pytorch(tmp_path, run_wick, optim_name, opts, clip,
         # training moved the weights, so the comparison is not between two copies of the start
         assert not torch.allclose(want[k], init[k], atol=1e-3), k
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+# Parameter groups: wick's groups (patterns) against torch.optim's param_groups
+# (the parameters listed by name, written out here). A parameter goes to the
+# first group that names it; the rest keep the recipe's options.
+GROUP_CASES = [
+    (  # transformers' default: no weight decay on biases; the output layer at its own rate
+        "adamw",
+        {"lr": 0.01, "weight_decay": 0.1,
+         "groups": [{"params": "bias", "weight_decay": 0.0}, {"params": ["4"], "lr": 0.03, "name": "head"}]},
+        [({"weight_decay": 0.0}, ["0.bias", "2.bias", "4.bias"]), ({"lr": 0.03}, ["4.weight"])],
+    ),
+    (  # a glob and a regular expression, per-group betas and amsgrad
+        "adamw",
+        {"lr": 0.02, "groups": [{"params": "re:[02]\\.weight", "betas": [0.8, 0.95], "amsgrad": True},
+                                {"params": "*.bias", "lr": 0.005, "weight_decay": 0.0}]},
+        [({"betas": (0.8, 0.95), "amsgrad": True}, ["0.weight", "2.weight"]),
+         ({"lr": 0.005, "weight_decay": 0.0}, ["0.bias", "2.bias", "4.bias"])],
+    ),
+    (  # sgd: momentum in one group only, and a group whose lr is 0 (a frozen layer that keeps its state)
+        "sgd",
+        {"lr": 0.1, "groups": [{"params": "0", "momentum": 0.9, "nesterov": True}, {"params": "2.weight", "lr": 0.0}]},
+        [({"momentum": 0.9, "nesterov": True}, ["0.weight", "0.bias"]), ({"lr": 0.0}, ["2.weight"])],
+    ),
+]
+
+STEPPED = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("tensors", { file = a.data })
+local opts = wick.core.json_decode(a.optim_opts)
+-- a fresh model, optimizer and trainer (a resumed process starts from nothing)
+local function fresh()
+  local model = wick.model("mlp", { inputs = 6, hidden = { 10, 7 }, outputs = 3, activation = "tanh" })
+  model:load(a.init)
+  local t = wick.trainer { model = model, optim = wick.optim(a.optim, opts), total_steps = a.total,
+    schedule = wick.schedule("cosine", { warmup_steps = 3, min_lr_ratio = 0.1 }), clip_grad_norm = a.clip }
+  return model, t
+end
+local model, trainer = fresh()
+local loader = wick.loader(data, { micro_batch = 2, accumulate = 4, shuffle = false })
+local step = 0
+for epoch = 0, a.epochs - 1 do
+  loader:start_epoch(epoch)
+  for window in loader.next, loader do
+    trainer:step(window)
+    step = step + 1
+    if step == a.split then
+      local dir = trainer:save(a.checkpoints, {}, 1)
+      model, trainer = fresh()
+      trainer:load(dir)
+    end
+  end
+end
+model:save(a.result)
+"""
+
+
+def grouped_reference(init, x, y, optim_name, opts, groups, batch, epochs, clip):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+    )
+    model.load_state_dict(init)
+    named = dict(model.named_parameters())
+    taken = {n for _, names in groups for n in names}
+    param_groups = [{"params": [named[n] for n in names], **o} for o, names in groups]
+    param_groups.append({"params": [p for n, p in named.items() if n not in taken]})
+    base = {k: v for k, v in opts.items() if k != "groups"}
+    cls = torch.optim.SGD if optim_name == "sgd" else torch.optim.AdamW
+    opt = cls(param_groups, foreach=False, **base)
+    steps = epochs * math.ceil(len(x) / batch)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule("cosine", 3, steps, 0.1))
+    for _ in range(epochs):
+        for i in range(0, len(x), batch):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[i : i + batch]), y[i : i + batch])
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(list(model.parameters()), clip)
+            opt.step()
+            sched.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("optim_name,opts,groups", GROUP_CASES)
+@pytest.mark.parametrize("split", [0, 7])
+def test_param_groups_match_pytorch(tmp_path, run_wick, optim_name, opts, groups, split):
+    """Every group at its own options, each scaled by the schedule; split > 0
+    saves a checkpoint after that step and goes on in a fresh optimizer loaded
+    from it: the groups' state comes back whole."""
+    import json
+
+    torch.manual_seed(2)
+    init_model = torch.nn.Sequential(
+        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+    )
+    init = {k: v.detach().clone() for k, v in init_model.state_dict().items()}
+    save_file(init, tmp_path / "init.safetensors")
+    x = torch.randn(37, 6)
+    y = torch.randint(0, 3, (37,))
+    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
+    (tmp_path / "recipe.lua").write_text(STEPPED)
+    epochs, clip = 3, 0.5
+    total = epochs * math.ceil(37 / 8)
+    run_wick(
+        "run", tmp_path / "recipe.lua",
+        f"data={tmp_path / 'data.safetensors'}", f"init={tmp_path / 'init.safetensors'}",
+        f"result={tmp_path / 'wick.safetensors'}", f"optim={optim_name}", f"optim_opts={json.dumps(opts)}",
+        f"epochs={epochs}", f"clip={clip}", f"total={total}", f"split={split}",
+        f"checkpoints={tmp_path / 'checkpoints'}",
+    )
+    got = load_file(tmp_path / "wick.safetensors")
+    want = grouped_reference(init, x, y, optim_name, opts, groups, 8, epochs, clip)
+    # the groups' options matter: one set of options for all ends elsewhere
+    plain = grouped_reference(init, x, y, optim_name, opts, [], 8, epochs, clip)
+    assert any(not torch.allclose(plain[k], want[k], atol=1e-4) for k in want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
+    if optim_name == "sgd":  # the group at lr 0 did not move
+        torch.testing.assert_close(got["2.weight"], init["2.weight"], rtol=0, atol=0)

@@ -26,6 +26,21 @@ TEST(Freeze, PatternsNameParametersModulesAndGlobs) {
   EXPECT_TRUE(names_parameter("*norm*", "model.layers.2.input_layernorm.weight"));
   EXPECT_TRUE(names_parameter("model.layers.1?.*", "model.layers.12.mlp.down_proj.weight"));
   EXPECT_FALSE(names_parameter("model.layers.1?.*", "model.layers.1.mlp.down_proj.weight"));
+  // LoRA's target_modules forms: a module or the parameter's own name at any depth, whole components only
+  EXPECT_TRUE(names_parameter("q_proj", "model.layers.3.self_attn.q_proj.weight"));
+  EXPECT_FALSE(names_parameter("proj", "model.layers.3.self_attn.q_proj.weight"));
+  EXPECT_TRUE(names_parameter("bias", "model.layers.3.self_attn.q_proj.bias"));
+  EXPECT_FALSE(names_parameter("bias", "model.layers.3.self_attn.q_proj.bias_scale"));
+  EXPECT_TRUE(names_parameter("self_attn.q_proj", "model.layers.3.self_attn.q_proj.weight"));
+  EXPECT_FALSE(names_parameter("layers.3", "model.layers.31.mlp.up_proj.weight"));
+  EXPECT_FALSE(names_parameter("", "model.layers.3.mlp.up_proj.weight"));
+  // "re:" and a regular expression over the whole name
+  EXPECT_TRUE(names_parameter("re:.*\\.(q|v)_proj\\.weight", "model.layers.3.self_attn.v_proj.weight"));
+  EXPECT_FALSE(names_parameter("re:.*\\.(q|v)_proj\\.weight", "model.layers.3.self_attn.k_proj.weight"));
+  EXPECT_FALSE(names_parameter("re:q_proj", "model.layers.3.self_attn.q_proj.weight"));  // whole name
+  EXPECT_THROW(check_pattern("re:(q", "fn"), Error);
+  EXPECT_THROW(check_pattern("", "fn"), Error);
+  EXPECT_NO_THROW(check_pattern("re:q|v", "fn"));
 }
 
 std::shared_ptr<Model> mlp() {
