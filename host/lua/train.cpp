@@ -77,7 +77,112 @@ int loader_buffered_bytes(lua_State* L) {
 // A wick.train / wick.trainer table: objects (model, data, optim, schedule,
 // eval_data) apart, every other key a plain option value. A loss_scale table
 // {init, growth, backoff, interval} becomes the loss_scale_* options.
-RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std::map<std::string, Value>& options) {
+// A recipe's callback: a Lua function held in the registry while the run
+// lasts. Its answer: nil, or {log = {name = number, ...}, stop = true or a reason}.
+class LuaCallback {
+ public:
+  LuaCallback(lua_State* L, int index, std::string name) : L_(L), name_(std::move(name)) {
+    lua_pushvalue(L, index);
+    ref_ = luaL_ref(L, LUA_REGISTRYINDEX);
+  }
+  ~LuaCallback() { luaL_unref(L_, LUA_REGISTRYINDEX, ref_); }
+  LuaCallback(const LuaCallback&) = delete;
+  LuaCallback& operator=(const LuaCallback&) = delete;
+
+  template <class Push>
+  CallbackReply call(Push push, const std::string& at) {
+    const int top = lua_gettop(L_);
+    lua_rawgeti(L_, LUA_REGISTRYINDEX, ref_);
+    push(L_);
+    if (lua_pcall(L_, 1, 1, 0) != 0) {
+      std::string msg = lua_type(L_, -1) == LUA_TSTRING ? lua_tostring(L_, -1)
+                                                        : std::string("(an error value of type ") + luaL_typename(L_, -1) + ")";
+      lua_settop(L_, top);
+      throw Error(name_ + " (" + at + ") failed: " + msg);
+    }
+    CallbackReply reply;
+    try {
+      reply = read_reply(lua_gettop(L_), at);
+    } catch (...) {
+      lua_settop(L_, top);
+      throw;
+    }
+    lua_settop(L_, top);
+    return reply;
+  }
+
+ private:
+  CallbackReply read_reply(int i, const std::string& at) {
+    CallbackReply r;
+    const std::string expected = "expected nil or a table {log = {name = number, ...}, stop = true or a reason}";
+    if (lua_isnil(L_, i)) return r;
+    if (!lua_istable(L_, i))
+      throw Error(name_ + " (" + at + ") returned a " + luaL_typename(L_, i) + ": " + expected);
+    lua_pushnil(L_);
+    while (lua_next(L_, i)) {
+      const std::string key = lua_type(L_, -2) == LUA_TSTRING ? lua_tostring(L_, -2) : "?";
+      const int v = lua_gettop(L_);
+      if (key == "stop") {
+        if (lua_type(L_, v) == LUA_TSTRING) {
+          r.stop = true;
+          r.reason = lua_tostring(L_, v);
+        } else if (lua_isboolean(L_, v)) {
+          r.stop = lua_toboolean(L_, v);
+        } else {
+          throw Error(name_ + " (" + at + "): stop: expected true, false or a reason (a string), got a " +
+                      luaL_typename(L_, v));
+        }
+      } else if (key == "log") {
+        if (!lua_istable(L_, v))
+          throw Error(name_ + " (" + at + "): log: expected a table {name = number, ...}, got a " + luaL_typename(L_, v));
+        lua_pushnil(L_);
+        while (lua_next(L_, v)) {
+          if (lua_type(L_, -2) != LUA_TSTRING || lua_type(L_, -1) != LUA_TNUMBER)
+            throw Error(name_ + " (" + at + "): log: expected names (strings) with numbers, got a " +
+                        luaL_typename(L_, -2) + " with a " + luaL_typename(L_, -1));
+          const std::string name = lua_tostring(L_, -2);
+          if (name.empty()) throw Error(name_ + " (" + at + "): log: an empty name");
+          r.log.emplace_back(name, lua_tonumber(L_, -1));
+          lua_pop(L_, 1);
+        }
+      } else {
+        throw Error(name_ + " (" + at + ") returned a table with '" + key + "': " + expected);
+      }
+      lua_pop(L_, 1);
+    }
+    return r;
+  }
+  lua_State* L_;
+  std::string name_;
+  int ref_ = LUA_NOREF;
+};
+
+void set_callback(lua_State* L, int v, const std::string& key, const std::string& label, RunCallbacks* cbs) {
+  if (!cbs)
+    throw Error(label + ": option '" + key + "' is wick.train's (a custom loop calls its own functions after each step)");
+  if (!lua_isfunction(L, v))
+    throw Error(label + ": option '" + key + "': expected a function, got a " + std::string(luaL_typename(L, v)));
+  auto f = std::make_shared<LuaCallback>(L, v, key);
+  auto where_step = [](const nlohmann::json& rec) {
+    return "step " + std::to_string(rec.value("step", std::int64_t{0}));
+  };
+  if (key == "on_step")
+    cbs->on_step = [f, where_step](const nlohmann::json& rec) {
+      return f->call([&](lua_State* S) { push_json(S, rec); }, where_step(rec));
+    };
+  else if (key == "on_eval")
+    cbs->on_eval = [f](const nlohmann::json& rec) {
+      return f->call([&](lua_State* S) { push_json(S, rec); },
+                     "evaluation after step " + std::to_string(rec.value("step", std::int64_t{0})));
+    };
+  else
+    cbs->on_save = [f](const std::string& dir) {
+      return f->call([&](lua_State* S) { lua_pushstring(S, dir.c_str()); }, "checkpoint " + dir);
+    };
+}
+
+RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std::map<std::string, Value>& options,
+                             RunCallbacks* callbacks = nullptr) {
   RunObjects obj;
   t = t < 0 ? lua_gettop(L) + t + 1 : t;
   lua_pushnil(L);
@@ -96,6 +201,7 @@ RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std:
     else if (key == "eval_data") obj.eval_data = std::static_pointer_cast<Dataset>(object(kDataMt));
     else if (key == "optim") obj.optim = object(kOptimMt);
     else if (key == "schedule" && lua_type(L, v) != LUA_TSTRING) obj.schedule = object(kOptimMt);
+    else if (key == "on_step" || key == "on_eval" || key == "on_save") set_callback(L, v, key, label, callbacks);
     else if (key == "loss_scale" && lua_istable(L, v)) {
       lua_pushnil(L);
       while (lua_next(L, v)) {
@@ -184,7 +290,7 @@ std::string recipe_path(lua_State* L) {
 int core_train(lua_State* L) {
   check_table(L, 1, "train");
   RunRequest req;
-  req.objects = collect_run_table(L, 1, "wick.train", req.options);
+  req.objects = collect_run_table(L, 1, "wick.train", req.options, &req.callbacks);
   req.overrides = raw_args(L);
   req.recipe = recipe_path(L);
   // the keys the recipe read so far; those this call takes count as used from now

@@ -382,7 +382,7 @@ std::string run_json_problem(const nlohmann::json& meta, const std::string& file
       j.integer(k, 0, 0, kMax);
     for (const char* k : {"final_loss", "best_loss", "peak_memory", "seconds", "loss_scale"})
       if (j.has(k) && !j.json()[k].is_number()) j.bad(k, "a number");
-    for (const char* k : {"memory", "options", "eval"})
+    for (const char* k : {"memory", "options", "eval", "best", "stopped", "logged"})
       if (j.has(k)) j.object(k);
     for (const char* k : {"checkpoint", "recipe", "precision", "device"}) j.string(k, "");
   } catch (const std::exception& e) {
@@ -575,7 +575,25 @@ nlohmann::json run_training(const RunRequest& req) {
       const auto extra = trainer.load(resume_from, resume_state);
       epoch = extra.value("epoch", std::int64_t{0});
       first_window = extra.value("window", std::int64_t{0});
-      if (prior.meta.is_object() && prior.meta.value("status", "") == "finished" && trainer.steps() >= total) {
+      const std::string prior_status = prior.meta.is_object() ? prior.meta.value("status", "") : "";
+      if (prior_status == "stopped") {
+        // stopped on purpose (patience, or a callback): it ended there
+        if (!r.quiet)
+          err_line(strf("wick: the run in %s stopped at step %lld (%s): nothing to resume (overwrite = true starts it "
+                        "again); its files are unchanged",
+                        out.c_str(), static_cast<long long>(trainer.steps()),
+                        prior.meta.contains("stopped") && prior.meta["stopped"].is_object()
+                            ? prior.meta["stopped"].value("by", std::string("?")).c_str()
+                            : "?"));
+        nlohmann::json done = {{"status", "stopped"}, {"steps", trainer.steps()}, {"history", nlohmann::json::array()},
+                               {"skipped_steps", trainer.skipped_steps()}, {"checkpoint", resume_from.string()},
+                               {"out", out.string()}, {"already_finished", true}};
+        for (const char* k : {"final_loss", "best_loss", "eval", "micro_batch", "accumulate", "memory", "peak_memory",
+                              "seconds", "loss_scale", "split", "skipped_files", "skipped_items", "best", "stopped"})
+          if (prior.meta.contains(k)) done[k] = prior.meta[k];
+        return done;
+      }
+      if (prior_status == "finished" && trainer.steps() >= total) {
         // a finished run stays as it was; the model holds its final weights
         if (!r.quiet)
           err_line(strf("wick: the run in %s finished at step %lld of %lld: nothing to resume (raise epochs or "
@@ -596,6 +614,63 @@ nlohmann::json run_training(const RunRequest& req) {
     }
   }
 
+  // The monitored evaluation metric: the best checkpoints and early stopping.
+  // Its count rides in every checkpoint, so a resume goes on counting.
+  struct Monitor {
+    std::string name, mode;
+    int keep_best = 1;
+    std::int64_t patience = 0;
+    double min_delta = 0;
+    std::optional<double> best;
+    std::int64_t best_step = 0, bad = 0;
+  };
+  std::optional<Monitor> mon;
+  if (r.o.has("monitor")) {
+    Monitor m;
+    m.name = r.o.get_string("monitor");
+    const bool loss = m.name.size() >= 4 && m.name.compare(m.name.size() - 4, 4, "loss") == 0;
+    m.mode = r.o.has("monitor_mode") ? r.o.get_string("monitor_mode") : (loss ? "min" : "max");
+    m.keep_best = static_cast<int>(r.o.get_int("keep_best"));
+    m.patience = r.o.get_int("patience");
+    m.min_delta = r.o.get_double("min_delta");
+    const auto e = resume_state.is_object() ? resume_state.value("extra", nlohmann::json::object()) : nlohmann::json::object();
+    if (e.contains("monitor") && e["monitor"].value("name", "") == m.name && e["monitor"].value("mode", "") == m.mode &&
+        e["monitor"].contains("best")) {
+      m.best = e["monitor"]["best"].get<double>();
+      m.best_step = e["monitor"].value("best_step", std::int64_t{0});
+      m.bad = e["monitor"].value("bad_evals", std::int64_t{0});
+    }
+    mon = m;
+  }
+  // the recipe's callbacks: on rank 0 unless asked for on every rank
+  const RunCallbacks& cb = req.callbacks;
+  const bool call_here = r.rank0 || r.o.get_bool("callbacks_every_rank");
+  std::optional<nlohmann::json> stop_request;  // {by, reason, step} from a callback or patience
+  std::vector<std::pair<std::string, double>> save_log;  // on_save's scalars, for the next step's record
+  auto take_reply = [&](const CallbackReply& reply, const char* by, nlohmann::json* rec) {
+    for (const auto& [k, v] : reply.log) {
+      if (!rec) {
+        save_log.emplace_back(k, v);
+        continue;
+      }
+      if (rec->contains(k))
+        throw Error(strf("%s: %s logged '%s', which the record holds already (its own %s)", L.c_str(), by, k.c_str(),
+                         k.c_str()));
+      (*rec)[k] = v;
+    }
+    if (reply.stop && !stop_request)
+      stop_request = nlohmann::json{{"by", by}, {"reason", reply.reason}, {"step", trainer.steps()}};
+  };
+  // a stop asked on one rank (a callback's; patience's, from evaluations each
+  // rank makes alike), agreed by all: every rank calls this at the same points
+  auto agreed_stop = [&] {
+    bool s = stop_request.has_value();
+    if (world > 1) s = group->sum(s ? 1 : 0, "agreeing on a stop (a callback's, or patience's)") > 0;
+    if (s && !stop_request) stop_request = nlohmann::json{{"by", "another rank's callback"}, {"reason", ""},
+                                                          {"step", trainer.steps()}};
+    return s;
+  };
+
   // observers: the run folder (rank 0), the progress line, the caller's
   std::vector<std::shared_ptr<Observer>> observers;
   std::shared_ptr<ProgressObserver> progress;
@@ -605,7 +680,9 @@ nlohmann::json run_training(const RunRequest& req) {
     observers.push_back(progress);
   }
   for (const auto& o : req.observers) observers.push_back(o);
-  const bool every_step = std::any_of(observers.begin(), observers.end(), [](const auto& o) { return o->wants_every_step(); });
+  // on_step sees each step as it ends: its numbers are read every step
+  const bool every_step = static_cast<bool>(cb.on_step) ||
+                          std::any_of(observers.begin(), observers.end(), [](const auto& o) { return o->wants_every_step(); });
 
   RunStart start;
   start.total_steps = total;
@@ -643,6 +720,10 @@ nlohmann::json run_training(const RunRequest& req) {
     for (auto& p : pending) {
       nlohmann::json rec = record_of(p, cuda);
       if (!p.stats.skipped && std::isfinite(p.stats.loss) && (!best || p.stats.loss < *best)) best = p.stats.loss;
+      for (const auto& [k, v] : save_log)
+        if (!rec.contains(k)) rec[k] = v;
+      save_log.clear();
+      if (cb.on_step && call_here) take_reply(cb.on_step(rec), "on_step", &rec);
       for (auto& o : observers) o->on_step(rec);
       run["history"].push_back(std::move(rec));
     }
@@ -650,17 +731,57 @@ nlohmann::json run_training(const RunRequest& req) {
     for (auto& o : observers) o->on_steps_delivered();
     pending.clear();
   };
-  auto save = [&](const char* why) {
+  // value: the monitored metric of an evaluation just made (a checkpoint after it)
+  auto save = [&](const char* why, std::optional<double> value = std::nullopt) {
     if (ckpt_dir.empty()) return;
     flush();
     std::int64_t e = loader.epoch(), w = loader.window();
     if (w >= per_epoch) e += 1, w = 0;
+    nlohmann::json extra = {{"epoch", e}, {"window", w}, {"reason", why}, {"world_size", world},
+                            {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate}};
+    if (mon) {
+      nlohmann::json m = {{"name", mon->name}, {"mode", mon->mode}, {"bad_evals", mon->bad}};
+      if (value && std::isfinite(*value)) m["value"] = *value;
+      if (mon->best) m["best"] = *mon->best, m["best_step"] = mon->best_step;
+      extra["monitor"] = m;
+    }
     run["checkpoint"] = trainer
-                            .save(ckpt_dir,
-                                  {{"epoch", e}, {"window", w}, {"reason", why}, {"world_size", world},
-                                   {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate}},
-                                  static_cast<int>(r.o.get_int("keep_checkpoints")))
+                            .save(ckpt_dir, extra, static_cast<int>(r.o.get_int("keep_checkpoints")),
+                                  mon ? mon->keep_best : 0)
                             .string();
+    if (cb.on_save) {
+      if (call_here) take_reply(cb.on_save(run["checkpoint"].get<std::string>()), "on_save", nullptr);
+    }
+  };
+  // the monitored metric of an evaluation record; true: patience ran out
+  auto watch = [&](const nlohmann::json& rec) {
+    std::string key = mon->name;
+    if (!rec.contains(key) && key.rfind("eval_", 0) == 0) key = key.substr(5);
+    if (!rec.contains(key) || !rec[key].is_number()) {
+      std::string have;
+      for (auto it = rec.begin(); it != rec.end(); ++it)
+        if (it->is_number() && it.key() != "step" && it.key() != "items")
+          have += (have.empty() ? "eval_" : ", eval_") + it.key();
+      throw Error(L + ": option 'monitor': the evaluation has no metric '" + mon->name + "' (it has " + have + ")");
+    }
+    const double v = rec[key].get<double>();
+    const bool improved = std::isfinite(v) && (!mon->best || (mon->mode == "min" ? v < *mon->best - mon->min_delta
+                                                                                  : v > *mon->best + mon->min_delta));
+    if (improved) {
+      mon->best = v;
+      mon->best_step = trainer.steps();
+      mon->bad = 0;
+    } else {
+      ++mon->bad;
+    }
+    save("eval", v);
+    if (mon->patience > 0 && mon->bad >= mon->patience && !stop_request) {
+      stop_request = nlohmann::json{
+          {"by", "patience"},
+          {"reason", strf("%s did not improve on %.6g (step %lld) in %lld evaluations", mon->name.c_str(), *mon->best,
+                          static_cast<long long>(mon->best_step), static_cast<long long>(mon->bad))},
+          {"step", trainer.steps()}};
+    }
   };
   auto do_eval = [&] {
     flush();
@@ -673,8 +794,10 @@ nlohmann::json run_training(const RunRequest& req) {
                       static_cast<long long>(eval_micro), static_cast<long long>(s.split)));
     }
     for (const auto& [k, v] : s.metrics) rec[k] = v;
+    if (cb.on_eval && call_here) take_reply(cb.on_eval(rec), "on_eval", &rec);
     run["eval"] = rec;
     for (auto& o : observers) o->on_eval(rec);
+    if (mon) watch(rec);
   };
   auto summary_so_far = [&] {
     nlohmann::json s = {{"steps", trainer.steps()}, {"seconds", now_seconds() - t_start}};
@@ -753,10 +876,14 @@ nlohmann::json run_training(const RunRequest& req) {
           signal = interrupt_signal();
           break;
         }
-        if (save_every > 0 && step % save_every == 0 && step < total) save("every");
-        if (r.obj.eval_data && eval_every > 0 && step % eval_every == 0 && step < total) do_eval();
+        const bool eval_now = r.obj.eval_data && eval_every > 0 && step % eval_every == 0 && step < total;
+        // with a monitor, the evaluation saves (with its metric) in place of a plain save
+        if (save_every > 0 && step % save_every == 0 && step < total && !(mon && eval_now)) save("every");
+        if (eval_now) do_eval();
+        // every rank reaches this with the same condition: the agreement is a collective
+        if ((cb.any() || (mon && eval_now)) && agreed_stop()) break;
       }
-      if (interrupted_run) break;
+      if (interrupted_run || stop_request) break;
       ++epoch;
     }
     flush();
@@ -769,10 +896,33 @@ nlohmann::json run_training(const RunRequest& req) {
                       signal == 15 ? "SIGTERM" : signal == 2 ? "SIGINT" : "a signal on another rank",
                       static_cast<long long>(trainer.steps()),
                       run.contains("checkpoint") ? ("; checkpoint saved to " + run["checkpoint"].get<std::string>()).c_str() : ""));
+    } else if (stop_request && (*stop_request)["by"] == "patience") {
+      // the evaluation that ran out of patience saved its checkpoint
+      run["status"] = "stopped";
     } else {
+      const bool stopped = stop_request.has_value();
       if (r.obj.eval_data) do_eval();
-      save("end");
-      run["status"] = "finished";
+      if (!mon) save("end");  // with a monitor the evaluation saved
+      if (!stopped) stop_request.reset();  // at the end, patience and callbacks have nothing left to stop
+      run["status"] = stopped ? "stopped" : "finished";
+    }
+    for (const auto& [k, v] : save_log) run["logged"][k] = v;  // on_save's, after the last step
+    if (stop_request) {
+      run["stopped"] = *stop_request;
+      if (r.rank0 && !r.quiet)
+        err_line(strf("%s: stopped after step %lld by %s%s%s", L.c_str(),
+                      static_cast<long long>((*stop_request)["step"].get<std::int64_t>()),
+                      (*stop_request)["by"].get<std::string>().c_str(),
+                      (*stop_request)["reason"].get<std::string>().empty() ? "" : ": ",
+                      (*stop_request)["reason"].get<std::string>().c_str()));
+    }
+    if (mon && mon->best) {
+      run["best"] = {{"metric", mon->name}, {"mode", mon->mode}, {"value", *mon->best}, {"step", mon->best_step}};
+      std::error_code ec;
+      std::string name;
+      if (std::ifstream in(ckpt_dir / "best"); in && std::getline(in, name) && fs::exists(ckpt_dir / name, ec))
+        run["best"]["checkpoint"] = (ckpt_dir / name).string();
+      run["best_step"] = mon->best_step;
     }
   } catch (const c10::Error& e) {
     if (started)

@@ -7,6 +7,7 @@
 // no Lua.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -32,6 +33,26 @@ struct RunObjects {
   std::shared_ptr<Dataset> eval_data;
 };
 
+/// What a callback answers: scalars to log (into the record it was given:
+/// metrics.jsonl and TensorBoard; on_save's go with the next step's record),
+/// and whether to stop the run after this step.
+struct CallbackReply {
+  std::vector<std::pair<std::string, double>> log;
+  bool stop = false;
+  std::string reason;
+};
+
+/// Functions the run calls (a recipe's on_step, on_eval, on_save): at each
+/// step's end with its record (the numbers are then read every step), after
+/// each evaluation with its record, and after each checkpoint with its
+/// folder. On rank 0 only unless callbacks_every_rank; a stop asked on any
+/// rank stops every rank after the same step. An exception fails the run.
+struct RunCallbacks {
+  std::function<CallbackReply(const nlohmann::json& record)> on_step, on_eval;
+  std::function<CallbackReply(const std::string& checkpoint)> on_save;
+  bool any() const { return on_step || on_eval || on_save; }
+};
+
 struct RunRequest {
   RunObjects objects;
   std::map<std::string, Value> options;  ///< plain values (see run_options())
@@ -45,16 +66,19 @@ struct RunRequest {
   std::string label = "wick.train";
   /// Observers beyond the built-in progress line and run folder log.
   std::vector<std::shared_ptr<Observer>> observers;
+  RunCallbacks callbacks;
 };
 
 /// The command-line keys this call takes as option overrides: those naming a
 /// wick.train option, unless the recipe says overrides = false.
 std::vector<std::string> taken_overrides(const RunRequest& request);
 
-/// Runs training to its end (or a signal) and returns the summary: status,
-/// steps, skipped_steps, final_loss, best_loss, history (every step's
-/// record), eval, checkpoint, micro_batch, accumulate, memory, peak_memory,
-/// seconds, comm, host_reads. Throws wick::Error (after marking the run
+/// Runs training to its end (or a signal, or a stop: patience or a callback)
+/// and returns the summary: status (finished, interrupted, stopped), steps,
+/// skipped_steps, final_loss, best_loss, history (every step's record), eval,
+/// checkpoint, micro_batch, accumulate, memory, peak_memory, seconds, comm,
+/// host_reads; with monitor: best (metric, value, step, checkpoint); after a
+/// stop: stopped (step, by, reason). Throws wick::Error (after marking the run
 /// folder failed) when a step fails.
 nlohmann::json run_training(const RunRequest& request);
 

@@ -177,6 +177,21 @@ const std::vector<RunOption>& run_options() {
              "evaluate every N steps (0: only at the end)"),
       option("eval_micro_batch", {with_min(form("eval_micro_batch", T::Int), 1)}, Value(),
              "micro-batch for evaluation (default: micro_batch); it runs under the training precision and halves on out-of-memory as training does"),
+      option("monitor", {form("monitor", T::String)}, Value(),
+             "an evaluation metric (\"eval_loss\", \"eval_accuracy\", or the eval record's own key): a checkpoint "
+             "after each evaluation, the best keep_best of them kept beside the newest, checkpoints/best naming the "
+             "best; needs eval_data and out"),
+      option("monitor_mode", {with_choices(form("monitor_mode", T::String), {"min", "max"})}, Value(),
+             "whether lower or higher is better (default: min for a loss, max for any other metric)"),
+      option("keep_best", {with_min(form("keep_best", T::Int), 1)}, Value(1),
+             "best checkpoints by the monitored metric kept beside the newest keep_checkpoints"),
+      option("patience", {with_min(form("patience", T::Int), 0)}, Value(0),
+             "stop after this many evaluations in a row that do not improve the monitored metric by min_delta "
+             "(0: never stop early)"),
+      option("min_delta", {with_min(form("min_delta", T::Float), 0.0)}, Value(0.0),
+             "the least change of the monitored metric that counts as an improvement"),
+      option("callbacks_every_rank", {form("callbacks_every_rank", T::Bool)}, Value(false),
+             "run on_step, on_eval and on_save on every rank (default: rank 0 only)"),
       option("log_every", {with_min(form("log_every", T::Int), 1)}, Value(10),
              "numbers read from the device and written every N steps (a progress line when stderr is not a "
              "terminal; metrics.jsonl records in groups of N)",
@@ -268,6 +283,20 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
       throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
     if (out["save_every"].as_int() > 0 && !has("out"))
       throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
+    const bool eval_data = std::find(objects.begin(), objects.end(), "eval_data") != objects.end();
+    if (has("monitor")) {
+      if (out["monitor"].as_string().empty())
+        throw Error(label + ": option 'monitor': expected a metric's name such as \"eval_loss\", got \"\"");
+      if (!eval_data)
+        throw Error(label + ": option 'monitor' needs 'eval_data': it watches an evaluation metric");
+      if (!has("out"))
+        throw Error(label + ": option 'monitor' needs 'out', the run folder that keeps the best checkpoints");
+    }
+    for (const char* k : {"monitor_mode", "patience", "min_delta", "keep_best"})
+      if (auto g = given.find(k); g != given.end() && !g->second.is_nil() && !has("monitor"))
+        throw Error(label + ": option '" + std::string(k) + "' needs 'monitor', the evaluation metric it is about");
+    if (out["patience"].as_int() > 0 && out["eval_every"].as_int() == 0)
+      throw Error(label + ": option 'patience' needs eval_every > 0: without it there is one evaluation, at the end");
   }
   if (has("loss_scale"))
     for (const char* k : {"loss_scale_init", "loss_scale_growth", "loss_scale_backoff", "loss_scale_interval"})

@@ -1,4 +1,7 @@
 #include "train/trainer.hpp"
+
+#include <optional>
+#include <set>
 #include "wick/kit/weights.hpp"
 #include "wick/kit/json_fields.hpp"
 
@@ -763,14 +766,14 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
   }
 }
 
-fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {
+fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   if (cfg_.group) {
     // Written once, by rank 0; no rank goes on until it is complete.
     fs::path dir = checkpoints_dir / step_dir_name(step_);
     std::string error;
     if (cfg_.group->rank() == 0) {
       try {
-        dir = write_checkpoint(checkpoints_dir, extra, keep);
+        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -779,10 +782,11 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
     if (!error.empty()) throw Error(error);
     return dir;
   }
-  return write_checkpoint(checkpoints_dir, extra, keep);
+  return write_checkpoint(checkpoints_dir, extra, keep, keep_best);
 }
 
-fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep) {
+fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep,
+                                   int keep_best) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());
@@ -828,24 +832,53 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("cannot finish checkpoint " + final_dir.string() + ": " + ec.message());
   write_file_atomic(checkpoints_dir / "last", step_dir_name(step_) + "\n");
-  // Keep the newest `keep` checkpoints, by the step recorded inside each. A
+  // Keep the newest `keep` checkpoints, by the step recorded inside each, and
+  // the best `keep_best` by the monitored metric recorded inside each. A
   // removal renames first, so a kill halfway leaves no half checkpoint.
   if (keep > 0) {
-    std::vector<std::pair<std::int64_t, fs::path>> all;
+    struct Kept {
+      std::int64_t step;
+      fs::path path;
+      std::optional<double> value;  // the monitored metric, when it is this save's monitor
+    };
+    const nlohmann::json* monitor = extra.is_object() && extra.contains("monitor") ? &extra["monitor"] : nullptr;
+    const bool maximize = monitor && monitor->value("mode", "min") == "max";
+    std::vector<Kept> all;
     for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
       if (!e.is_directory() || !e.path().filename().string().starts_with("step-")) continue;
-      std::int64_t step = -1;
+      Kept k{-1, e.path(), std::nullopt};
       try {
-        step = read_checkpoint_state(e.path()).at("step").get<std::int64_t>();
+        const auto st = read_checkpoint_state(e.path());
+        k.step = st.at("step").get<std::int64_t>();
+        const auto x = st.value("extra", nlohmann::json::object());
+        if (monitor && x.contains("monitor") && x["monitor"].value("name", "") == monitor->value("name", "") &&
+            x["monitor"].value("mode", "") == monitor->value("mode", "") && x["monitor"]["value"].is_number())
+          k.value = x["monitor"]["value"].get<double>();
       } catch (const std::exception&) {
         continue;  // not a checkpoint this run can read: left alone
       }
-      all.emplace_back(step, e.path());
+      all.push_back(std::move(k));
     }
-    std::sort(all.begin(), all.end());
-    for (std::size_t i = 0; i + keep < all.size(); ++i) {
-      const fs::path trash = checkpoints_dir / (".trash-" + all[i].second.filename().string());
-      fs::rename(all[i].second, trash, ec);
+    std::sort(all.begin(), all.end(), [](const Kept& a, const Kept& b) { return a.step < b.step; });
+    std::set<fs::path> kept;
+    for (std::size_t i = all.size() > static_cast<std::size_t>(keep) ? all.size() - keep : 0; i < all.size(); ++i)
+      kept.insert(all[i].path);
+    if (monitor && keep_best > 0) {
+      // the best first; among equals the earliest (the first to reach it)
+      std::vector<const Kept*> scored;
+      for (const auto& k : all)
+        if (k.value && std::isfinite(*k.value)) scored.push_back(&k);
+      std::stable_sort(scored.begin(), scored.end(), [&](const Kept* a, const Kept* b) {
+        return maximize ? *a->value > *b->value : *a->value < *b->value;
+      });
+      for (std::size_t i = 0; i < scored.size() && i < static_cast<std::size_t>(keep_best); ++i)
+        kept.insert(scored[i]->path);
+      if (!scored.empty()) write_file_atomic(checkpoints_dir / "best", scored[0]->path.filename().string() + "\n");
+    }
+    for (const auto& k : all) {
+      if (kept.count(k.path)) continue;
+      const fs::path trash = checkpoints_dir / (".trash-" + k.path.filename().string());
+      fs::rename(k.path, trash, ec);
       if (!ec) fs::remove_all(trash, ec);
     }
   }
@@ -880,6 +913,17 @@ void check_checkpoint_state(const nlohmann::json& state, const std::string& wher
     e.integer("micro_batch", 1, 1, kMax);
     e.integer("accumulate", 1, 1, kMax);
     e.integer("world_size", 1, 1, 1 << 20);
+    if (state["extra"].contains("monitor")) {
+      // the monitored metric (run.cpp): which checkpoints are the best, and early stopping's count
+      const JsonFields m = e.object("monitor");
+      m.string("name");
+      const std::string mode = m.string("mode");
+      if (mode != "min" && mode != "max") m.bad("mode", "\"min\" or \"max\"");
+      m.number("value", 0.0);
+      m.number("best", 0.0);
+      m.integer("best_step", 0, 0, kMax);
+      m.integer("bad_evals", 0, 0, kMax);
+    }
   }
   if (state.contains("loss_scale")) {
     const JsonFields ls = j.object("loss_scale");

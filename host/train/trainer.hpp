@@ -158,16 +158,20 @@ class Trainer {
   std::map<std::string, std::int64_t> memory_breakdown() const;
 
   /// Writes a checkpoint folder atomically: model and optimizer state, RNG,
-  /// step and `extra` (the loop's own position). Returns the folder.
+  /// step and `extra` (the loop's own position). Returns the folder. Keeps
+  /// the newest `keep` checkpoints and, with keep_best > 0, the best
+  /// keep_best by extra.monitor {name, mode ("min"|"max"), value} among the
+  /// checkpoints that carry the same monitor; checkpoints/best names the best.
   std::filesystem::path save(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
-                             int keep = 3);
+                             int keep = 3, int keep_best = 0);
   /// Restores from a checkpoint folder; returns its `extra`.
   nlohmann::json load(const std::filesystem::path& checkpoint);
   /// The same with its state.json already read (read_checkpoint_state).
   nlohmann::json load(const std::filesystem::path& checkpoint, const nlohmann::json& state);
 
  private:
-  std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep);
+  std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
+                                         int keep_best);
   /// Forward and backward of every micro-batch of the window (each split in
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,

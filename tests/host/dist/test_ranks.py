@@ -307,3 +307,34 @@ def test_stopping_the_ranks_stops_every_process_they_started(tmp_path):
     finally:
         for pid in sleepers(tag):
             os.kill(pid, signal.SIGKILL)
+
+
+CALLBACKS = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 64, inputs = 8, classes = 3, seed = 4 })
+local held = wick.data("synthetic", { size = 16, inputs = 8, classes = 3, seed = 5 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
+local calls = 0
+local run = wick.train { model = model, data = data, eval_data = held, optim = wick.optim("sgd", { lr = 0.1 }),
+  micro_batch = 2, accumulate = 2, epochs = 4, quiet = true, eval_every = 2,
+  callbacks_every_rank = a.every,
+  on_step = function(rec)
+    calls = calls + 1
+    -- only rank 1 asks: when callbacks run on every rank, every rank stops after step 5
+    if wick.rank == 1 and rec.step == 5 then return { stop = "rank 1 had enough" } end
+    if wick.rank == 0 and rec.step == 7 then return { stop = true } end
+  end }
+print(string.format("rank %d steps %d calls %d status %s", wick.rank, run.steps, calls, run.status))
+"""
+
+
+@pytest.mark.parametrize("every,steps,calls0,calls1", [("false", 7, 7, 0), ("true", 5, 5, 5)])
+def test_callbacks_run_on_rank_0_and_a_stop_stops_every_rank(tmp_path, run_wick, every, steps, calls0, calls1):
+    """on_step runs on rank 0 only unless callbacks_every_rank; a stop asked on
+    any rank stops all of them after the same step (no rank left waiting)."""
+    recipe = tmp_path / "callbacks.lua"
+    recipe.write_text(CALLBACKS)
+    p = run_wick("launch", "--nproc-per-node", 2, recipe, f"every={every}")
+    assert f"rank 0 steps {steps} calls {calls0} status stopped" in p.stdout, p.stdout + p.stderr
+    assert f"[rank 1] rank 1 steps {steps} calls {calls1} status stopped" in p.stdout, p.stdout + p.stderr
