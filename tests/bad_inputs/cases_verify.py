@@ -133,6 +133,14 @@ CASES = [
             r"files\.model\.safetensors\.crc32c is 5, expected a string"),
     damaged("step negative", ("step",), -5, r"step is -5, expected an integer of at least 0"),
     damaged("loss_scale a number", ("loss_scale",), 3, r"loss_scale is 3, expected an object"),
+    # the monitored metric's record (best checkpoints, patience's count)
+    damaged("monitor a string", ("extra", "monitor"), "eval_loss", r'extra\.monitor is "eval_loss", expected an object'),
+    damaged("monitor mode up", ("extra", "monitor"), {"name": "eval_loss", "mode": "up"},
+            r'extra\.monitor\.mode is "up", expected "min" or "max"'),
+    damaged("monitor bad_evals negative", ("extra", "monitor"), {"name": "eval_loss", "mode": "min", "bad_evals": -1},
+            r"extra\.monitor\.bad_evals is -1, expected an integer"),
+    damaged("monitor value a string", ("extra", "monitor"), {"name": "eval_loss", "mode": "min", "value": "low"},
+            r'extra\.monitor\.value is "low", expected a number'),
     Case("state.json: every checkpoint damaged", RESUME,
          r"wick\.train: resume = true, but no checkpoint in run/checkpoints is intact: .*state\.json: "
          r'skipped_steps is "0", expected an integer', setup=edit_state(setter(("skipped_steps",), "0"), steps=(1, 2))),
