@@ -424,6 +424,13 @@ int trainer_comm(lua_State* L) {
   return 1;
 }
 
+// trainer:save_ema(file): the model with the averaged weights (wick.trainer{ema = 0.999}), for model:load
+int trainer_save_ema(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "save_ema");
+  t->save_ema(check_string(L, 2, "save_ema"));
+  return 0;
+}
+
 int trainer_save(lua_State* L) {
   auto& t = check_box<Trainer>(L, 1, kTrainerMt, "save");
   const std::string dir = check_string(L, 2, "save");
@@ -583,6 +590,7 @@ void open_train(lua_State* L) {
                                              {"steps", G(trainer_steps)},
                                              {"comm", G(trainer_comm)},
                                              {"save", G(trainer_save)},
+                                             {"save_ema", G(trainer_save_ema)},
                                              {"load", G(trainer_load)},
                                              {"skipped_steps", G(trainer_skipped_steps)},
                                              {"split", G(trainer_split)},

@@ -384,7 +384,7 @@ std::string run_json_problem(const nlohmann::json& meta, const std::string& file
       if (j.has(k) && !j.json()[k].is_number()) j.bad(k, "a number");
     for (const char* k : {"memory", "options", "eval", "best", "stopped", "logged"})
       if (j.has(k)) j.object(k);
-    for (const char* k : {"checkpoint", "recipe", "precision", "device"}) j.string(k, "");
+    for (const char* k : {"checkpoint", "recipe", "precision", "device", "ema"}) j.string(k, "");
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -794,6 +794,13 @@ nlohmann::json run_training(const RunRequest& req) {
                       static_cast<long long>(eval_micro), static_cast<long long>(s.split)));
     }
     for (const auto& [k, v] : s.metrics) rec[k] = v;
+    if (r.o.get_bool("eval_ema")) {
+      // the same data with the averaged weights
+      EvalStats e;
+      trainer.with_ema([&] { e = trainer.evaluate(r.obj.eval_data, eval_micro); });
+      rec["ema_loss"] = e.loss;
+      for (const auto& [k, v] : e.metrics) rec["ema_" + k] = v;
+    }
     if (cb.on_eval && call_here) take_reply(cb.on_eval(rec), "on_eval", &rec);
     run["eval"] = rec;
     for (auto& o : observers) o->on_eval(rec);
@@ -915,6 +922,11 @@ nlohmann::json run_training(const RunRequest& req) {
                       (*stop_request)["by"].get<std::string>().c_str(),
                       (*stop_request)["reason"].get<std::string>().empty() ? "" : ": ",
                       (*stop_request)["reason"].get<std::string>().c_str()));
+    }
+    if (trainer.has_ema() && !out.empty()) {
+      // the averaged weights, loadable by model:load (fp32 where they train)
+      if (r.rank0) trainer.save_ema(out / "ema.safetensors");
+      run["ema"] = (out / "ema.safetensors").string();
     }
     if (mon && mon->best) {
       run["best"] = {{"metric", mon->name}, {"mode", mon->mode}, {"value", *mon->best}, {"step", mon->best_step}};

@@ -103,8 +103,9 @@ at::ScalarType half_dtype(Precision p) {
 
 std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; }
 
-// master weights ride in optimizer.safetensors under this prefix
+// master weights and the weights' average ride in optimizer.safetensors under these prefixes
 const std::string kMasterPrefix = "wick.master/";
+const std::string kEmaPrefix = "wick.ema/";
 
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
@@ -248,6 +249,14 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     }
   originals.clear();
   if (params_.empty()) throw Error("the model has no trainable parameters");
+  if (!(cfg_.ema >= 0 && cfg_.ema < 1))
+    throw Error("ema: expected a decay in [0, 1) (0.999; 0: no average), got " + std::to_string(cfg_.ema));
+  if (cfg_.ema > 0) {
+    // the average starts at the weights the run starts from (rank 0's, after the broadcast below)
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : params_)
+      ema_.emplace_back(name, p.detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+  }
   optim_->attach(params_);
   if (scaling()) {
     scale_ = at::full({}, ls.init, at::TensorOptions().dtype(at::kFloat).device(device));
@@ -260,6 +269,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     if (cfg_.master_weights)
       for (auto& [name, p] : params_) state.push_back(p.detach());
     cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < ema_.size(); ++i) ema_[i].second.copy_(params_[i].second);
     std::vector<at::Tensor> trainable;
     for (auto& [name, p] : params_) trainable.push_back(p);
     reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb);
@@ -289,6 +300,51 @@ double Trainer::lr_at(std::int64_t step) const {
   return optim_->base_lr() * f;
 }
 
+void Trainer::update_ema() {
+  at::NoGradGuard no_grad;
+  const bool copy = step_ <= cfg_.ema_start;
+  for (std::size_t i = 0; i < ema_.size(); ++i) {
+    at::Tensor& avg = ema_[i].second;
+    const at::Tensor w = params_[i].second.detach();
+    if (copy) avg.copy_(w);
+    // half-precision weights: one fp32 copy of one tensor at a time
+    else avg.lerp_(w.scalar_type() == at::kFloat ? w : w.to(at::kFloat), 1.0 - cfg_.ema);
+  }
+}
+
+void Trainer::with_ema(const std::function<void()>& fn) {
+  if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> trained;
+  trained.reserve(model_params_.size());
+  for (std::size_t i = 0; i < model_params_.size(); ++i) {
+    trained.push_back(model_params_[i].detach().clone());
+    model_params_[i].detach().copy_(ema_[i].second);
+  }
+  auto restore = [&] {
+    for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].detach().copy_(trained[i]);
+  };
+  try {
+    fn();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+void Trainer::save_ema(const fs::path& file) {
+  if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
+  std::map<std::string, at::Tensor> avg(ema_.begin(), ema_.end());
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, t] : module_state(*model_)) {
+    auto it = avg.find(name);
+    out.emplace_back(name, it != avg.end() ? it->second : t);
+  }
+  write_safetensors(file, out, {{"format", "pt"}, {"wick.ema", std::to_string(cfg_.ema)},
+                                {"wick.ema_step", std::to_string(step_)}});
+}
+
 std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0;
   for (const auto& [name, t] : module_state(*model_)) weights += bytes_of(t);
@@ -297,6 +353,9 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
     trainable += bytes_of(p);
   }
   for (const auto& [name, t] : optim_->state()) opt += bytes_of(t);
+  std::int64_t ema = 0;
+  for (const auto& [name, t] : ema_) ema += bytes_of(t);
+  opt += ema;  // state kept beside the weights, as masters are
   std::int64_t master = 0;
   if (cfg_.master_weights) {
     for (const auto& p : model_params_) grads += bytes_of(p.grad());
@@ -306,8 +365,9 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
           {"master_weights", master},
           {"gradients", grads},
           {"optimizer", opt},
+          {"ema", ema},
           {"trainable", trainable},
-          {"optimizer_expected", optim_->state_bytes(params_)}};
+          {"optimizer_expected", optim_->state_bytes(params_) + ema}};
 }
 
 void Trainer::probe(const Batch& batch) {
@@ -731,6 +791,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   }
   ++step_;
   s.step = step_;
+  if (!ema_.empty() && !s.skipped) update_ema();
   // The numbers stay on the device until resolve(): one read for many steps.
   if (!zero_.defined() || zero_.device() != device) zero_ = at::zeros({1}, opts);
   std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}), grad_norm.defined() ? grad_norm : zero_,
@@ -804,6 +865,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   for (auto& [k, v] : optim_->state()) opt_state.emplace_back(k, v);
   if (cfg_.master_weights)
     for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
+  for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
   std::vector<std::pair<std::string, at::Tensor>> rng;
   for (auto& [name, gen] : generators(at::Device(cfg_.device))) {
@@ -966,8 +1028,12 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);
-  std::map<std::string, at::Tensor> masters;
-  for (auto& [k, v] : opt.tensors) (k.starts_with(kMasterPrefix) ? masters[k.substr(kMasterPrefix.size())] : opt_state[k]) = v.to(device);
+  std::map<std::string, at::Tensor> masters, averages;
+  for (auto& [k, v] : opt.tensors) {
+    if (k.starts_with(kMasterPrefix)) masters[k.substr(kMasterPrefix.size())] = v.to(device);
+    else if (k.starts_with(kEmaPrefix)) averages[k.substr(kEmaPrefix.size())] = v.to(device);
+    else opt_state[k] = v.to(device);
+  }
   optim_->load_state(opt_state);
   if (cfg_.master_weights) {
     // the fp32 weights the run stepped; from a checkpoint without them (saved
@@ -979,6 +1045,18 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
         throw Error("checkpoint " + checkpoint.string() + ": master weight '" + params_[i].first + "' has shape " +
                     c10::str(it->second.sizes()) + ", the model's is " + c10::str(params_[i].second.sizes()));
       params_[i].second.copy_(it != masters.end() ? it->second : model_params_[i]);
+    }
+  }
+  if (!ema_.empty()) {
+    // the average the run kept; from a checkpoint without one (saved without
+    // ema), the loaded weights: the average starts there
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < ema_.size(); ++i) {
+      auto it = averages.find(ema_[i].first);
+      if (it != averages.end() && !it->second.sizes().equals(ema_[i].second.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": the average of '" + ema_[i].first + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(ema_[i].second.sizes()));
+      ema_[i].second.copy_(it != averages.end() ? it->second : params_[i].second.detach());
     }
   }
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +73,11 @@ struct TrainerConfig {
   /// trainable weights, whose fp32 gradients sum every micro-batch's; the
   /// model's half-precision weights are rounded from them after each step.
   bool master_weights = false;
+  /// An exponential moving average of the trainable weights, in fp32, updated
+  /// after every optimizer step: ema = decay * ema + (1 - decay) * weight,
+  /// from step ema_start on (before it, a copy of the weights). 0: none.
+  double ema = 0;
+  std::int64_t ema_start = 0;
 };
 
 struct StepStats {
@@ -154,6 +160,16 @@ class Trainer {
   /// training precision and out-of-memory policy.
   EvalStats evaluate(std::shared_ptr<const Dataset> data, std::int64_t micro_batch);
 
+  /// The averaged weights (ema), by name: fp32, one per trainable parameter.
+  bool has_ema() const { return !ema_.empty(); }
+  const std::vector<std::pair<std::string, at::Tensor>>& ema() const { return ema_; }
+  /// Runs `fn` with the averaged weights in the model, then puts the trained
+  /// ones back (a copy of the trainable weights held meanwhile).
+  void with_ema(const std::function<void()>& fn);
+  /// Writes the model's state with the averaged weights in place of the
+  /// trainable ones (fp32), loadable by Model::load.
+  void save_ema(const std::filesystem::path& file);
+
   /// Bytes held by weights (parameters and buffers), gradients and optimizer state.
   std::map<std::string, std::int64_t> memory_breakdown() const;
 
@@ -197,6 +213,8 @@ class Trainer {
   TrainerConfig cfg_;
   std::vector<std::pair<std::string, at::Tensor>> params_;  // what the optimizer steps: trainable, or their fp32 masters
   std::vector<at::Tensor> model_params_;                    // the model's trainable tensors (params_' own without masters)
+  std::vector<std::pair<std::string, at::Tensor>> ema_;     // cfg_.ema: the averaged trainable weights, fp32
+  void update_ema();
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;
   std::vector<std::string> metric_names_;  // seen so far, summed over ranks in this order

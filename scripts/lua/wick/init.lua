@@ -65,6 +65,7 @@ wick.loader = core.loader
 -- wick.trainer{model, optim, schedule, clip_grad_norm, total_steps, device}
 --   :step(window) -> {step, loss, items, lr, grad_norm, seconds, <metrics>}
 --   :save(checkpoints_dir, extra_table, keep) -> folder, :load(folder) -> extra_table, :steps()
+--   :save_ema(file): with ema = 0.999, the model with the averaged weights (model:load reads it)
 wick.trainer = core.trainer
 wick.latest_checkpoint = core.latest_checkpoint
 wick.seed = core.seed
