@@ -92,3 +92,56 @@ def test_fresh_vlm_projector_matches_llava(tmp_path, run_wick):
         transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=257)))
     proj = {k: v for k, v in theirs.items() if "multi_modal_projector" in k or "language_model" in k}
     assert same_statistics(ours, proj, "vlm") >= 2 + 2 * 7 + 1
+
+
+VIDEO = """
+local wick = require "wick"
+wick.seed(5)
+local m = wick.model("video_classifier", { classes = 40, image_size = 64, patch_size = 8, hidden_size = 96,
+  intermediate_size = 192, layers = 2, heads = 4, temporal = "transformer", temporal_layers = 2, max_frames = 64,
+  freeze_vision = false })
+m:save(wick.args.out .. "/model.safetensors")
+"""
+
+
+def test_fresh_video_classifier_matches_vit_init(tmp_path, run_wick):
+    """video_classifier's tower, temporal transformer and head start as a fresh
+    transformers ViT's layers and classifier do (normal(0, 0.02), biases 0,
+    norms 1), the temporal positions at normal(0, 0.02)."""
+    (tmp_path / "r.lua").write_text(VIDEO)
+    run_wick("run", tmp_path / "r.lua", f"out={tmp_path}")
+    ours = load_file(tmp_path / "model.safetensors")
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=64, patch_size=8, hidden_size=96, intermediate_size=192,
+                                 num_hidden_layers=2, num_attention_heads=4, num_labels=40)
+    theirs = fresh_state(transformers.ViTForImageClassification(cfg))
+    # wick keeps ViTLayer's legacy names (those checkpoints on disk carry); transformers 5's own names here
+    legacy = {"attention.attention.query": "attention.q_proj", "attention.attention.key": "attention.k_proj",
+              "attention.attention.value": "attention.v_proj", "attention.output.dense": "attention.o_proj",
+              "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
+
+    def renamed(state, prefix, to):
+        out = {}
+        for k, v in state.items():
+            if not k.startswith(prefix):
+                continue
+            rest = k[len(prefix):]
+            for old, new in legacy.items():
+                if rest.startswith(old + "."):
+                    rest = new + rest[len(old):]
+            out[to + rest] = v
+        return out
+
+    checked = same_statistics(ours, theirs, "embeddings and head")
+    for i in range(2):
+        checked += same_statistics(renamed(ours, f"vit.encoder.layer.{i}.", f"vit.layers.{i}."), theirs, f"tower {i}")
+    # each temporal layer against transformers' ViT's first layer
+    layer = {k: v for k, v in theirs.items() if k.startswith("vit.layers.0.")}
+    for i in range(2):
+        mine = renamed(ours, f"temporal.layers.{i}.", "vit.layers.0.")
+        assert set(mine) == set(layer)
+        checked += same_statistics(mine, layer, f"temporal layer {i}")
+    assert "classifier.weight" in ours and checked >= 20
+    pos = ours["temporal.position_embeddings"]
+    assert abs(pos.std().item() - 0.02) < 0.06 * 0.02
+    torch.testing.assert_close(ours["temporal.layernorm.weight"], torch.ones(96), rtol=0, atol=0)

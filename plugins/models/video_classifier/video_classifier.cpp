@@ -54,7 +54,7 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
       max_frames_ = o.get_int("max_frames");
       {
         at::NoGradGuard g;
-        temporal_pos_ = t->register_parameter("position_embeddings", at::randn({1, max_frames_, D}) * 0.02);
+        temporal_pos_ = t->register_parameter("position_embeddings", at::randn({1, max_frames_, D}) * fc.init_range);
       }
       auto list = t->register_module("layers", torch::nn::ModuleList());
       for (std::int64_t i = 0; i < tc.layers; ++i) {
@@ -64,6 +64,11 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
       temporal_norm_ = t->register_module("layernorm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(fc.eps)));
     }
     classifier_ = register_module("classifier", torch::nn::Linear(D, classes_));
+    {
+      at::NoGradGuard g;  // as transformers' _init_weights (ViT, VideoMAE): normal(0, initializer_range), bias 0
+      classifier_->weight.normal_(0.0, fc.init_range);
+      classifier_->bias.zero_();
+    }
     if (freeze_)
       for (auto& p : vit_->parameters()) p.set_requires_grad(false);
     if (dtype_ != at::kFloat) to(dtype_);  // the small parts; the encoder was built in dtype_
