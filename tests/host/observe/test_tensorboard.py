@@ -47,6 +47,9 @@ wick.train {
   micro_batch = 4, accumulate = 2, epochs = 2, precision = "%s", out = "%s", quiet = true,
   -- fp16: a scale far too large, so the first steps overflow and are skipped
   loss_scale = { init = 2^40, backoff = 2^-10 },
+  -- scalars a recipe logs from its callbacks
+  on_step = function(r) return { log = { lr_x2 = r.lr * 2 } } end,
+  on_eval = function(r) return { log = { loss_plus_1 = r.loss + 1 } } end,
 }
 """
 
@@ -80,7 +83,8 @@ def test_every_scalar_reads_back_equal(run_wick, tmp_path, precision):
     acc.Reload()
     want = expected(out)
     got_tags = set(acc.Tags()["tensors"])
-    assert {"train/loss", "train/lr", "train/grad_norm", "train/items_per_s", "memory/resident", "eval/loss"} <= set(want)
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/items_per_s", "memory/resident", "eval/loss",
+            "train/lr_x2", "eval/loss_plus_1"} <= set(want)
     if precision == "fp16-mixed":
         assert "train/loss_scale" in want
         skipped = [s for s, v in want["train/skipped"] if v == 1]
