@@ -74,7 +74,6 @@ std::shared_ptr<Object> make_grouped(lua_State* L, const std::string& name, cons
       throw Error(where + ": " + e.what());
     }
     pg.optim = std::static_pointer_cast<Optimizer>(obj);
-    if (pg.name.empty()) pg.name = "groups[" + std::to_string(k) + "]";
     groups.push_back(std::move(pg));
     lua_pop(L, 1);
   }

@@ -336,6 +336,7 @@ int trainer_step(lua_State* L) {
   set_number(L, "items", static_cast<double>(s.items));
   set_number(L, "micro_batches", static_cast<double>(s.micro_batches));
   set_number(L, "lr", s.lr);
+  for (const auto& [k, v] : s.group_lrs) set_number(L, k.c_str(), v);
   set_number(L, "grad_norm", s.grad_norm);
   set_number(L, "seconds", s.seconds);
   if (s.loss_scale > 0) set_number(L, "loss_scale", s.loss_scale);

@@ -11,6 +11,7 @@ ParamGroups::ParamGroups(std::string label, std::shared_ptr<Optimizer> rest, std
   if (!rest_) throw Error(label_ + ": no optimizer for the default group");
   for (std::size_t i = 0; i < groups_.size(); ++i) {
     auto& g = groups_[i];
+    g.log_name = "lr_" + (g.name.empty() ? "group" + std::to_string(i + 1) : g.name);
     if (g.name.empty()) g.name = "groups[" + std::to_string(i + 1) + "]";
     if (g.patterns.empty())
       throw Error(label_ + ": " + g.name + ": expected params = a pattern or a list of patterns, got none");

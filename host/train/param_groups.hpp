@@ -19,6 +19,7 @@ namespace wick {
 
 struct ParamGroup {
   std::string name;                   ///< the recipe's name for it, or "groups[i]"
+  std::string log_name;               ///< its lr's name in step records: lr_<name>, or lr_group<i>
   std::vector<std::string> patterns;  ///< which parameters it takes
   std::shared_ptr<Optimizer> optim;   ///< made with the group's options
   NamedTensors params;                ///< filled by attach

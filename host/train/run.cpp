@@ -356,6 +356,7 @@ nlohmann::json record_of(const PendingStep& p, bool cuda) {
   if (s.split > 1) rec["split"] = s.split;
   if (s.oom_retries > 0) rec["oom_retries"] = s.oom_retries;
   for (const auto& [k, v] : s.metrics) rec[k] = v;
+  for (const auto& [k, v] : s.group_lrs) rec[k] = v;
   auto mem = p.memory;
   add_memory(rec, mem, cuda);
   return rec;

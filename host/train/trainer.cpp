@@ -789,6 +789,8 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     if (cfg_.master_weights)
       for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
   }
+  if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get()))
+    for (const auto& g : groups->groups()) s.group_lrs.emplace_back(g.log_name, g.optim->base_lr() * factor);
   ++step_;
   s.step = step_;
   if (!ema_.empty() && !s.skipped) update_ema();

@@ -86,6 +86,7 @@ struct StepStats {
   std::int64_t items = 0;
   std::int64_t micro_batches = 0;
   double lr = 0;
+  std::vector<std::pair<std::string, double>> group_lrs;  // parameter groups: each group's lr ("lr_<name>")
   double grad_norm = 0;           // before clipping, after unscaling
   bool skipped = false;           // fp16: inf/nan gradients on some rank, the optimizer did not step
   double loss_scale = 0;          // fp16: the scale this step's loss was multiplied by (0: no scaling)

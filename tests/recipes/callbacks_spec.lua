@@ -132,6 +132,24 @@ print("OK")
 ]], "out=" .. dir .. "/e")
   end)
 
+  it("each parameter group's lr is in the step records, scaled by the schedule", function()
+    run_ok("groups.lua", [[
+local out = wick.args.out
+local optim = wick.optim("adamw", { lr = 0.01, groups = { { params = "bias", weight_decay = 0 },
+  { params = "2", lr = 0.03, name = "head" } } })
+wick.train { model = model, data = data, optim = optim, schedule = "cosine", warmup_steps = 3, micro_batch = 8,
+  epochs = 2, out = out, quiet = true,
+  on_step = function(r)
+    check(math.abs(r.lr_head - 3 * r.lr) < 1e-12 and math.abs(r.lr_group1 - r.lr) < 1e-12,
+      "step %d: lr %s, lr_head %s, lr_group1 %s", r.step, r.lr, tostring(r.lr_head), tostring(r.lr_group1))
+  end }
+local steps = records(out)
+check(#steps == 16 and steps[2].lr_head > steps[1].lr_head and steps[16].lr_head < steps[4].lr_head,
+  "the head's lr does not follow the schedule")
+print("OK")
+]], "out=" .. dir .. "/g")
+  end)
+
   it("a callback's error names the recipe's line; bad answers are named", function()
     fails_with("boom.lua", [[
 wick.train { model = model, data = data, optim = wick.optim("sgd", { lr = 0.1 }), micro_batch = 8, quiet = true,
