@@ -301,9 +301,16 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
       if (!has("out"))
         throw Error(label + ": option 'monitor' needs 'out', the run folder that keeps the best checkpoints");
     }
-    for (const char* k : {"monitor_mode", "patience", "min_delta", "keep_best"})
-      if (auto g = given.find(k); g != given.end() && !g->second.is_nil() && !has("monitor"))
-        throw Error(label + ": option '" + std::string(k) + "' needs 'monitor', the evaluation metric it is about");
+    // (a resolved table, as wick plan passes, holds their defaults: only a setting that acts is refused)
+    if (!has("monitor"))
+      for (const char* k : {"monitor_mode", "patience", "min_delta", "keep_best"}) {
+        const Value& v = out[k];
+        const bool acts = std::string(k) == "monitor_mode" ? !v.is_nil()
+                          : std::string(k) == "keep_best"  ? v.as_int() != 1
+                          : std::string(k) == "patience"   ? v.as_int() > 0
+                                                           : v.as_double() > 0;
+        if (acts) throw Error(label + ": option '" + std::string(k) + "' needs 'monitor', the evaluation metric it is about");
+      }
     if (out["eval_ema"].as_bool() && !(out["ema"].as_double() > 0))
       throw Error(label + ": option 'eval_ema' needs 'ema', the average's decay (0.999, ...)");
     if (out["patience"].as_int() > 0 && out["eval_every"].as_int() == 0)
