@@ -165,3 +165,37 @@ def test_wrong_image_size_is_a_clear_error(tmp_path, run_wick):
                  check=False)
     assert p.returncode != 0
     assert "images are 20x20, the encoder expects 16x16" in p.stderr
+
+
+INTERPOLATE = """
+local wick = require "wick"
+local a = wick.args
+local m = wick.model("vit", { path = a.path, output = "hidden", interpolate_pos_encoding = true })
+wick.core.predict(m, a.batch, a.hidden)
+"""
+
+
+@pytest.mark.parametrize("kind", ["vit", "clip"])
+@pytest.mark.parametrize("size", [(24, 20), (16, 16), (12, 12)])
+def test_interpolated_positions_match_transformers(tmp_path, run_wick, kind, size):
+    """interpolate_pos_encoding = true: images of another size than the
+    tower's (larger, non-square, smaller) give transformers' hidden states with
+    interpolate_pos_encoding=True; the tower's own size is unchanged."""
+    torch.manual_seed(2)
+    if kind == "vit":
+        ref = spread(transformers.ViTModel(transformers.ViTConfig(**SIZES)).eval())
+        mean = std = [0.5] * 3
+    else:
+        ref = spread(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**SIZES)).eval())
+        mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    ref.save_pretrained(tmp_path / "hf")
+    images = torch.randint(0, 256, (2, 3, *size), dtype=torch.uint8)
+    save_file({"image": images}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(INTERPOLATE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"hidden={tmp_path / 'h.safetensors'}")
+    got = load_file(tmp_path / "h.safetensors")["output"]
+    with torch.no_grad():
+        want = ref(pixel_values=pixels(images, mean, std), interpolate_pos_encoding=True).last_hidden_state
+    assert got.shape == want.shape == (2, 1 + (size[0] // 4) * (size[1] // 4), 32)
+    assert (got - want).abs().max().item() < 1e-4

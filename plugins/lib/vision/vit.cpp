@@ -227,10 +227,13 @@ VitImpl::VitImpl(VitConfig c, at::ScalarType dtype) : c_(std::move(c)) {
 at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const std::string& prefix, int layer) {
   if (pixels.dim() != 4 || pixels.size(1) != c_.channels)
     throw Error("vit: expected images [N, " + str(c_.channels) + ", H, W], got " + c10::str(pixels.sizes()));
-  if (pixels.size(2) != c_.image_size || pixels.size(3) != c_.image_size)
-    throw Error("vit: images are " + str(pixels.size(2)) + "x" + str(pixels.size(3)) + ", the encoder expects " +
-                str(c_.image_size) + "x" + str(c_.image_size) + " (set the data's image_size to " + str(c_.image_size) +
-                ")");
+  const auto H = pixels.size(2), W = pixels.size(3), p = c_.patch_size;
+  if (!c_.interpolate && (H != c_.image_size || W != c_.image_size))
+    throw Error("vit: images are " + str(H) + "x" + str(W) + ", the encoder expects " + str(c_.image_size) + "x" +
+                str(c_.image_size) + " (set the data's image_size to " + str(c_.image_size) +
+                ", or interpolate_pos_encoding = true to interpolate its position embeddings)");
+  if (H < p || W < p)
+    throw Error("vit: images are " + str(H) + "x" + str(W) + ", smaller than one patch of " + str(p) + "x" + str(p));
   const std::int64_t L = c_.layers;
   const std::int64_t n = layer >= 0 ? layer + 1 : L + layer + 1;
   if (n < 0 || n > L)
@@ -240,7 +243,7 @@ at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const 
   at::Tensor x = pixels.is_floating_point() ? pixels.to(patch_->weight.scalar_type()) : pixels.to(at::kFloat);
   x = patch_->forward(x).flatten(2).transpose(1, 2);  // [N, P, D]
   at::Tensor cls = (c_.style == "vit" ? cls_ : cls_.view({1, 1, D})).expand({N, 1, D}).to(x.scalar_type());
-  x = at::cat({cls, x}, 1) + pos_.view({1, -1, D});
+  x = at::cat({cls, x}, 1) + positions(H, W, x.size(1) - 1);
   if (pre_) x = pre_->forward(x);
   const auto names = block_names(prefix);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -250,6 +253,19 @@ at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const 
   }
   if (c_.style == "vit" && n == L) x = final_->forward(x);
   return x;
+}
+
+at::Tensor VitImpl::positions(std::int64_t H, std::int64_t W, std::int64_t patches) {
+  const auto D = c_.hidden, P = num_patches();
+  const at::Tensor pos = pos_.view({1, -1, D});
+  if (patches == P && H == W) return pos;
+  // transformers' interpolate_pos_encoding: the class position as it is, the
+  // patch grid bicubically resized (align_corners false) to the image's
+  const auto g = static_cast<std::int64_t>(std::sqrt(static_cast<double>(P)));
+  at::Tensor grid = pos.narrow(1, 1, P).reshape({1, g, g, D}).permute({0, 3, 1, 2});
+  grid = at::upsample_bicubic2d(grid, {H / c_.patch_size, W / c_.patch_size}, /*align_corners=*/false);
+  grid = grid.permute({0, 2, 3, 1}).reshape({1, -1, D});
+  return at::cat({pos.narrow(1, 0, 1), grid}, 1);
 }
 
 at::Tensor VitImpl::pool(const at::Tensor& tokens) {
@@ -361,6 +377,9 @@ std::vector<wick::OptionSpec> vit_options() {
           .optional(),
       wick::opt_string("pool", "cls", "image features: cls (the class token; clip: post_layernorm of it) or mean (of the patch tokens)")
           .one_of({"cls", "mean"}),
+      wick::opt_bool("interpolate_pos_encoding", false,
+                     "take images of another size than image_size: the patch position embeddings bicubically "
+                     "interpolated to the image's patch grid (transformers' interpolate_pos_encoding)"),
       wick::opt(std::string("image_mean"), wick::OptionType::FloatList, wick::Value(),
                 "per-channel mean of the 0..1 pixels (default: 0.5 for vit, CLIP's for clip)")
           .optional(),
@@ -383,6 +402,7 @@ VitConfig config_from_options(const wick::Options& o, const std::string& prefix)
   c.eps = o.has(prefix + "layer_norm_eps") ? o.get_double(prefix + "layer_norm_eps") : (c.style == "clip" ? 1e-5 : 1e-12);
   c.act = o.has(prefix + "act") ? o.get_string(prefix + "act") : (c.style == "clip" ? "quick_gelu" : "gelu");
   if (o.has(prefix + "pool")) c.pool = o.get_string(prefix + "pool");
+  if (o.has("interpolate_pos_encoding")) c.interpolate = o.get_bool("interpolate_pos_encoding");
   check_sizes(c, "vit options");
   return c;
 }

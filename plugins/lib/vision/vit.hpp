@@ -42,6 +42,10 @@ struct VitConfig {
   /// (q/k/v and fc2 D^-0.5 (2 layers)^-0.5, out_proj D^-0.5, fc1 (2D)^-0.5,
   /// each times init_factor). Biases 0, norms 1.
   double init_range = 0.02, init_factor = 1.0;
+  /// Images of another size than image_size: the patch position embeddings
+  /// bicubically interpolated to the image's patch grid, as transformers'
+  /// interpolate_pos_encoding (not a config.json field: a run's choice).
+  bool interpolate = false;
 };
 
 /// The config of a Hugging Face folder's config.json: a ViTConfig, a
@@ -112,6 +116,11 @@ class VitImpl : public torch::nn::Module {
   const VitConfig& config() const { return c_; }
   /// Patches per image: (image_size / patch_size)^2.
   std::int64_t num_patches() const { return (c_.image_size / c_.patch_size) * (c_.image_size / c_.patch_size); }
+  /// The position embeddings [1, 1 + patches, D] for an H x W image of
+  /// `patches` patches: the table itself, or interpolated (VitConfig::interpolate).
+  at::Tensor positions(std::int64_t H, std::int64_t W, std::int64_t patches);
+  /// Whether images of another size are taken (VitConfig::interpolate).
+  void set_interpolate(bool on) { c_.interpolate = on; }
   /// The encoder blocks, in order.
   std::vector<VitBlock> layers() const { return blocks_; }
   /// Every block's linear layers, named prefix + path (LoRA targets).

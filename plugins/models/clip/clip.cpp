@@ -186,6 +186,7 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
     projection_ = projection;
     text_model_ = register_module("text_model", TextModel(tc_, dtype_));
     vision_model_ = register_module("vision_model", Vit(vc, dtype_));
+    vision_model_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     visual_projection_ =
         register_module("visual_projection", torch::nn::Linear(torch::nn::LinearOptions(vc.hidden, projection).bias(false)));
     text_projection_ =

@@ -53,6 +53,7 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
       build(c);
       stats_ = pixel_stats_from_options(o, c.style, "vit");
     }
+    vit_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     if (dtype_ != at::kFloat) to(dtype_);  // the head; the encoder was built in dtype_
   }
 
