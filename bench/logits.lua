@@ -2,7 +2,7 @@
 -- allocator) over one forward + backward + SGD step of a decoder at Qwen2.5's
 -- vocabulary (151,936) and width (896; 2 layers), with the head and the
 -- cross-entropy computed whole (loss_chunk = 0: [tokens, vocab] fp32 logits
--- and their gradient) and in chunks (loss_chunk = N tokens, the default 1024).
+-- and their gradient) and in chunks (loss_chunk = N tokens; by default a 64 MiB budget for a chunk's fp32 logits).
 --   wick run bench/logits.lua [micro=8] [seq=512] [layers=2] [chunks=0,1024,256]
 -- Tensor bytes on the CPU, the stand-in for CUDA's allocated bytes: a CUDA run
 -- adds its context (~0.5 GiB) and what the caching allocator keeps reserved.

@@ -202,3 +202,66 @@ def test_a_tied_config_with_its_own_lm_head_weight_does_what_transformers_does(t
     p = run_wick("run", tmp_path / "g.lua", f"path={tmp_path / 'hf'}")
     assert [int(x) for x in p.stdout.split("\n")[0].split()] == want
     assert ("stays a separate output head, as transformers leaves it" in p.stderr) == (not same)
+
+
+ROPE_RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local model = wick.model("decoder_lm", { path = a.path })
+wick.core.predict(model, a.batch, a.logits)
+wick.save_pretrained(model, a.out)
+"""
+
+# head_dim 16 and rope_theta 5000: llama3's three bands (kept, smoothed, divided) all hold frequencies
+ROPE_CASES = [
+    ("linear", {"rope_type": "linear", "factor": 2.0}),
+    ("legacy linear", {"type": "linear", "factor": 3.0}),
+    ("dynamic", {"rope_type": "dynamic", "factor": 3.0}),
+    ("llama3", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}),
+    ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ("yarn mscale", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+                     "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}),
+]
+
+
+@pytest.mark.parametrize("name,rope", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+def test_rope_scaling_matches_transformers(tmp_path, run_wick, name, rope):
+    """rope_scaling (legacy) and rope_parameters of each type wick computes: logits
+    equal transformers' over 150 positions (past max_position_embeddings, 128,
+    so dynamic scaling acts), and the folder wick saves loads into transformers
+    with the same scaling."""
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=96, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                                   rms_norm_eps=1e-5, rope_theta=5000.0, rope_scaling=dict(rope))
+    ref = transformers.LlamaForCausalLM(cfg).float().eval()
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    # the config.json as users' folders carry it: rope_scaling with type (legacy) or rope_parameters
+    c = json.loads((tmp_path / "hf" / "config.json").read_text())
+    c.pop("rope_scaling", None)
+    c.pop("rope_parameters", None)
+    c["rope_theta"] = 5000.0
+    if "type" in rope:
+        c["rope_scaling"] = dict(rope)
+    else:
+        c["rope_parameters"] = {"rope_theta": 5000.0, **rope}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(c))
+    ids = torch.randint(0, 97, (2, 150))
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(ROPE_RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}", f"out={tmp_path / 'saved'}")
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+        plain = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+            **cfg.to_dict(), "rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}))
+        plain.load_state_dict(ref.state_dict())
+        unscaled = plain.float().eval()(input_ids=ids).logits
+    got = load_file(tmp_path / "logits.safetensors")["output"]
+    assert (want - unscaled).abs().max().item() > 1e-3  # the scaling changes the logits
+    assert (got - want).abs().max().item() < 1e-4
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
+    assert back.config.rope_parameters["rope_type"] == rope.get("rope_type", rope.get("type"))
+    with torch.no_grad():
+        assert (back(input_ids=ids).logits - want).abs().max().item() < 1e-4

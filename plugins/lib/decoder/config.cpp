@@ -4,8 +4,10 @@
 
 #include <sys/sysinfo.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <vector>
 
 namespace wick::decoder {
 
@@ -86,6 +88,69 @@ void finish_config(Config& c, const std::string& who, bool hf) {
                       bytes_text(here) + " of memory and swap, expected a model that fits");
 }
 
+namespace {
+
+// The fields of a rotary scaling (rope_scaling, or rope_parameters beside
+// rope_theta), each type's own, as transformers' validators take them.
+void read_rope(const wick::JsonFields& rp, Config& c, const wick::JsonFields& top) {
+  RopeScaling& r = c.rope;
+  r.type = rp.string("rope_type", rp.string("type", "default"));
+  const char* kinds = "default, linear, dynamic, llama3 or yarn (the rotary scalings wick computes)";
+  std::vector<std::string> keys{"rope_type", "type", "rope_theta"};
+  if (r.type == "default") {
+  } else if (r.type == "linear" || r.type == "dynamic") {
+    keys.insert(keys.end(), {"factor"});
+  } else if (r.type == "llama3") {
+    keys.insert(keys.end(), {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (r.type == "yarn") {
+    keys.insert(keys.end(), {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                             "original_max_position_embeddings", "truncate"});
+  } else {
+    rp.bad(rp.has("rope_type") ? "rope_type" : "type", kinds);
+  }
+  for (const auto& [k, v] : rp.json().items()) {
+    if (v.is_null() || std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
+    if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) continue;
+    std::string list;
+    for (const auto& x : keys) list += (list.empty() ? "" : ", ") + x;
+    rp.fail(k, "is not a field of rope_type " + r.type + " (expected " + list + ")");
+  }
+  if (r.type == "default") return;
+  // yarn may leave factor out: then max_position_embeddings / original_max_position_embeddings
+  if (r.type != "yarn" || rp.has("factor")) {
+    r.factor = rp.number("factor", -1, 0, /*lo_open=*/true);
+    if (r.factor <= 0) rp.bad("factor", "a number above 0");
+  }
+  if (r.type == "llama3" || r.type == "yarn") {
+    // a top-level original_max_position_embeddings wins, as transformers' standardize_rope_params has it
+    r.original_max = top.has("original_max_position_embeddings")
+                         ? top.integer("original_max_position_embeddings", 1, std::numeric_limits<std::int64_t>::max())
+                         : rp.integer("original_max_position_embeddings", c.max_positions, 1,
+                                      std::numeric_limits<std::int64_t>::max());
+  }
+  if (r.type == "llama3") {
+    r.low_freq_factor = rp.number("low_freq_factor", -1, 0, true);
+    r.high_freq_factor = rp.number("high_freq_factor", -1, 0, true);
+    if (r.low_freq_factor <= 0) rp.bad("low_freq_factor", "a number above 0");
+    if (r.high_freq_factor <= r.low_freq_factor)
+      rp.bad("high_freq_factor", "a number above low_freq_factor (" + std::to_string(r.low_freq_factor) + ")");
+  }
+  if (r.type == "yarn") {
+    if (!rp.has("factor")) r.factor = static_cast<double>(c.max_positions) / static_cast<double>(r.original_max);
+    r.attention_factor = rp.number("attention_factor", 0, 0);
+    // 0 or absent: the paper's defaults (transformers reads them with `or`)
+    r.beta_fast = rp.number("beta_fast", 0, 0);
+    r.beta_slow = rp.number("beta_slow", 0, 0);
+    if (r.beta_fast == 0) r.beta_fast = 32;
+    if (r.beta_slow == 0) r.beta_slow = 1;
+    r.mscale = rp.number("mscale", 0, 0);
+    r.mscale_all_dim = rp.number("mscale_all_dim", 0, 0);
+    r.truncate = rp.flag("truncate", true);
+  }
+}
+
+}  // namespace
+
 Config config_from_hf(const nlohmann::json& json, const std::string& where, const std::string& path) {
   const wick::JsonFields j(json, where, path);
   Config c;
@@ -99,14 +164,6 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   c.heads = j.integer("num_attention_heads", 1);
   c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
   c.head_dim = j.integer("head_dim", 0, 2, kMax);
-  // older configs: rope_theta (and rope_scaling); newer: rope_parameters {rope_theta, rope_type}
-  c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
-  if (j.has("rope_parameters")) {
-    const auto rp = j.object("rope_parameters");
-    c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
-    if (rp.string("rope_type", "default") != "default")
-      rp.bad("rope_type", "default (the other rotary scalings are not supported yet)");
-  }
   if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");
   c.eps = j.number("rms_norm_eps", 1e-6, 0);
   c.init_range = j.number("initializer_range", 0.02, 0);
@@ -115,7 +172,18 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   c.tie = j.flag("tie_word_embeddings", false);
   c.qkv_bias = type == "qwen2" ? true : j.flag("attention_bias", false);
   if (j.string("hidden_act", "silu") != "silu") j.bad("hidden_act", "silu");
-  if (j.has("rope_scaling")) j.bad("rope_scaling", "null (rotary scaling is not supported yet)");
+  // older configs: rope_theta and rope_scaling {type | rope_type, factor, ...};
+  // newer: rope_parameters {rope_theta, rope_type, factor, ...} (rope_scaling wins, as in transformers)
+  c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
+  if (j.has("rope_scaling")) {
+    const auto rs = j.object("rope_scaling");
+    c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+    read_rope(rs, c, j);
+  } else if (j.has("rope_parameters")) {
+    const auto rp = j.object("rope_parameters");
+    c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+    read_rope(rp, c, j);
+  }
   // the dtype the weights were saved in: the model is built in it
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (!c.dtype.empty() || !j.has(key)) continue;
@@ -163,6 +231,27 @@ wick::OptionSchema size_options() {
               .range(0, 1)};
 }
 
+nlohmann::json rope_json(const Config& c) {
+  const RopeScaling& r = c.rope;
+  nlohmann::json j = {{"rope_theta", c.rope_theta}, {"rope_type", r.type}};
+  if (r.type == "default") return j;
+  j["factor"] = r.factor;
+  if (r.type == "llama3" || r.type == "yarn") j["original_max_position_embeddings"] = r.original_max;
+  if (r.type == "llama3") {
+    j["low_freq_factor"] = r.low_freq_factor;
+    j["high_freq_factor"] = r.high_freq_factor;
+  }
+  if (r.type == "yarn") {
+    if (r.attention_factor > 0) j["attention_factor"] = r.attention_factor;
+    j["beta_fast"] = r.beta_fast;
+    j["beta_slow"] = r.beta_slow;
+    if (r.mscale > 0) j["mscale"] = r.mscale;
+    if (r.mscale_all_dim > 0) j["mscale_all_dim"] = r.mscale_all_dim;
+    j["truncate"] = r.truncate;
+  }
+  return j;
+}
+
 nlohmann::json hf_config(const Config& c) {
   const bool qwen = c.family == "qwen2";
   nlohmann::json j = {{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
@@ -178,7 +267,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"rms_norm_eps", c.eps},
                       {"initializer_range", c.init_range},
                       {"rope_theta", c.rope_theta},
-                      {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
+                      {"rope_parameters", rope_json(c)},
                       {"tie_word_embeddings", c.tie},
                       {"max_position_embeddings", c.max_positions},
                       {"torch_dtype", c.dtype == "bf16" ? "bfloat16" : c.dtype == "fp16" ? "float16" : "float32"}};

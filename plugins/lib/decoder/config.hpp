@@ -15,6 +15,19 @@
 
 namespace wick::decoder {
 
+/// Rotary scaling (config.json's rope_scaling, or rope_parameters' rope_type
+/// and its fields), as transformers' modeling_rope_utils computes it.
+struct RopeScaling {
+  std::string type = "default";      ///< default, linear, dynamic, llama3 or yarn
+  double factor = 1;                 ///< linear, dynamic, llama3, yarn
+  std::int64_t original_max = 0;     ///< llama3, yarn: original_max_position_embeddings
+  double low_freq_factor = 1, high_freq_factor = 4;  ///< llama3
+  double beta_fast = 32, beta_slow = 1;              ///< yarn
+  double attention_factor = 0;       ///< yarn: the cos/sin scale; 0: from factor (and mscale, mscale_all_dim)
+  double mscale = 0, mscale_all_dim = 0;             ///< yarn
+  bool truncate = true;              ///< yarn: whole dimensions at the correction range's ends
+};
+
 struct Config {
   std::string family = "llama";
   std::int64_t vocab = 32000, hidden = 512, intermediate = 1376, layers = 6, heads = 8, kv_heads = 8, head_dim = 0;
@@ -27,6 +40,7 @@ struct Config {
   /// continuation may use together.
   std::int64_t max_positions = 4096;
   bool tie = false, qkv_bias = false;
+  RopeScaling rope;
   /// The weights' dtype: "fp32", "bf16", "fp16", or "" when a config.json
   /// does not say (its torch_dtype, or dtype as transformers 5 writes it).
   std::string dtype;
@@ -47,6 +61,8 @@ void finish_config(Config& c, const std::string& who, bool hf = false);
 std::uint64_t parameter_count(const Config& c);
 /// The options config_from_options reads.
 wick::OptionSchema size_options();
+/// rope_parameters as transformers 5 writes them (rope_theta, rope_type and the type's fields).
+nlohmann::json rope_json(const Config& c);
 /// The config.json that transformers reads for this decoder.
 nlohmann::json hf_config(const Config& c);
 

@@ -1,5 +1,8 @@
 #include "lib/decoder/decoder.hpp"
 
+#include <cmath>
+#include <tuple>
+
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -202,11 +205,17 @@ void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const st
 }
 
 wick::OptionSchema loss_options() {
-  return {wick::opt_int("loss_chunk", kDefaultLossChunk,
+  return {wick::opt_int("loss_chunk", wick::Value(),
                         "tokens per chunk of the output head and cross-entropy in training: each chunk's logits are "
                         "made, used and dropped, and made again in backward, so the [tokens, vocab] logits and their "
-                        "gradient never exist whole (0: the whole logits at once, as transformers does)")
-              .at_least(0)};
+                        "gradient never exist whole (0: the whole logits at once, as transformers does; default: as "
+                        "many tokens as keep a chunk's fp32 logits within 64 MiB, 32 to 1024)")
+              .at_least(0)
+              .optional()};
+}
+
+std::int64_t budget_loss_chunk(std::int64_t vocab) {
+  return std::clamp<std::int64_t>(kLossChunkBytes / (std::max<std::int64_t>(vocab, 1) * 4), kLossChunkMin, kLossChunkMax);
 }
 
 namespace {
@@ -240,7 +249,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
   // h [N, H], w [V, H], y [N] (int64, on h's device), y_cpu: the same on the CPU
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
                                                 const at::Tensor& w, const at::Tensor& y, const at::Tensor& y_cpu,
-                                                std::int64_t chunk) {
+                                                std::int64_t chunk, bool into_grad) {
     const at::ScalarType dt = head_dtype(h, w);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // the casts are explicit
     const auto fopt = h.options().dtype(at::kFloat);
@@ -258,6 +267,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     }
     ctx->save_for_backward({h, w, y, y_cpu, lse});
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["into_grad"] = into_grad && w.is_leaf() && w.requires_grad();
     ctx->saved_data["dtype"] = static_cast<std::int64_t>(dt);
     ctx->mark_non_differentiable({right});
     return {loss, right};
@@ -271,8 +281,19 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
-    at::Tensor gh = want_h ? at::zeros_like(h) : at::Tensor(), gw = want_w ? at::zeros_like(w) : at::Tensor();
-    if (!grads[0].defined() || (!want_h && !want_w)) return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    const bool into_grad = ctx->saved_data["into_grad"].toBool();
+    if (!grads[0].defined() || (!want_h && !want_w))
+      return {want_h ? at::zeros_like(h) : at::Tensor(), want_w && !into_grad ? at::zeros_like(w) : at::Tensor(),
+              at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor gh = want_h ? at::zeros_like(h) : at::Tensor(), gw;
+    if (want_w && into_grad) {
+      // the tied weight's own gradient takes the head's part in place
+      at::Tensor w_leaf = w;
+      if (!w_leaf.grad().defined()) w_leaf.mutable_grad() = at::zeros_like(w_leaf, at::MemoryFormat::Contiguous);
+      gw = w_leaf.grad();
+    } else if (want_w) {
+      gw = at::zeros_like(w);
+    }
     const at::Tensor g = grads[0].to(at::kFloat);
     const at::Tensor wc = w.to(dt);
     for (const auto& [s, n] : live_chunks(y_cpu, chunk)) {
@@ -291,17 +312,17 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         else gw.add_(at::mm(pc.t(), hc));
       }
     }
-    return {gh, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh, into_grad ? at::Tensor() : gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
-                                                    std::int64_t chunk) {
+                                                    std::int64_t chunk, bool into_grad) {
   if (chunk <= 0) throw wick::Error("chunked_head_loss: chunk " + std::to_string(chunk) + ", expected a positive count");
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  auto out = ChunkedHeadLoss::apply(h, w, y, y.cpu(), chunk);
+  auto out = ChunkedHeadLoss::apply(h, w, y, y.cpu(), chunk, into_grad);
   return {out[0], out[1]};
 }
 
@@ -324,8 +345,56 @@ Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(
     lm_head = wick::Linear(c_.hidden, c_.vocab, /*bias=*/false, b.dtype, /*init=*/false);
     if (b.init) init_normal(lm_head->weight, c_.init_range);
   }
-  const auto half = c_.head_dim / 2;
-  inv_freq_ = 1.0 / at::pow(c_.rope_theta, at::arange(0, 2 * half, 2, at::kLong).to(at::kFloat) / c_.head_dim);
+  std::tie(inv_freq_, rope_scale_) = rope_frequencies(c_, c_.max_positions);
+  original_inv_freq_ = inv_freq_;
+  rope_cached_ = c_.max_positions;
+}
+
+std::pair<at::Tensor, double> rope_frequencies(const Config& c, std::int64_t seq_len) {
+  // fp32 throughout, as transformers computes them (python numbers where it uses them)
+  const RopeScaling& r = c.rope;
+  const std::int64_t dim = c.head_dim;
+  const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  const at::Tensor inv = 1.0 / at::pow(c.rope_theta, exponents);
+  if (r.type == "default") return {inv, 1.0};
+  if (r.type == "linear") return {inv / r.factor, 1.0};
+  if (r.type == "dynamic") {
+    // NTK-aware: a larger base once the sequence outgrows the context (seq_len a tensor there: fp32 arithmetic)
+    const at::Tensor len = at::scalar_tensor(std::max(seq_len, c.max_positions), at::kLong);
+    const at::Tensor base = c.rope_theta * (r.factor * len / static_cast<double>(c.max_positions) - (r.factor - 1))
+                                               .pow(static_cast<double>(dim) / static_cast<double>(dim - 2));
+    return {1.0 / at::pow(base, exponents), 1.0};
+  }
+  if (r.type == "llama3") {
+    const double old_len = static_cast<double>(r.original_max);
+    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
+    const at::Tensor wavelen = 2 * M_PI / inv;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv / r.factor, inv);
+    const at::Tensor smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    const at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    const at::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+    return {at::where(medium, smoothed, scaled), 1.0};
+  }
+  // yarn: interpolate the low frequencies, keep the high ones, ramp between
+  auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+  double attention = r.attention_factor;
+  if (attention <= 0)
+    attention = r.mscale > 0 && r.mscale_all_dim > 0 ? mscale(r.factor, r.mscale) / mscale(r.factor, r.mscale_all_dim)
+                                                    : mscale(r.factor, 1.0);
+  const at::Tensor pos_freqs = at::pow(c.rope_theta, exponents);
+  const at::Tensor extrapolation = 1.0 / pos_freqs, interpolation = 1.0 / (r.factor * pos_freqs);
+  auto correction_dim = [&](double rotations) {
+    return (static_cast<double>(dim) * std::log(static_cast<double>(r.original_max) / (rotations * 2 * M_PI))) /
+           (2 * std::log(c.rope_theta));
+  };
+  double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+  if (r.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // no singularity
+  const at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  const at::Tensor keep = 1 - ramp;  // the share of extrapolation
+  return {interpolation * (1 - keep) + extrapolation * keep, attention};
 }
 
 void Decoder::register_with(torch::nn::Module& body_parent, const std::string& body_name, torch::nn::Module& owner) {
@@ -335,10 +404,24 @@ void Decoder::register_with(torch::nn::Module& body_parent, const std::string& b
 
 at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::int64_t offset) {
   const auto T = x.size(1);
+  if (c_.rope.type == "dynamic") {
+    // transformers' dynamic update: grow past the cached length, back to the
+    // original frequencies once a sequence fits the context again
+    const std::int64_t seq = offset + T;
+    if (seq > rope_cached_) {
+      inv_freq_ = rope_frequencies(c_, seq).first;
+      rope_cached_ = seq;
+    } else if (seq < c_.max_positions && rope_cached_ > c_.max_positions) {
+      inv_freq_ = original_inv_freq_;
+      rope_cached_ = c_.max_positions;
+    }
+  }
   at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(x.device()));
   at::Tensor freqs = at::outer(pos, inv_freq_.to(x.device()));
   at::Tensor emb = at::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  at::Tensor cos = emb.cos(), sin = emb.sin();
+  if (rope_scale_ != 1.0) cos = cos * rope_scale_, sin = sin * rope_scale_;
+  cos = cos.to(x.scalar_type()), sin = sin.to(x.scalar_type());
   if (cache) cache->resize(body->layers->size());
   std::size_t i = 0;
   for (const auto& layer : *body->layers) {
@@ -352,6 +435,14 @@ at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::
     ++i;
   }
   return body->norm->forward(x);
+}
+
+at::Tensor Decoder::embed(const at::Tensor& ids) {
+  const at::Tensor& w = body->embed_tokens->weight;
+  // tied: a sparse gradient (the looked-up rows), added in place into the
+  // dense gradient the head made first; untied, the optimizers want it dense
+  return at::embedding(w, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
+                       /*sparse=*/c_.tie && w.requires_grad() && loss_chunk_ != 0);
 }
 
 at::Tensor Decoder::head(const at::Tensor& h) {
@@ -378,7 +469,7 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
     throw wick::Error("labels: " + std::to_string(v) + " is outside the vocabulary of " + std::to_string(c_.vocab) +
                       ", expected -100 (ignored) or 0.." + std::to_string(c_.vocab - 1));
   }
-  if (loss_chunk_ <= 0) return loss(head(h), labels);
+  if (loss_chunk_ == 0) return loss(head(h), labels);
   const auto H = h.size(-1);
   at::Tensor x = h.narrow(1, 0, h.size(1) - 1).reshape({-1, H});
   const at::Tensor live = y_cpu.ne(kIgnore);
@@ -390,7 +481,8 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
     x = x.index_select(0, rows.to(x.device()));
     y = y.index_select(0, rows.to(y.device()));
   }
-  auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk_);
+  // tied: the embedding's lookup accumulates into the same weight after the head (Decoder::embed)
+  auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk(), /*into_grad=*/c_.tie);
   wick::ForwardResult r;
   r.loss_sum = sum;
   r.items = items;

@@ -129,7 +129,13 @@ void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const st
 
 /// The model options of the loss (decoder_lm's and vlm's): loss_chunk.
 wick::OptionSchema loss_options();
-constexpr std::int64_t kDefaultLossChunk = 1024;
+/// loss_chunk left out: as many tokens as keep one chunk's fp32 logits within
+/// kLossChunkBytes, between kLossChunkMin and kLossChunkMax (1024 tokens for
+/// a 16 K vocabulary, 110 for Qwen's 151,936).
+constexpr std::int64_t kLossChunkBytes = std::int64_t{64} << 20, kLossChunkMin = 32, kLossChunkMax = 1024;
+constexpr std::int64_t kDefaultLossChunk = -1;  // the byte budget above
+/// The chunk the budget gives for `vocab`.
+std::int64_t budget_loss_chunk(std::int64_t vocab);
 
 /// The output head and the summed cross-entropy over token rows, `chunk`
 /// rows at a time, in one autograd function that keeps only its inputs and
@@ -140,12 +146,24 @@ constexpr std::int64_t kDefaultLossChunk = 1024;
 /// is on for h's device (as at::linear would), the softmax in fp32. Returns
 /// the loss sum (fp32, differentiable in h and w) and the number of rows
 /// whose argmax is the label (the accuracy's numerator).
+///
+/// into_grad: w is a leaf whose gradient another use in the same graph
+/// accumulates after this one (a tied embedding's lookup): backward adds the
+/// head's part straight into w.grad() and hands autograd none, so no
+/// [vocab, hidden] buffer exists beside the gradient; the lookup's own
+/// contribution then runs w's accumulation (and its hooks, as a rank's
+/// gradient reduction needs).
 std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
-                                                    std::int64_t chunk);
+                                                    std::int64_t chunk, bool into_grad = false);
 
 /// Sampling of the next token from the last position's logits (greedy when
 /// temperature is 0).
 std::int64_t pick_token(const at::Tensor& logits, const wick::GenerateOptions& g, at::Generator& gen);
+
+/// The rotary inverse frequencies [head_dim / 2] (fp32) and the cos/sin scale
+/// of c.rope at a sequence of seq_len positions (dynamic scaling depends on
+/// it; the others do not), as transformers' ROPE_INIT_FUNCTIONS compute them.
+std::pair<at::Tensor, double> rope_frequencies(const Config& c, std::int64_t seq_len);
 
 /// Body + head + rotary tables, run on behalf of `owner` (whose run_block
 /// checkpoints the layers when the recipe asks).
@@ -161,7 +179,10 @@ class Decoder {
   /// as `body_name` under `body_parent`, the head as "lm_head" under `owner`.
   void register_with(torch::nn::Module& body_parent, const std::string& body_name, torch::nn::Module& owner);
 
-  at::Tensor embed(const at::Tensor& ids) { return body->embed_tokens->forward(ids); }
+  /// Token embeddings. Tied to the head, the lookup's gradient is sparse
+  /// (its rows only): the head's dense part is already in the gradient, which
+  /// takes the rows in place, so no dense [vocab, hidden] temporary is made.
+  at::Tensor embed(const at::Tensor& ids);
   /// The layers and the final norm over input embeddings x [B, T, hidden] at
   /// positions offset, offset + 1, ...; with a cache, the keys and values of
   /// the positions before are reused and these appended (no blocks then).
@@ -181,9 +202,10 @@ class Decoder {
   /// head and the loss in chunks of loss_chunk() tokens (chunked_head_loss),
   /// or through the whole logits when it is 0.
   wick::ForwardResult loss_from_hidden(const at::Tensor& h, const at::Tensor& labels);
-  /// Tokens per chunk of the head and loss (the `loss_chunk` option; 0: whole).
+  /// Tokens per chunk of the head and loss (the `loss_chunk` option; 0:
+  /// whole; kDefaultLossChunk: by the byte budget).
   void set_loss_chunk(std::int64_t n) { loss_chunk_ = n; }
-  std::int64_t loss_chunk() const { return loss_chunk_; }
+  std::int64_t loss_chunk() const { return loss_chunk_ < 0 ? budget_loss_chunk(c_.vocab) : loss_chunk_; }
   /// The output head's weight [vocab, hidden]: lm_head's, or the embedding when tied.
   at::Tensor head_weight() const { return c_.tie ? body->embed_tokens->weight : lm_head->weight; }
 
@@ -210,7 +232,9 @@ class Decoder {
  private:
   Config c_;
   std::string prefix_;
-  at::Tensor inv_freq_;
+  at::Tensor inv_freq_, original_inv_freq_;
+  double rope_scale_ = 1.0;        // cos and sin times this (yarn's attention factor)
+  std::int64_t rope_cached_ = 0;   // dynamic: the sequence length inv_freq_ was made for
   std::int64_t loss_chunk_ = kDefaultLossChunk;
 };
 

@@ -61,7 +61,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     if (hf)
       dec::load_quantizing(*this, std::move(weights), dir.string(), dec_->ignored_on_load(), dec_->linear_layers(),
                            nf4 ? block : 0);
-    dec_->set_loss_chunk(o.get_int("loss_chunk"));
+    dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
   }
 
   static at::Tensor labels_of(const wick::Batch& b) {

@@ -226,7 +226,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     }
     if (o.get_bool("freeze_projector"))
       for (auto& p : projector_->parameters()) p.set_requires_grad(false);
-    dec_->set_loss_chunk(o.get_int("loss_chunk"));
+    dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
   }
 
   // A LLaMA / Qwen2 folder (model.* -> model.language_model.*, lm_head.weight)

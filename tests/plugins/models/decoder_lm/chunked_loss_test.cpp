@@ -13,6 +13,7 @@
 
 #include "../../../test_util.hpp"
 #include "train/checkpoint.hpp"
+#include "util/memory.hpp"
 #include "wick/optim.hpp"
 
 using ::testing::HasSubstr;
@@ -110,6 +111,52 @@ TEST(ChunkedLoss, EqualsThePlainPathInFp32UntiedAndTied) {
     }
 }
 
+// A tied head's backward adds its part straight into the embedding's
+// gradient, and the lookup's part arrives sparse: with the gradient already
+// there (a second micro-batch), backward makes no [vocab, hidden] temporary.
+// Before, the head's gradient buffer and the lookup's dense gradient were two.
+TEST(ChunkedLoss, ATiedHeadsBackwardMakesNoVocabularySizedTemporary) {
+  const std::int64_t V = 32768, H = 128;
+  auto make = [&](std::int64_t chunk) {
+    at::manual_seed(0);
+    std::map<std::string, Value> o = {{"vocab_size", Value(V)}, {"hidden_size", Value(H)},
+                                      {"intermediate_size", Value(std::int64_t{64})}, {"layers", Value(std::int64_t{1})},
+                                      {"heads", Value(std::int64_t{4})}, {"tie_embeddings", Value(true)},
+                                      {"loss_chunk", Value(chunk)}};
+    return test::make<Model>("decoder_lm", PluginKind::Model, o);
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<Batch> window;
+  for (int k = 0; k < 2; ++k) {
+    at::Tensor ids = at::randint(0, V, {2, 16}, gen);
+    window.push_back({{"input_ids", ids}, {"labels", ids}});
+  }
+  auto chunked = make(1024), plain = make(0);
+  copy_state(*plain, *chunked);
+  for (auto* m : {chunked.get(), plain.get()})
+    for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
+  const std::int64_t vh = V * H * 4;  // one fp32 [vocab, hidden]
+  for (std::size_t k = 0; k < window.size(); ++k) {
+    plain->forward(window[k]).loss_sum.backward();
+    const auto held = cpu_tensor_memory().allocated;
+    reset_cpu_tensor_peak();
+    chunked->forward(window[k]).loss_sum.backward();
+    const auto rise = cpu_tensor_memory().peak - held;
+    // micro-batch 1 makes the gradient itself; micro-batch 2 adds into it
+    if (k == 1) EXPECT_LT(rise, vh / 2) << "backward rose " << rise << " bytes above what was held; [vocab, hidden] is " << vh;
+    else EXPECT_LT(rise, vh + vh / 2) << "the first backward made more than the gradient";
+  }
+  // the gradients summed over both micro-batches equal the whole-logits path's
+  auto pg = plain->named_parameters();
+  for (auto& p : chunked->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_FALSE(p.value().grad().is_sparse()) << p.key();
+    const at::Tensor want = pg[p.key()].grad();
+    const double diff = (p.value().grad() - want).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-5 * want.abs().max().item<double>() + 1e-12) << p.key();
+  }
+}
+
 TEST(ChunkedLoss, EveryLabelIgnoredGivesZeroLossAndZeroGradients) {
   auto plain = decoder(0, true), chunked = decoder(8, true);
   copy_state(*plain, *chunked);
@@ -201,7 +248,7 @@ TEST(ChunkedLoss, IsTheDefaultInDecoderLmAndVlm) {
   for (const std::string plugin : {"decoder_lm", "vlm"}) {
     bool found = false;
     for (const auto& o : registry().find(plugin).descriptor->options)
-      if (o.name == "loss_chunk") found = o.default_value.as_int() == 1024 && !o.doc.empty();
+      if (o.name == "loss_chunk") found = o.default_value.is_nil() && o.doc.find("64 MiB") != std::string::npos;
     EXPECT_TRUE(found) << plugin;
   }
 }
