@@ -23,6 +23,25 @@ model:save(a.result)
 """
 
 
+def mlp():
+    """The mlp plugin's layers, as torch.nn (the same parameter names)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
+    )
+
+
+def start(tmp_path, seed, recipe):
+    """Initial weights and 37 samples of data, written where the recipe reads them."""
+    torch.manual_seed(seed)
+    init = {k: v.detach().clone() for k, v in mlp().state_dict().items()}
+    save_file(init, tmp_path / "init.safetensors")
+    x = torch.randn(37, 6)
+    y = torch.randint(0, 3, (37,))
+    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
+    (tmp_path / "recipe.lua").write_text(recipe)
+    return init, x, y
+
+
 def schedule(kind, warmup, total, min_ratio):
     """The get_{constant,linear,cosine}_schedule_with_warmup formulas, with a floor."""
 
@@ -42,9 +61,7 @@ def schedule(kind, warmup, total, min_ratio):
 
 
 def reference(init, x, y, optim_name, opts, batch, epochs, clip, sched_kind):
-    model = torch.nn.Sequential(
-        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
-    )
+    model = mlp()
     model.load_state_dict(init)
     params = list(model.parameters())
     if optim_name == "sgd":
@@ -83,16 +100,7 @@ CASES = [
 def test_final_weights_match_pytorch(tmp_path, run_wick, optim_name, opts, clip, sched_kind):
     import json
 
-    torch.manual_seed(1)
-    init_model = torch.nn.Sequential(
-        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
-    )
-    init = {k: v.detach().clone() for k, v in init_model.state_dict().items()}
-    save_file(init, tmp_path / "init.safetensors")
-    x = torch.randn(37, 6)
-    y = torch.randint(0, 3, (37,))
-    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
-    (tmp_path / "recipe.lua").write_text(RECIPE)
+    init, x, y = start(tmp_path, 1, RECIPE)
     micro, accumulate, epochs = 2, 4, 3
     run_wick(
         "run", tmp_path / "recipe.lua",
@@ -167,9 +175,7 @@ model:save(a.result)
 
 
 def grouped_reference(init, x, y, optim_name, opts, groups, batch, epochs, clip):
-    model = torch.nn.Sequential(
-        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
-    )
+    model = mlp()
     model.load_state_dict(init)
     named = dict(model.named_parameters())
     taken = {n for _, names in groups for n in names}
@@ -200,16 +206,7 @@ def test_param_groups_match_pytorch(tmp_path, run_wick, optim_name, opts, groups
     from it: the groups' state comes back whole."""
     import json
 
-    torch.manual_seed(2)
-    init_model = torch.nn.Sequential(
-        torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)
-    )
-    init = {k: v.detach().clone() for k, v in init_model.state_dict().items()}
-    save_file(init, tmp_path / "init.safetensors")
-    x = torch.randn(37, 6)
-    y = torch.randint(0, 3, (37,))
-    save_file({"x": x, "y": y}, tmp_path / "data.safetensors")
-    (tmp_path / "recipe.lua").write_text(STEPPED)
+    init, x, y = start(tmp_path, 2, STEPPED)
     epochs, clip = 3, 0.5
     total = epochs * math.ceil(37 / 8)
     run_wick(

@@ -171,7 +171,7 @@ header{background:#1d2330;color:#fff;padding:18px 28px}
 header h1{margin:0 0 4px;font-size:20px;font-weight:600}
 header .sub{color:#b8c0d0}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;margin-left:8px;vertical-align:2px}
-.finished{background:#2e9d5b}.interrupted{background:#c98a16}.failed{background:#c9372c}.running{background:#3b6fd8}
+.finished{background:#2e9d5b}.stopped{background:#2e7d9d}.interrupted{background:#c98a16}.failed{background:#c9372c}.running{background:#3b6fd8}
 main{padding:20px 28px;max-width:1400px}
 .facts{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:10px;margin-bottom:18px}
 .fact{background:#fff;border-radius:8px;padding:10px 12px;box-shadow:0 1px 2px #0001}

@@ -2,7 +2,7 @@
 -- metrics.jsonl or run.json, up to three levels down), one line each: recipe,
 -- steps, final and best loss, peak memory, duration, status. Numbers come from
 -- metrics.jsonl (the source of truth); the status from run.json: finished,
--- interrupted, failed, or running; a run whose process is gone without
+-- stopped (patience or a callback), interrupted, failed, or running; a run whose process is gone without
 -- ending (killed, crashed) shows as failed.
 local core = require "wick.core"
 local runlog = require "wick.runlog"
