@@ -56,15 +56,22 @@ def decord_(path):
     return vr.get_batch(idx).asnumpy().transpose(0, 3, 1, 2)
 
 
-def torchcodec_(path):
+def torchcodec_(path, seek_mode="exact"):
+    """seek_mode "exact" scans the whole file first to index every frame;
+    "approximate" trusts the container's metadata (what a user picks for
+    speed, and the analogue of wick reading the MP4 index)."""
     from torchcodec.decoders import VideoDecoder
     from torchcodec.transforms import Resize
-    d = VideoDecoder(path, num_ffmpeg_threads=1, seek_mode="exact", transforms=[Resize(size=(S, S))])
+    d = VideoDecoder(path, num_ffmpeg_threads=1, seek_mode=seek_mode, transforms=[Resize(size=(S, S))])
     dur = d.metadata.duration_seconds
     return d.get_frames_played_at(times_of(dur)).data.numpy()
 
 
-LIBS = {"pyav": pyav, "decord": decord_, "torchcodec": torchcodec_}
+def torchcodec_approx(path):
+    return torchcodec_(path, seek_mode="approximate")
+
+
+LIBS = {"pyav": pyav, "decord": decord_, "torchcodec": torchcodec_, "tc_approx": torchcodec_approx}
 
 
 class Clips(torch.utils.data.Dataset):
