@@ -295,10 +295,11 @@ std::vector<std::string> Trainer::checkpointed_blocks() const {
   return out;
 }
 
-double Trainer::lr_at(std::int64_t step) const {
-  const double f = schedule_ ? schedule_->factor(step, cfg_.total_steps) : 1.0;
-  return optim_->base_lr() * f;
+double Trainer::factor_at(std::int64_t step) const {
+  return schedule_ ? schedule_->factor(step, cfg_.total_steps) : 1.0;
 }
+
+double Trainer::lr_at(std::int64_t step) const { return optim_->base_lr() * factor_at(step); }
 
 void Trainer::update_ema() {
   at::NoGradGuard no_grad;
@@ -777,19 +778,20 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
       }
     }
   }
-  const double factor = schedule_ ? schedule_->factor(step_, cfg_.total_steps) : 1.0;
+  const double factor = factor_at(step_);
   s.lr = optim_->base_lr() * factor;
+  // parameter groups: each at its own base rate, scaled by the schedule
+  auto* groups = dynamic_cast<ParamGroups*>(optim_.get());
   if (s.skipped) {
     ++skipped_;  // the window is consumed and the schedule moves on; the weights do not change
   } else {
     at::NoGradGuard no_grad;
-    // parameter groups: each at its own base rate, scaled by the schedule
-    if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get())) groups->step_scaled(factor);
+    if (groups) groups->step_scaled(factor);
     else optim_->step(s.lr);
     if (cfg_.master_weights)
       for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
   }
-  if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get()))
+  if (groups)
     for (const auto& g : groups->groups()) s.group_lrs.emplace_back(g.log_name, g.optim->base_lr() * factor);
   ++step_;
   s.step = step_;
@@ -1037,30 +1039,23 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     else opt_state[k] = v.to(device);
   }
   optim_->load_state(opt_state);
-  if (cfg_.master_weights) {
-    // the fp32 weights the run stepped; from a checkpoint without them (saved
-    // without master_weights), the loaded half-precision weights
+  // fp32 copies kept beside the weights, by name; from a checkpoint without
+  // them, `fallback(i)` (the loaded weights)
+  auto restore = [&](std::vector<std::pair<std::string, at::Tensor>>& kept, const std::map<std::string, at::Tensor>& saved,
+                     const std::string& what, const std::function<at::Tensor(std::size_t)>& fallback) {
     at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto it = masters.find(params_[i].first);
-      if (it != masters.end() && !it->second.sizes().equals(params_[i].second.sizes()))
-        throw Error("checkpoint " + checkpoint.string() + ": master weight '" + params_[i].first + "' has shape " +
-                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(params_[i].second.sizes()));
-      params_[i].second.copy_(it != masters.end() ? it->second : model_params_[i]);
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      auto it = saved.find(kept[i].first);
+      if (it != saved.end() && !it->second.sizes().equals(kept[i].second.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": " + what + " '" + kept[i].first + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(kept[i].second.sizes()));
+      kept[i].second.copy_(it != saved.end() ? it->second : fallback(i));
     }
-  }
-  if (!ema_.empty()) {
-    // the average the run kept; from a checkpoint without one (saved without
-    // ema), the loaded weights: the average starts there
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < ema_.size(); ++i) {
-      auto it = averages.find(ema_[i].first);
-      if (it != averages.end() && !it->second.sizes().equals(ema_[i].second.sizes()))
-        throw Error("checkpoint " + checkpoint.string() + ": the average of '" + ema_[i].first + "' has shape " +
-                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(ema_[i].second.sizes()));
-      ema_[i].second.copy_(it != averages.end() ? it->second : params_[i].second.detach());
-    }
-  }
+  };
+  // the fp32 weights the run stepped (saved without master_weights: the loaded half-precision ones)
+  if (cfg_.master_weights) restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
+  // the average the run kept (saved without ema: it starts at the loaded weights)
+  restore(ema_, averages, "the average of", [&](std::size_t i) { return params_[i].second.detach(); });
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");
   for (auto& [name, gen] : generators(device)) {
     const at::Tensor* state = rng.get(name);

@@ -143,6 +143,8 @@ class Trainer {
   std::int64_t steps() const { return step_; }
   /// The rank group (nullptr for one process).
   Group* group() const { return cfg_.group.get(); }
+  /// The schedule's multiplier at optimizer step `step` (1 without a schedule), and the default group's lr.
+  double factor_at(std::int64_t step) const;
   double lr_at(std::int64_t step) const;
   const TrainerConfig& config() const { return cfg_; }
   Model& model() { return *model_; }
