@@ -28,6 +28,7 @@
 #include "plugin/registry.hpp"
 #include "train/run_options.hpp"
 #include "util/args.hpp"
+#include "util/layout.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
 
@@ -275,6 +276,11 @@ int cmd_version() {
     auto it = v.find(k);
     if (it != v.end()) std::printf("%-13s %s\n", k, it->second.c_str());
   }
+  // where this wick finds its files, and which LibTorch the loader found
+  std::printf("%-13s %s\n", "prefix", wick::layout::prefix().c_str());
+  std::printf("%-13s %s\n", "plugins", wick::layout::plugin_dir().c_str());
+  std::printf("%-13s %s\n", "lua", wick::LuaRuntime::package_dir().c_str());
+  std::printf("%-13s %s\n", "libtorch_dir", wick::layout::libtorch_dir().c_str());
   return 0;
 }
 

@@ -2,13 +2,12 @@
 
 #include <lua.hpp>
 
-#include <boost/dll/runtime_symbol_info.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "util/args.hpp"
+#include "util/layout.hpp"
 #include "wick/options.hpp"
 
 namespace fs = std::filesystem;
@@ -59,8 +58,7 @@ int traceback(lua_State* L) {
 
 fs::path LuaRuntime::package_dir() {
   if (const char* env = std::getenv("WICK_LUA_DIR")) return env;
-  const fs::path exe = boost::dll::program_location().string();
-  return exe.parent_path().parent_path() / "share" / "wick" / "lua";
+  return layout::data_dir() / "lua";
 }
 
 LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : L_(luaL_newstate()) {

@@ -1,6 +1,5 @@
 #include "plugin/registry.hpp"
 
-#include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
 #include <c10/util/Exception.h>
@@ -24,6 +23,9 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string>
+
+#include "util/layout.hpp"
 
 namespace fs = std::filesystem;
 
@@ -397,8 +399,7 @@ std::vector<fs::path> Registry::default_search_path() {
     while (std::getline(ss, part, ':'))
       if (!part.empty()) dirs.emplace_back(part);
   }
-  const fs::path exe = boost::dll::program_location().string();
-  dirs.push_back(exe.parent_path().parent_path() / "lib" / "wick" / "plugins");
+  dirs.push_back(layout::plugin_dir());
   return dirs;
 }
 

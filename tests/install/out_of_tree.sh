@@ -1,60 +1,32 @@
 #!/usr/bin/env bash
-# Installs wick into a scratch prefix, builds examples/custom_plugin against the
-# installed CMake package (find_package(wick) + wick_add_plugin), and checks that
-# the installed wick lists, describes and trains with it.
+# Installs wick into a scratch prefix (as configured: lib) and checks it with
+# check_prefix.sh: the installed wick finds its plugins and Lua package, trains
+# a recipe, and the installed CMake package builds examples/custom_plugin and
+# the SDK headers' examples, installed to their own prefix and next to wick's
+# plugins. Then wick_add_plugin's bad arguments are refused by name.
 #   out_of_tree.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
+fail() { echo "FAIL: $*"; exit 1; }
 
 cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.log"
-cp -r "$src/examples/custom_plugin" "$tmp/src"
-cmake -S "$tmp/src" -B "$tmp/plugin" "${gen[@]}" "${launcher[@]}" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  -DCMAKE_BUILD_TYPE=Release -Wno-dev > "$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; exit 1; }
-cmake --build "$tmp/plugin" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
-test -f "$tmp/plugin/linear.so" || { echo "FAIL: linear.so was not built"; exit 1; }
+libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+bash "$src/tests/install/check_prefix.sh" "$tmp/prefix" "$libdir" "$src"
 
-wick=$tmp/prefix/bin/wick
-export WICK_PLUGIN_PATH=$tmp/plugin
-out=$("$wick" plugins)
-echo "$out" | grep -Eq '^model +linear +a linear classifier' || { echo "FAIL: wick plugins:"; echo "$out"; exit 1; }
-# the installed wick finds its own installed plugins too
-echo "$out" | grep -q "$tmp/prefix/lib/wick/plugins" || { echo "FAIL: installed plugin folder not searched"; echo "$out"; exit 1; }
-"$wick" describe linear | grep -q "classes" || { echo "FAIL: describe linear"; exit 1; }
-res=$(cd / && "$wick" run "$tmp/src/recipe.lua")
-echo "$res"
-acc=$(echo "$res" | sed -n 's/.*accuracy \([0-9.]*\).*/\1/p')
-awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $acc"; exit 1; }
-
-# The SDK headers each open with a complete plugin: the examples, taken from
-# the installed headers as written, build against the package and load.
-mkdir -p "$tmp/doc"
-for h in plugin data optim; do
-  awk '!on && /\\code$/ { on = 1; next } on && /\\endcode/ { exit } on { sub(/^\/\/\/ ?/, ""); print }' \
-    "$tmp/prefix/include/wick/$h.hpp" > "$tmp/doc/doc_$h.cpp"
-  grep -q WICK_PLUGIN "$tmp/doc/doc_$h.cpp" || { echo "FAIL: no complete plugin opens wick/$h.hpp"; exit 1; }
-done
-cat > "$tmp/doc/CMakeLists.txt" <<'CMAKE'
-cmake_minimum_required(VERSION 3.25)
-project(wick_doc_examples LANGUAGES CXX)
-set(CMAKE_CXX_STANDARD 20)
-find_package(wick REQUIRED)
-foreach(h plugin data optim)
-  wick_add_plugin(doc_${h} SOURCES doc_${h}.cpp)
-endforeach()
-CMAKE
-cmake -S "$tmp/doc" -B "$tmp/docb" "${gen[@]}" "${launcher[@]}" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
-  -DCMAKE_BUILD_TYPE=Release -Wno-dev > "$tmp/doc-configure.log" 2>&1 || { cat "$tmp/doc-configure.log"; exit 1; }
-cmake --build "$tmp/docb" > "$tmp/doc-build.log" 2>&1 || { cat "$tmp/doc-build.log"; exit 1; }
-out=$(WICK_PLUGIN_PATH=$tmp/docb "$wick" plugins)
-for want in "model +linear" "data +line" "optim/optimizer +descent"; do
-  echo "$out" | grep -Eq "^$want " || { echo "FAIL: the header example '$want' is not listed:"; echo "$out"; exit 1; }
-done
-echo "PASS: out-of-tree plugin built against the installed package and trained; the SDK headers' examples build and load"
+# wick_add_plugin's arguments: each mistake is named before anything is made
+# (script mode: the checks come before add_library)
+bad() {  # bad 'ARGS' 'expected words'
+  printf 'include("%s")\nwick_add_plugin(%s)\n' "$tmp/prefix/$libdir/cmake/wick/wickPlugin.cmake" "$1" > "$tmp/bad.cmake"
+  if cmake -P "$tmp/bad.cmake" > "$tmp/bad.log" 2>&1; then fail "wick_add_plugin($1) was accepted"; fi
+  grep -qF "$2" "$tmp/bad.log" || { cat "$tmp/bad.log"; fail "wick_add_plugin($1): the error does not say '$2'"; }
+}
+bad 'p' "wick_add_plugin(p): SOURCES is required"
+bad 'p linear.cpp SOURCES a.cpp' "unknown argument(s) 'linear.cpp'"
+bad 'p SOURCES a.cpp OUTPUT_DIRECTORY d INSTALLED' "unknown argument(s) 'INSTALLED'"
+bad 'p SOURCES a.cpp DESTINATION lib/x' "DESTINATION lib/x without INSTALL"
+bad 'p SOURCES a.cpp INSTALL DESTINATION' "DESTINATION given without a value"
+bad 'p SOURCES a.cpp OUTPUT_DIRECTORY' "OUTPUT_DIRECTORY given without a value"
+echo "PASS: the installed package builds plugins that the installed wick loads; bad wick_add_plugin arguments are named"

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The archive for other machines: cpack on the build folder writes
+# wick-<version>-<system>-<arch>.tar.gz; unpacked into another folder it is a
+# whole installed tree under one top folder, with no path of the build machine
+# in its CMake package but the LibTorch hint, and check_prefix.sh passes on it.
+#   archive.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+(cd "$tmp" && cpack -G TGZ --config "$build/CPackConfig.cmake" -B "$tmp/pkg" > "$tmp/cpack.log" 2>&1) ||
+  { cat "$tmp/cpack.log"; fail "cpack"; }
+archives=("$tmp"/pkg/wick-*.tar.gz)
+[ ${#archives[@]} = 1 ] && [ -f "${archives[0]}" ] || fail "cpack wrote no single wick-*.tar.gz: $(ls "$tmp/pkg")"
+archive=${archives[0]}
+top=$(basename "$archive" .tar.gz)
+version=$("$build/bin/wick" version | sed -n 's/^wick *//p')
+[[ "$top" == "wick-$version-"* ]] || fail "archive $top does not carry wick's version $version"
+tar tzf "$archive" > "$tmp/list"
+# one top folder, nothing outside it
+outside=$(grep -v "^$top/" "$tmp/list" || true)
+[ -z "$outside" ] || fail "entries outside $top/: $outside"
+for f in bin/wick lib/libwick_engine.so lib/wick/plugins/decoder_lm.so share/wick/lua/wick/init.lua \
+         share/wick/presets/gpu_8gb.lua include/wick/plugin.hpp lib/cmake/wick/wickConfig.cmake \
+         lib/cmake/wick/wickTargets.cmake share/doc/wick/README.md; do
+  grep -qx "$top/$f" "$tmp/list" || fail "the archive lacks $f"
+done
+mkdir -p "$tmp/node/opt"
+tar xzf "$archive" -C "$tmp/node/opt"
+root=$tmp/node/opt/$top
+# the CMake package names the build machine only as LibTorch's hint
+leaks=$(grep -rn -e "$build" -e "$src" "$root/lib/cmake" || true)
+[ -z "$leaks" ] || fail "the CMake package names the build or source folder: $leaks"
+bash "$src/tests/install/check_prefix.sh" "$root" lib "$src"
+echo "PASS: $top.tar.gz unpacked elsewhere runs, trains and builds plugins"
