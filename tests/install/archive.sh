@@ -35,4 +35,21 @@ root=$tmp/node/opt/$top
 leaks=$(grep -rn -e "$build" -e "$src" "$root/lib/cmake" || true)
 [ -z "$leaks" ] || fail "the CMake package names the build or source folder: $leaks"
 bash "$src/tests/install/check_prefix.sh" "$root" lib "$src"
+# LibTorch where the user has it: LD_LIBRARY_PATH comes before the folder the
+# build found (RUNPATH). A hard-linked copy of the LibTorch folder stands in
+# for another node's (no gigabytes copied; skipped across file systems); a
+# wheel's torch/lib finds the CUDA libraries of the nvidia wheels beside it
+# through its own $ORIGIN/../../nvidia, so those are linked beside the copy.
+torchlib=$("$root/bin/wick" version | sed -n 's/^libtorch_dir *//p')
+mkdir -p "$tmp/node/site/torch"
+[ -d "$torchlib/../../nvidia" ] && ln -s "$(cd "$torchlib/../../nvidia" && pwd)" "$tmp/node/site/nvidia"
+other=$tmp/node/site/torch/lib
+if cp -al "$torchlib" "$other" 2>/dev/null; then
+  got=$(cd / && LD_LIBRARY_PATH=$other "$root/bin/wick" version | sed -n 's/^libtorch_dir *//p')
+  [ "$got" = "$other" ] || fail "with LD_LIBRARY_PATH=$other wick loaded LibTorch from '$got'"
+  out=$(cd / && LD_LIBRARY_PATH=$other "$root/bin/wick" plugins)
+  echo "$out" | grep -Eq "^model +decoder_lm" || fail "plugins with LD_LIBRARY_PATH's LibTorch:"$'\n'"$out"
+else
+  echo "note: $torchlib is on another file system than $tmp; the LD_LIBRARY_PATH check is skipped"
+fi
 echo "PASS: $top.tar.gz unpacked elsewhere runs, trains and builds plugins"
