@@ -178,21 +178,22 @@ end)
 
 describe("vision recipes", function()
   -- the video recipe in a small setting that learns in about a minute on two
-  -- cores: 200 clips per class at 64x48, two frames, a one-layer ViT of width 32
+  -- cores: 400 clips per class at 64x48, two frames, a one-layer ViT of width 32
+  -- (held-out accuracy 0.63-0.74 over recipe seeds 1-4 with transformers' init)
   it("video.lua learns the made clips' shapes: held-out accuracy well above chance (1/3)", function()
-    for _, part in ipairs({ { "train", 200, 1 }, { "held_out", 16, 7 } }) do
+    for _, part in ipairs({ { "train", 400, 1 }, { "held_out", 32, 7 } }) do
       local code, _, err = H.run(string.format("make-clips %s/vclips/%s --classes 3 --per-class %d --size 64x48 " ..
         "--seconds 0.5 --seed %d --no-extras --no-images", dir, part[1], part[2], part[3]))
       assert.are.equal(0, code, err)
     end
-    local code, out, err = H.run("run " .. H.source .. "/configs/video.lua clips=" .. dir .. "/vclips epochs=60 " ..
-      "accumulate=1 micro_batch=8 image_size=48 patch=8 max_frames=2 hidden=32 layers=1 lr=2e-3 pool=mean log_every=1000 " ..
+    local code, out, err = H.run("run " .. H.source .. "/configs/video.lua clips=" .. dir .. "/vclips epochs=30 " ..
+      "accumulate=1 micro_batch=8 image_size=48 patch=8 max_frames=2 hidden=32 layers=1 lr=1e-3 pool=mean log_every=1000 " ..
       "out=" .. dir .. "/video", "OMP_NUM_THREADS=1")  -- one thread: 4500 small steps, immune to a busy second core
     assert.are.equal(0, code, err)
     local acc = tonumber(out:match("max_frames 2, image_size 48: final loss [%d.]+, held%-out accuracy ([%d.]+), 4500 steps"))
     assert.truthy(acc, out)
-    -- 48 held-out clips: 0.55 (27 right) has probability below 1e-3 for a guesser; this setting reaches ~0.7
-    assert.is_true(acc >= 0.55, "held-out accuracy " .. acc .. " is not clearly above chance")
+    -- 96 held-out clips: 0.5 (48 right) has probability below 1e-3 for a guesser; this setting reaches ~0.7
+    assert.is_true(acc >= 0.5, "held-out accuracy " .. acc .. " is not clearly above chance")
     assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"loss"', 1, true))
   end)
 

@@ -107,8 +107,7 @@ m:save(wick.args.out .. "/model.safetensors")
 def test_fresh_video_classifier_matches_vit_init(tmp_path, run_wick):
     """video_classifier's tower and temporal transformer start as a fresh
     transformers ViT's layers do (normal(0, 0.02), biases 0, norms 1), the
-    temporal positions at normal(0, 0.02). (Its head keeps torch's default
-    init for now: see video_classifier.cpp.)"""
+    temporal positions at normal(0, 0.02), the head as ViTForImageClassification's."""
     (tmp_path / "r.lua").write_text(VIDEO)
     run_wick("run", tmp_path / "r.lua", f"out={tmp_path}")
     ours = load_file(tmp_path / "model.safetensors")
@@ -133,6 +132,8 @@ def test_fresh_video_classifier_matches_vit_init(tmp_path, run_wick):
             out[to + rest] = v
         return out
 
+    head = {k: v for k, v in theirs.items() if k.startswith("classifier.")}
+    assert same_statistics(ours, head, "head") == 1  # the weight; the bias is 0 exactly
     theirs = {k: v for k, v in theirs.items() if not k.startswith("classifier.")}
     checked = same_statistics(ours, theirs, "embeddings")
     for i in range(2):
