@@ -416,7 +416,8 @@ int cmd_make_clips(const ClipFlags& f) {
 
 struct LaunchFlags {
   std::string nproc_per_node, nnodes, node_rank, master_port;
-  std::string master_addr = "127.0.0.1";
+  std::string master_addr;
+  bool standalone = false;
   std::string recipe;
   std::vector<std::string> pairs;
 };
@@ -428,7 +429,11 @@ int cmd_launch(const LaunchFlags& f) {
   if (!f.nnodes.empty()) o.nnodes = static_cast<int>(whole_number("--nnodes", f.nnodes, 1, 65535));
   if (!f.node_rank.empty()) o.node_rank = static_cast<int>(whole_number("--node-rank", f.node_rank, 0, 65535));
   if (!f.master_port.empty()) o.master_port = static_cast<int>(whole_number("--master-port", f.master_port, 1, 65535));
-  o.master_addr = f.master_addr;
+  // torchrun's --standalone: one node, its own rendezvous on a free local port (wick launch's default)
+  if (f.standalone && (o.nnodes > 1 || !f.master_addr.empty() || o.master_port != 0 || o.node_rank != 0))
+    throw UsageError("--standalone is one node with its own rendezvous; it takes no --nnodes above 1, "
+                     "--node-rank, --master-addr or --master-port");
+  o.master_addr = f.master_addr.empty() ? "127.0.0.1" : f.master_addr;
   if (o.node_rank >= o.nnodes)
     throw UsageError("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                      std::to_string(o.nnodes));
@@ -507,11 +512,13 @@ int run_cli(std::vector<std::string> args) {
   run->add_option("pairs", pairs, "wick.args, and overrides of wick.train options")->option_text("key=value");
 
   auto* lau = command("launch", [&] { return cmd_launch(launch); });
-  flag_value(lau, "--nproc-per-node", launch.nproc_per_node, "N", "ranks on this node (required)");
+  // torchrun's spellings too: --nproc_per_node, --node_rank, --master_addr, --master_port, --standalone
+  flag_value(lau, "--nproc-per-node,--nproc_per_node", launch.nproc_per_node, "N", "ranks on this node (required)");
   flag_value(lau, "--nnodes", launch.nnodes, "M", "nodes (default 1)");
-  flag_value(lau, "--node-rank", launch.node_rank, "R", "this node's index, from 0 (default 0)");
-  flag_value(lau, "--master-addr", launch.master_addr, "A", "address of node 0 (default 127.0.0.1)");
-  flag_value(lau, "--master-port", launch.master_port, "P", "port on node 0 (default: a free one; needed with several nodes)");
+  flag_value(lau, "--node-rank,--node_rank", launch.node_rank, "R", "this node's index, from 0 (default 0)");
+  flag_value(lau, "--master-addr,--master_addr", launch.master_addr, "A", "address of node 0 (default 127.0.0.1)");
+  flag_value(lau, "--master-port,--master_port", launch.master_port, "P", "port on node 0 (default: a free one; needed with several nodes)");
+  lau->add_flag("--standalone", launch.standalone, "one node, a free local port (torchrun's --standalone; the default)");
   lau->add_option("recipe", launch.recipe, "the recipe file (.lua)")->option_text("RECIPE");
   lau->add_option("pairs", launch.pairs, "passed to every rank's `wick run`")->option_text("key=value");
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "util/system.hpp"
 #include "wick/options.hpp"
 
 extern char** environ;
@@ -65,6 +67,15 @@ DistEnv parse_dist_env(const std::map<std::string, std::string>& env) {
     d.local_world_size = to_int(env, "LOCAL_WORLD_SIZE", d.world_size);
     d.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
     d.master_port = to_int(env, "MASTER_PORT", 29500);
+    const std::string agent = get(env, "TORCHELASTIC_USE_AGENT_STORE", "");
+    if (agent == "True" || agent == "true" || agent == "1") {
+      d.agent_store = true;
+      d.source = "torchrun's agent store";
+      d.restart_count = to_int(env, "TORCHELASTIC_RESTART_COUNT", 0);
+      if (d.restart_count < 0)
+        throw Error("environment variable TORCHELASTIC_RESTART_COUNT=" + std::to_string(d.restart_count) +
+                    " is below 0");
+    }
   } else if (env.count("SLURM_NTASKS") && env.count("SLURM_PROCID")) {
     d.source = "SLURM";
     d.world_size = to_int(env, "SLURM_NTASKS", 1);
@@ -76,7 +87,13 @@ DistEnv parse_dist_env(const std::map<std::string, std::string>& env) {
     d.local_world_size = to_int({{"SLURM_NTASKS_PER_NODE", per_node}}, "SLURM_NTASKS_PER_NODE", d.world_size);
     const std::string nodes = get(env, "SLURM_STEP_NODELIST", get(env, "SLURM_NODELIST", ""));
     d.master_addr = get(env, "MASTER_ADDR", nodes.empty() ? "127.0.0.1" : first_slurm_host(nodes));
-    d.master_port = to_int(env, "MASTER_PORT", 29500);
+    int port = 29500;
+    if (env.count("SLURM_JOB_ID")) {
+      const int job = to_int(env, "SLURM_JOB_ID", 0);
+      if (job < 0) throw Error("environment variable SLURM_JOB_ID=" + std::to_string(job) + " is below 0");
+      port = 15000 + job % 10000;
+    }
+    d.master_port = to_int(env, "MASTER_PORT", port);
   }
   if (d.world_size < 1) throw Error(d.source + ": world size " + std::to_string(d.world_size) + " must be >= 1");
   if (d.rank < 0 || d.rank >= d.world_size)
@@ -88,6 +105,8 @@ DistEnv parse_dist_env(const std::map<std::string, std::string>& env) {
     throw Error(d.source + ": master port " + std::to_string(d.master_port) + " is not a TCP port");
   return d;
 }
+
+int rank_cuda_device(int local_rank, int visible) { return visible < 1 ? 0 : local_rank % visible; }
 
 DistEnv dist_env() {
   std::map<std::string, std::string> env;
@@ -190,7 +209,7 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
   const auto timeout = dist_timeout();
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(env.master_port);
-  o.isServer = env.rank == 0;
+  o.isServer = env.rank == 0 && !env.agent_store;
   o.numWorkers = env.world_size;
   o.waitWorkers = false;  // arrivals are checked below, naming who is missing
   o.timeout = timeout;
@@ -203,6 +222,8 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
              waited_text(waited, timeout);
     });
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    if (env.agent_store)  // the agent's store outlives attempts: this attempt's keys apart
+      store_ = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store_);
   } catch (const c10::Error& e) {
     fail("reaching the rendezvous at " + where,
          std::string(e.what_without_backtrace()) + "; rank 0 hosts it: did rank 0 start, and is the address right?");
@@ -212,7 +233,7 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
     if (backend == "gloo") {
       pg_ = make_gloo(store_, env, timeout);
     } else if (backend == "nccl") {
-      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank_cuda_device(env.local_rank, cuda_device_count())));
       pg_ = make_nccl(store_, env, timeout);
     } else {
       throw Error("unknown backend '" + backend + "' (expected gloo or nccl)");

@@ -27,12 +27,24 @@ struct DistEnv {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string source = "single process";  // "torchrun-style variables", "SLURM"
+  std::string source = "single process";  // "torchrun-style variables", "torchrun's agent store", "SLURM"
+  /// torchrun's agent hosts the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  /// every rank, rank 0 too, connects to it as a client, under the key prefix
+  /// of the agent's restart attempt (TORCHELASTIC_RESTART_COUNT), as torch's own workers do.
+  bool agent_store = false;
+  int restart_count = 0;
 };
+
+/// The CUDA device of a rank: LOCAL_RANK modulo the devices it sees, so one
+/// device per task (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES set per rank)
+/// is device 0 whatever the local rank. visible < 1 gives 0.
+int rank_cuda_device(int local_rank, int visible);
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 /// MASTER_PORT, or else SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
 /// SLURM_NTASKS_PER_NODE, SLURM_(STEP_)NODELIST. Throws on inconsistent values.
+/// Under SLURM without MASTER_PORT the port is 15000 + SLURM_JOB_ID % 10000
+/// (Lightning's rule), so jobs sharing a node do not collide on 29500.
 DistEnv parse_dist_env(const std::map<std::string, std::string>& env);
 DistEnv dist_env();  // of this process
 

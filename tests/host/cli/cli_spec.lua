@@ -71,6 +71,8 @@ describe("wick CLI", function()
       ["--nproc-per-node 2 --nnodes 2 " .. recipe] = "with several nodes, give every node the same --master-port",
       ["--nproc-per-node 2 --nnodes 2 --node-rank 2 --master-port 29511 " .. recipe] = "--node-rank 2 is not below --nnodes 2",
       ["--nproc-per-node 2 " .. recipe .. " oops"] = "argument 'oops' after the recipe is not key=value",
+      ["--nproc_per_node=2 --standalone --master_port 29511 " .. recipe] = "--standalone is one node with its own rendezvous",
+      ["--nproc_per_node=x " .. recipe] = "--nproc-per-node expects a whole number from 1 to 65535, not 'x'",
     } do
       local code, out, err = H.run("launch " .. args)
       assert.are.equal(2, code, args .. ": " .. err)

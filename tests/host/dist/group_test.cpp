@@ -45,6 +45,41 @@ TEST(DistEnv, ReadsSlurmVariables) {
   EXPECT_EQ(d.master_port, 29500);
 }
 
+TEST(DistEnv, SlurmWithoutMasterPortTakesAPortFromTheJobId) {
+  auto job = [](const char* id, const char* port) {
+    std::map<std::string, std::string> env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", id}};
+    if (port) env["MASTER_PORT"] = port;
+    return parse_dist_env(env).master_port;
+  };
+  EXPECT_EQ(job("4242", nullptr), 15000 + 4242);
+  EXPECT_EQ(job("123456", nullptr), 15000 + 3456);
+  EXPECT_NE(job("123456", nullptr), job("123457", nullptr));  // two jobs on one node
+  EXPECT_EQ(job("123456", "29511"), 29511);                   // MASTER_PORT wins
+  EXPECT_THAT(test::error_of([&] { job("12x", nullptr); }), HasSubstr("SLURM_JOB_ID=12x is not an integer"));
+}
+
+TEST(DistEnv, TorchrunsAgentStoreIsJoinedAsAClientUnderTheAttemptsPrefix) {
+  auto d = parse_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1234"},
+                           {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  EXPECT_TRUE(d.agent_store);
+  EXPECT_EQ(d.restart_count, 2);
+  EXPECT_EQ(d.source, "torchrun's agent store");
+  d = parse_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  EXPECT_FALSE(d.agent_store);
+  EXPECT_THAT(test::error_of([] {
+                parse_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                {"TORCHELASTIC_RESTART_COUNT", "-1"}});
+              }),
+              HasSubstr("TORCHELASTIC_RESTART_COUNT=-1 is below 0"));
+}
+
+TEST(DistEnv, ARanksDeviceIsItsLocalRankModuloTheDevicesItSees) {
+  EXPECT_EQ(rank_cuda_device(3, 4), 3);  // every rank sees the node's 4 devices
+  EXPECT_EQ(rank_cuda_device(3, 1), 0);  // srun --gpus-per-task=1: each sees its own
+  EXPECT_EQ(rank_cuda_device(5, 2), 1);
+  EXPECT_EQ(rank_cuda_device(2, 0), 0);
+}
+
 TEST(DistEnv, FirstSlurmHost) {
   EXPECT_EQ(first_slurm_host("a1"), "a1");
   EXPECT_EQ(first_slurm_host("a1,a2"), "a1");

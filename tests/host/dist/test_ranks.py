@@ -125,6 +125,29 @@ def test_wick_run_joins_under_torchrun_and_slurm_variables(tmp_path, recipe, run
     assert_same_weights(tmp_path / "s.safetensors", ref, rtol=1e-6)
 
 
+def test_wick_run_under_the_real_torchrun_joins_its_agents_store(tmp_path, recipe, run_wick):
+    """torchrun (the venv's, 2 processes) hosts the rendezvous store in its
+    agent on --master-port and says so (TORCHELASTIC_USE_AGENT_STORE=True):
+    every rank connects to it as a client, none binds the port itself, and
+    the run ends at the weights `wick launch` reaches."""
+    import sys
+
+    args = ["size=64", "micro=2", "acc=2"]
+    ref = tmp_path / "ref.safetensors"
+    run_wick("launch", "--nproc_per_node=2", "--standalone", recipe, *args, f"result={ref}")
+    outer = tmp_path / "outer.lua"
+    outer.write_text('local wick = require "wick"\n'
+                     'print("source " .. wick.core.dist().source)\n'
+                     f'dofile("{recipe}")\n')
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", free_port(), "--no-python", WICK, "run", str(outer), *args,
+                        f"result={tmp_path / 't.safetensors'}"], env=e, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("source torchrun's agent store") == 2, p.stdout
+    assert_same_weights(tmp_path / "t.safetensors", ref, rtol=1e-6)
+
+
 def test_checkpoint_is_written_once_and_resumes_with_another_rank_count(tmp_path, recipe, run_wick):
     out = tmp_path / "run"
     common = ["size=96", "micro=2", "schedule=constant", "epochs=3"]
