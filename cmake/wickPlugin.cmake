@@ -2,9 +2,9 @@
 #                 [INSTALL [DESTINATION dir]])
 # Builds a wick plugin: a shared module NAME.so linked against wick::sdk.
 # INSTALL: `cmake --install` puts NAME.so into DESTINATION, by default
-# ${CMAKE_INSTALL_LIBDIR}/wick/plugins under the project's own prefix: wick's
-# own plugin folder when that prefix is wick's, otherwise a folder to name in
-# WICK_PLUGIN_PATH. DESTINATION "${wick_PLUGIN_DIR}" (set by find_package(wick))
+# ${CMAKE_INSTALL_LIBDIR}/wick/plugins under the project's own prefix, a folder
+# to name in WICK_PLUGIN_PATH (wick's own only when the prefix and libdir are
+# wick's). DESTINATION "${wick_PLUGIN_DIR}" (set by find_package(wick))
 # installs next to the installed wick's plugins, wherever the prefix is.
 function(wick_add_plugin name)
   cmake_parse_arguments(ARG "INSTALL" "OUTPUT_DIRECTORY;DESTINATION" "SOURCES;LIBRARIES" ${ARGN})

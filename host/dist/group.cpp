@@ -88,7 +88,7 @@ DistEnv parse_dist_env(const std::map<std::string, std::string>& env) {
     const std::string nodes = get(env, "SLURM_STEP_NODELIST", get(env, "SLURM_NODELIST", ""));
     d.master_addr = get(env, "MASTER_ADDR", nodes.empty() ? "127.0.0.1" : first_slurm_host(nodes));
     int port = 29500;
-    if (env.count("SLURM_JOB_ID")) {
+    if (get(env, "MASTER_PORT", "").empty() && env.count("SLURM_JOB_ID")) {
       const int job = to_int(env, "SLURM_JOB_ID", 0);
       if (job < 0) throw Error("environment variable SLURM_JOB_ID=" + std::to_string(job) + " is below 0");
       port = 15000 + job % 10000;
@@ -106,7 +106,15 @@ DistEnv parse_dist_env(const std::map<std::string, std::string>& env) {
   return d;
 }
 
-int rank_cuda_device(int local_rank, int visible) { return visible < 1 ? 0 : local_rank % visible; }
+int rank_cuda_device(int local_rank, int local_world_size, int visible) {
+  if (visible < 1) return 0;
+  // one device per task (srun --gpus-per-task=1) wraps; ranks outnumbering several devices would share one
+  if (visible > 1 && local_world_size > visible)
+    throw Error("LOCAL_WORLD_SIZE " + std::to_string(local_world_size) + " ranks on this node see " +
+                std::to_string(visible) + " CUDA devices: ranks would share a device (NCCL refuses that); " +
+                "start at most one rank per device, or show each rank one device (CUDA_VISIBLE_DEVICES, srun --gpus-per-task=1)");
+  return local_rank % visible;
+}
 
 DistEnv dist_env() {
   std::map<std::string, std::string> env;
@@ -226,14 +234,16 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
       store_ = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store_);
   } catch (const c10::Error& e) {
     fail("reaching the rendezvous at " + where,
-         std::string(e.what_without_backtrace()) + "; rank 0 hosts it: did rank 0 start, and is the address right?");
+         std::string(e.what_without_backtrace()) +
+             (env.agent_store ? "; torchrun's agent hosts it: is the agent still running, and is the address right?"
+                              : "; rank 0 hosts it: did rank 0 start, and is the address right?"));
   }
   rendezvous(timeout, where);
   try {
     if (backend == "gloo") {
       pg_ = make_gloo(store_, env, timeout);
     } else if (backend == "nccl") {
-      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank_cuda_device(env.local_rank, cuda_device_count())));
+      device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank_cuda_device(env.local_rank, env.local_world_size, cuda_device_count())));
       pg_ = make_nccl(store_, env, timeout);
     } else {
       throw Error("unknown backend '" + backend + "' (expected gloo or nccl)");

@@ -37,8 +37,9 @@ struct DistEnv {
 
 /// The CUDA device of a rank: LOCAL_RANK modulo the devices it sees, so one
 /// device per task (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES set per rank)
-/// is device 0 whatever the local rank. visible < 1 gives 0.
-int rank_cuda_device(int local_rank, int visible);
+/// is device 0 whatever the local rank. visible < 1 gives 0. More ranks on
+/// the node than several visible devices (they would share one) is an error.
+int rank_cuda_device(int local_rank, int local_world_size, int visible);
 
 /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 /// MASTER_PORT, or else SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,

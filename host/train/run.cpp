@@ -238,7 +238,7 @@ Resolved resolve(const RunRequest& req) {
   r.device = r.o.get_string("device");
   if (r.device == "auto") {
     // a rank's device: LOCAL_RANK modulo the devices it sees (srun --gpus-per-task=1 shows each one)
-    const int device = rank_cuda_device(r.dist.local_rank, cuda_device_count());
+    const int device = rank_cuda_device(r.dist.local_rank, r.dist.local_world_size, cuda_device_count());
     r.device = cuda_available() ? (r.dist.world_size > 1 ? "cuda:" + std::to_string(device) : "cuda") : "cpu";
   }
   r.micro_auto = r.o.at("micro_batch").is_string();

@@ -17,15 +17,17 @@ archives=("$tmp"/pkg/wick-*.tar.gz)
 [ ${#archives[@]} = 1 ] && [ -f "${archives[0]}" ] || fail "cpack wrote no single wick-*.tar.gz: $(ls "$tmp/pkg")"
 archive=${archives[0]}
 top=$(basename "$archive" .tar.gz)
-version=$("$build/bin/wick" version | sed -n 's/^wick *//p')
+cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+libdir=$(cache CMAKE_INSTALL_LIBDIR) bindir=$(cache CMAKE_INSTALL_BINDIR)
+version=$("$build/$bindir/wick" version | sed -n 's/^wick *//p')
 [[ "$top" == "wick-$version-"* ]] || fail "archive $top does not carry wick's version $version"
 tar tzf "$archive" > "$tmp/list"
 # one top folder, nothing outside it
 outside=$(grep -v "^$top/" "$tmp/list" || true)
 [ -z "$outside" ] || fail "entries outside $top/: $outside"
-for f in bin/wick lib/libwick_engine.so lib/wick/plugins/decoder_lm.so share/wick/lua/wick/init.lua \
-         share/wick/presets/gpu_8gb.lua include/wick/plugin.hpp lib/cmake/wick/wickConfig.cmake \
-         lib/cmake/wick/wickTargets.cmake share/doc/wick/README.md; do
+for f in "$bindir/wick" "$libdir/libwick_engine.so" "$libdir/wick/plugins/decoder_lm.so" share/wick/lua/wick/init.lua \
+         share/wick/presets/gpu_8gb.lua include/wick/plugin.hpp "$libdir/cmake/wick/wickConfig.cmake" \
+         "$libdir/cmake/wick/wickTargets.cmake" share/doc/wick/README.md; do
   grep -qx "$top/$f" "$tmp/list" || fail "the archive lacks $f"
 done
 mkdir -p "$tmp/node/opt"
@@ -34,20 +36,20 @@ root=$tmp/node/opt/$top
 # the CMake package names the build machine only as LibTorch's hint
 leaks=$(grep -rn -e "$build" -e "$src" "$root/lib/cmake" || true)
 [ -z "$leaks" ] || fail "the CMake package names the build or source folder: $leaks"
-bash "$src/tests/install/check_prefix.sh" "$root" lib "$src"
+bash "$src/tests/install/check_prefix.sh" "$root" "$libdir" "$src"
 # LibTorch where the user has it: LD_LIBRARY_PATH comes before the folder the
 # build found (RUNPATH). A hard-linked copy of the LibTorch folder stands in
 # for another node's (no gigabytes copied; skipped across file systems); a
 # wheel's torch/lib finds the CUDA libraries of the nvidia wheels beside it
 # through its own $ORIGIN/../../nvidia, so those are linked beside the copy.
-torchlib=$("$root/bin/wick" version | sed -n 's/^libtorch_dir *//p')
+torchlib=$("$root/$bindir/wick" version | sed -n 's/^libtorch_dir *//p')
 mkdir -p "$tmp/node/site/torch"
 [ -d "$torchlib/../../nvidia" ] && ln -s "$(cd "$torchlib/../../nvidia" && pwd)" "$tmp/node/site/nvidia"
 other=$tmp/node/site/torch/lib
 if cp -al "$torchlib" "$other" 2>/dev/null; then
-  got=$(cd / && LD_LIBRARY_PATH=$other "$root/bin/wick" version | sed -n 's/^libtorch_dir *//p')
+  got=$(cd / && LD_LIBRARY_PATH=$other "$root/$bindir/wick" version | sed -n 's/^libtorch_dir *//p')
   [ "$got" = "$other" ] || fail "with LD_LIBRARY_PATH=$other wick loaded LibTorch from '$got'"
-  out=$(cd / && LD_LIBRARY_PATH=$other "$root/bin/wick" plugins)
+  out=$(cd / && LD_LIBRARY_PATH=$other "$root/$bindir/wick" plugins)
   echo "$out" | grep -Eq "^model +decoder_lm" || fail "plugins with LD_LIBRARY_PATH's LibTorch:"$'\n'"$out"
 else
   echo "note: $torchlib is on another file system than $tmp; the LD_LIBRARY_PATH check is skipped"

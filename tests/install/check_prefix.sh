@@ -54,7 +54,7 @@ local run = wick.train(wick.preset("max_speed", {
 }))
 print(string.format("mlp: %d steps, accuracy %.3f", run.steps, run.eval.accuracy))
 LUA
-res=$(cd / && "$wick" run "$tmp/recipe.lua" out="$tmp/run") || fail "the recipe failed: $res"
+res=$(cd / && "$wick" run "$tmp/recipe.lua" out="$tmp/run" 2>"$tmp/err") || fail "the recipe failed: $(cat "$tmp/err")"
 acc=$(echo "$res" | sed -n 's/.*accuracy \([0-9.]*\).*/\1/p')
 awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' || fail "recipe accuracy '$acc': $res"
 
@@ -69,7 +69,7 @@ own=$(dirname "$(find "$tmp/mine" -name linear.so)")
 [[ "$own" == "$tmp/mine/"*"/wick/plugins" ]] || fail "INSTALL put linear.so in '$own', expected <prefix>/<libdir>/wick/plugins"
 out=$(WICK_PLUGIN_PATH=$own "$wick" plugins)
 echo "$out" | grep -Eq '^model +linear +a linear classifier' || fail "linear not listed from $own:"$'\n'"$out"
-res=$(cd / && WICK_PLUGIN_PATH=$own "$wick" run "$tmp/src/recipe.lua")
+res=$(cd / && WICK_PLUGIN_PATH=$own "$wick" run "$tmp/src/recipe.lua" 2>"$tmp/err") || fail "the linear recipe failed: $(cat "$tmp/err")"
 acc=$(echo "$res" | sed -n 's/.*accuracy \([0-9.]*\).*/\1/p')
 awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }' || fail "linear accuracy '$acc': $res"
 

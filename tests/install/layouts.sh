@@ -11,8 +11,12 @@ src=$(cd "$2" && pwd)
 shift 2
 layouts=("$@")
 ((${#layouts[@]})) || layouts=(multiarch=lib/x86_64-linux-gnu lib64=lib64)
+for l in "${layouts[@]}"; do
+  [[ "${l%%=*}" =~ ^[A-Za-z0-9_]+$ && "$l" == *=* ]] || { echo "layouts.sh: '$l' is not NAME=LIBDIR (NAME: letters, digits, _)"; exit 2; }
+done
 tmp=$(mktemp -d)
-cleanup() { rm -rf "$tmp"; for l in "${layouts[@]}"; do rm -rf "$build-layout-${l%%=*}"; done; }
+made=()  # only the build folders this run made are removed
+cleanup() { rm -rf "$tmp"; for b in "${made[@]}"; do rm -rf "$b"; done; }
 trap cleanup EXIT
 cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 # scripts/setup's ccache settings; sibling build folders at the build's depth
@@ -36,9 +40,12 @@ grep -q "CMAKE_INSTALL_LIBDIR=/usr/lib64 is not a folder inside" "$tmp/refused.l
 for l in "${layouts[@]}"; do
   name=${l%%=*} libdir=${l#*=}
   b=$build-layout-$name
+  [ -e "$b" ] && { echo "FAIL: $b exists already (another run's, or yours): remove it first"; exit 1; }
+  made+=("$b")
   cmake -S "$src" -B "$b" "${gen[@]}" "${opts[@]}" -DCMAKE_INSTALL_LIBDIR="$libdir" > "$tmp/$name.configure.log" 2>&1 ||
     { cat "$tmp/$name.configure.log"; echo "FAIL: configure with CMAKE_INSTALL_LIBDIR=$libdir"; exit 1; }
-  cmake --build "$b" -j "${WICK_JOBS:-2}" > "$tmp/$name.build.log" 2>&1 ||
+  # one job: the objects come from ccache, and the rest of the suite runs beside this test
+  cmake --build "$b" -j 1 > "$tmp/$name.build.log" 2>&1 ||
     { grep -E "error|Error" -A5 "$tmp/$name.build.log" | head -40; echo "FAIL: build with CMAKE_INSTALL_LIBDIR=$libdir"; exit 1; }
   # the build tree has the installed layout
   test -x "$b/bin/wick" && test -d "$b/$libdir/wick/plugins" ||

@@ -56,6 +56,7 @@ TEST(DistEnv, SlurmWithoutMasterPortTakesAPortFromTheJobId) {
   EXPECT_NE(job("123456", nullptr), job("123457", nullptr));  // two jobs on one node
   EXPECT_EQ(job("123456", "29511"), 29511);                   // MASTER_PORT wins
   EXPECT_THAT(test::error_of([&] { job("12x", nullptr); }), HasSubstr("SLURM_JOB_ID=12x is not an integer"));
+  EXPECT_EQ(job("12x", "29511"), 29511);  // not read when MASTER_PORT names the port
 }
 
 TEST(DistEnv, TorchrunsAgentStoreIsJoinedAsAClientUnderTheAttemptsPrefix) {
@@ -74,10 +75,12 @@ TEST(DistEnv, TorchrunsAgentStoreIsJoinedAsAClientUnderTheAttemptsPrefix) {
 }
 
 TEST(DistEnv, ARanksDeviceIsItsLocalRankModuloTheDevicesItSees) {
-  EXPECT_EQ(rank_cuda_device(3, 4), 3);  // every rank sees the node's 4 devices
-  EXPECT_EQ(rank_cuda_device(3, 1), 0);  // srun --gpus-per-task=1: each sees its own
-  EXPECT_EQ(rank_cuda_device(5, 2), 1);
-  EXPECT_EQ(rank_cuda_device(2, 0), 0);
+  EXPECT_EQ(rank_cuda_device(3, 4, 4), 3);  // every rank sees the node's 4 devices
+  EXPECT_EQ(rank_cuda_device(3, 4, 1), 0);  // srun --gpus-per-task=1: each sees its own
+  EXPECT_EQ(rank_cuda_device(1, 2, 8), 1);
+  EXPECT_EQ(rank_cuda_device(2, 4, 0), 0);
+  EXPECT_THAT(test::error_of([] { rank_cuda_device(5, 8, 4); }),
+              HasSubstr("LOCAL_WORLD_SIZE 8 ranks on this node see 4 CUDA devices: ranks would share a device"));
 }
 
 TEST(DistEnv, FirstSlurmHost) {
