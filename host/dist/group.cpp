@@ -315,8 +315,16 @@ void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& 
 }
 
 void Group::count(const std::vector<at::Tensor>& tensors) {
+  std::int64_t b = 0;
+  for (const auto& t : tensors) b += t.numel() * t.element_size();
+  // an all-reduce: a ring reduce-scatter and all-gather
+  count(b, 2.0 * (env_.world_size - 1) / env_.world_size * static_cast<double>(b));
+}
+
+void Group::count(std::int64_t bytes, double wire) {
   ++collectives_;
-  for (const auto& t : tensors) bytes_ += t.numel() * t.element_size();
+  bytes_ += bytes;
+  sent_ += static_cast<std::int64_t>(std::llround(wire));
 }
 
 c10::intrusive_ptr<c10d::Work> Group::start(const std::string& what,
@@ -337,6 +345,55 @@ c10::intrusive_ptr<c10d::Work> Group::all_reduce_async(at::Tensor& t) {
   std::vector<at::Tensor> v{t};
   count(v);
   return start("a gradient all-reduce", [&] { return pg_->allreduce(v); });
+}
+
+c10::intrusive_ptr<c10d::Work> Group::reduce_scatter_async(at::Tensor& out, at::Tensor& in) {
+  TORCH_CHECK(in.numel() == out.numel() * env_.world_size, "reduce_scatter: ", in.numel(), " elements in, ",
+              out.numel(), " out on ", env_.world_size, " ranks");
+  const std::int64_t b = in.numel() * in.element_size();
+  count(b, static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
+  return start("a gradient reduce-scatter", [&] { return pg_->_reduce_scatter_base(out, in); });
+}
+
+void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {
+  TORCH_CHECK(out.numel() == in.numel() * env_.world_size, "all_gather: ", in.numel(), " elements in, ",
+              out.numel(), " out on ", env_.world_size, " ranks");
+  const std::int64_t b = out.numel() * out.element_size();
+  count(in.numel() * in.element_size(), static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
+  wait(start(what, [&] { return pg_->_allgather_base(out, in); }), what);
+}
+
+void Group::send(at::Tensor& t, int dst, const std::string& what) {
+  std::vector<at::Tensor> v{t};
+  const std::int64_t b = t.numel() * t.element_size();
+  count(b, static_cast<double>(b));
+  wait(start(what, [&] { return pg_->send(v, dst, /*tag=*/0); }), what);
+}
+
+void Group::recv(at::Tensor& t, int src, const std::string& what) {
+  std::vector<at::Tensor> v{t};
+  ++collectives_;
+  wait(start(what, [&] { return pg_->recv(v, src, /*tag=*/0); }), what);
+}
+
+std::vector<std::string> Group::gather_strings(const std::string& value, const std::string& what) {
+  const std::string prefix = "wick/gather/" + std::to_string(gather_round_++) + "/";
+  std::vector<std::string> out;
+  try {
+    store_->set(prefix + std::to_string(env_.rank), std::vector<std::uint8_t>(value.begin(), value.end()));
+    if (env_.rank == 0) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+      store_->wait(keys, dist_timeout());
+      for (const auto& k : keys) {
+        const auto v = store_->get(k);
+        out.emplace_back(v.begin(), v.end());
+      }
+    }
+  } catch (const c10::Error& e) {
+    fail(what, e.what_without_backtrace());
+  }
+  return out;
 }
 
 std::int64_t Group::sum(std::int64_t v, const std::string& what) {
@@ -369,7 +426,8 @@ std::pair<at::Tensor, std::int64_t> Group::all_gather_rows(const at::Tensor& t, 
 void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what) {
   for (auto& t : tensors) {
     std::vector<at::Tensor> one{t};
-    count(one);
+    const std::int64_t b = t.numel() * t.element_size();
+    count(b, env_.rank == 0 ? static_cast<double>(b) : 0.0);
     wait(start(what, [&] { return pg_->broadcast(one); }), what);
   }
 }

@@ -80,6 +80,18 @@ class Group {
   void all_reduce(std::vector<at::Tensor>& tensors, const std::string& what);
   /// Starts a sum in place; wait() on the result.
   c10::intrusive_ptr<c10d::Work> all_reduce_async(at::Tensor& t);
+  /// Starts a reduce-scatter: `in` ([size() * n]) summed over the ranks, this
+  /// rank's n elements (chunk rank()) written to `out`; wait() on the result.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_async(at::Tensor& out, at::Tensor& in);
+  /// Every rank's `in` (n elements) concatenated in rank order into `out`
+  /// ([size() * n]), on every rank (blocking).
+  void all_gather(at::Tensor& out, at::Tensor& in, const std::string& what);
+  /// Point to point (blocking): `t` to rank `dst`; rank `src`'s into `t`.
+  void send(at::Tensor& t, int dst, const std::string& what);
+  void recv(at::Tensor& t, int src, const std::string& what);
+  /// Every rank's `value` on rank 0, in rank order (through the store; small
+  /// strings: names and shapes). Other ranks get an empty list.
+  std::vector<std::string> gather_strings(const std::string& value, const std::string& what);
   /// Waits for `work`, naming `what` in a failure.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
   std::int64_t sum(std::int64_t v, const std::string& what);
@@ -98,6 +110,11 @@ class Group {
   /// Collectives started and bytes given to them by this rank so far.
   std::int64_t collectives() const { return collectives_; }
   std::int64_t bytes() const { return bytes_; }
+  /// Bytes this rank sends over the wire so far, as ring algorithms (NCCL's,
+  /// gloo's) send them: an all-reduce of S bytes 2(N-1)/N S, a reduce-scatter
+  /// of S bytes in and an all-gather of S bytes out (N-1)/N S each (so the
+  /// two together send what one all-reduce sends), a broadcast or a send S.
+  std::int64_t sent() const { return sent_; }
 
  private:
   void rendezvous(std::chrono::milliseconds timeout, const std::string& where);
@@ -105,14 +122,16 @@ class Group {
   c10::intrusive_ptr<c10d::Work> start(const std::string& what,
                                        const std::function<c10::intrusive_ptr<c10d::Work>()>& op);
   void count(const std::vector<at::Tensor>& tensors);
+  /// `bytes` given in, `wire` sent as ring algorithms send
+  void count(std::int64_t bytes, double wire);
   [[noreturn]] void fail(const std::string& what, const std::string& why) const;
   DistEnv env_;
   std::string backend_;
   at::Device device_{at::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> pg_;
-  int check_round_ = 0;
-  std::atomic<std::int64_t> collectives_{0}, bytes_{0};
+  int check_round_ = 0, gather_round_ = 0;
+  std::atomic<std::int64_t> collectives_{0}, bytes_{0}, sent_{0};
 };
 
 /// Backend factories (gloo.cpp, nccl.cpp).
