@@ -10,8 +10,36 @@
 
 namespace wick {
 
-GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb)
-    : group_(std::move(group)), params_(std::move(params)), alive_(std::make_shared<std::atomic<bool>>(true)) {
+ShardMode parse_shard(const std::string& s) {
+  if (s == "none") return ShardMode::None;
+  if (s == "optimizer") return ShardMode::Optimizer;
+  if (s == "gradients") return ShardMode::Gradients;
+  throw Error("shard: expected \"none\", \"optimizer\" or \"gradients\", got '" + s + "'");
+}
+
+std::string to_string(ShardMode m) {
+  switch (m) {
+    case ShardMode::None: return "none";
+    case ShardMode::Optimizer: return "optimizer";
+    case ShardMode::Gradients: return "gradients";
+  }
+  return "?";
+}
+
+namespace {
+std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+}  // namespace
+
+GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
+                         ShardMode shard)
+    : group_(std::move(group)), params_(std::move(params)), shard_(shard),
+      alive_(std::make_shared<std::atomic<bool>>(true)) {
+  const std::int64_t align = sharded() ? kShardAlign : 1;
+  const std::int64_t world = group_->size();
+  for (const auto& p : params_)
+    if (sharded() && !p.is_contiguous())
+      throw Error("shard: a trainable parameter of shape " + c10::str(p.sizes()) +
+                  " is not contiguous; its pieces could not be views of it");
   // Backward produces gradients roughly in reverse order of the parameters:
   // fill buckets from the end so the first bucket is ready first.
   const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_mb * 1024 * 1024));
@@ -22,9 +50,16 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
     if (buckets_.empty() || buckets_.back().numel * p.element_size() + bytes > cap ||
         params_[buckets_.back().params.front()].scalar_type() != p.scalar_type())
       buckets_.emplace_back();
-    buckets_.back().params.push_back(k);
-    buckets_.back().numel += p.numel();
+    Bucket& b = buckets_.back();
+    b.params.push_back(k);
+    b.offsets.push_back(round_up(b.numel, align));
+    b.numel = b.offsets.back() + p.numel();
     bucket_of_[k] = buckets_.size() - 1;
+  }
+  if (sharded()) {
+    // every chunk a multiple of kShardAlign: each piece starts at one in its parameter
+    for (auto& b : buckets_) b.numel = round_up(b.numel, world * align);
+    mine_ = pieces(group_->rank());
   }
   for (std::size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
@@ -41,12 +76,34 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
 
 GradReducer::~GradReducer() { *alive_ = false; }
 
+std::vector<ShardPiece> GradReducer::pieces(int rank) const {
+  std::vector<ShardPiece> out;
+  if (!sharded()) return out;
+  const std::int64_t world = group_->size();
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const std::int64_t chunk = b.numel / world, lo = rank * chunk, hi = lo + chunk;
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      const std::int64_t begin = std::max(lo, b.offsets[j]);
+      const std::int64_t end = std::min(hi, b.offsets[j] + params_[b.params[j]].numel());
+      if (begin >= end) continue;
+      out.push_back({b.params[j], begin - b.offsets[j], end - begin, bi, begin - lo});
+    }
+  }
+  return out;
+}
+
+at::Tensor GradReducer::piece_view(const ShardPiece& p) const {
+  return params_[p.param].detach().view({-1}).narrow(0, p.start, p.numel);
+}
+
 void GradReducer::arm() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
     b.flat = at::Tensor();
+    b.chunk = at::Tensor();
   }
   next_ = 0;
   launched_early_ = 0;
@@ -54,14 +111,28 @@ void GradReducer::arm() {
 }
 
 void GradReducer::launch(Bucket& b) {
-  std::vector<at::Tensor> parts;
-  parts.reserve(b.params.size());
-  for (auto k : b.params) {
-    const auto& p = params_[k];
-    parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
+  if (!sharded()) {
+    std::vector<at::Tensor> parts;
+    parts.reserve(b.params.size());
+    for (auto k : b.params) {
+      const auto& p = params_[k];
+      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
+    }
+    b.flat = at::cat(parts);
+    b.work = group_->all_reduce_async(b.flat);
+    return;
   }
-  b.flat = at::cat(parts);
-  b.work = group_->all_reduce_async(b.flat);
+  const auto opts = params_[b.params.front()].options();
+  b.flat = at::zeros({b.numel}, opts);  // the alignment's gaps stay zero
+  for (std::size_t j = 0; j < b.params.size(); ++j) {
+    at::Tensor& g = params_[b.params[j]].mutable_grad();
+    if (!g.defined()) continue;
+    b.flat.narrow(0, b.offsets[j], g.numel()).copy_(g.reshape({-1}));
+    // ZeRO-2: the local sums live on only in the flat buffer, until it is reduced
+    if (shard_ == ShardMode::Gradients) g = at::Tensor();
+  }
+  b.chunk = at::empty({b.numel / group_->size()}, opts);
+  b.work = group_->reduce_scatter_async(b.chunk, b.flat);
 }
 
 void GradReducer::ready(std::size_t param) {
@@ -82,19 +153,53 @@ void GradReducer::finish(std::int64_t step) {
   // Buckets whose gradients never all arrived (unused parameters, or no
   // micro-batch on this rank) go now, in the same order on every rank.
   while (next_ < buckets_.size()) launch(buckets_[next_++]);
-  const std::string what = "the gradient all-reduce of step " + std::to_string(step);
+  const std::string what = std::string("the gradient ") + (sharded() ? "reduce-scatter" : "all-reduce") + " of step " +
+                           std::to_string(step);
   for (auto& b : buckets_) {
     group_->wait(b.work, what);
-    std::int64_t offset = 0;
-    for (auto k : b.params) {
-      auto& p = params_[k];
-      at::Tensor sum = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+    b.work.reset();
+    if (sharded()) {
+      b.flat = at::Tensor();  // the chunk holds what this rank needs
+      continue;
+    }
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      auto& p = params_[b.params[j]];
+      at::Tensor sum = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
       if (p.grad().defined()) p.mutable_grad().copy_(sum);
       else p.mutable_grad() = sum.clone();
-      offset += p.numel();
     }
     b.flat = at::Tensor();
-    b.work.reset();
+  }
+}
+
+at::Tensor GradReducer::piece_grad(const ShardPiece& p) const {
+  const at::Tensor& chunk = buckets_[p.bucket].chunk;
+  return chunk.defined() ? chunk.narrow(0, p.chunk_offset, p.numel) : at::Tensor();
+}
+
+void GradReducer::release_chunks() {
+  for (auto& b : buckets_) b.chunk = at::Tensor();
+}
+
+void GradReducer::gather_params(std::int64_t step) {
+  const std::string what = "the all-gather of the weights updated at step " + std::to_string(step);
+  const std::int64_t world = group_->size();
+  at::NoGradGuard no_grad;
+  std::size_t next_piece = 0;
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const Bucket& b = buckets_[bi];
+    const auto opts = params_[b.params.front()].options();
+    at::Tensor in = at::zeros({b.numel / world}, opts);
+    for (; next_piece < mine_.size() && mine_[next_piece].bucket == bi; ++next_piece) {
+      const ShardPiece& p = mine_[next_piece];
+      in.narrow(0, p.chunk_offset, p.numel).copy_(piece_view(p));
+    }
+    at::Tensor out = at::empty({b.numel}, opts);
+    group_->all_gather(out, in, what);
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      at::Tensor p = params_[b.params[j]].detach();
+      p.view({-1}).copy_(out.narrow(0, b.offsets[j], p.numel()));
+    }
   }
 }
 

@@ -1,10 +1,18 @@
 #pragma once
-// Gradient all-reduce for the last micro-batch of a window: parameters are
+// Gradient reduction for the last micro-batch of a window: parameters are
 // grouped into buckets of about bucket_mb; when every gradient of a bucket
 // has been accumulated during the backward, the bucket is flattened and its
 // sum over ranks starts, overlapping the rest of the backward. finish()
 // launches what is left (missing gradients count as zero), waits, and writes
 // the sums back.
+//
+// Sharded (ZeRO stages 1 and 2): the same buckets are reduce-scattered, not
+// all-reduced. Each bucket's flat layout places every parameter at a multiple
+// of kShardAlign elements and is cut into one equal chunk per rank; a rank
+// owns the pieces of parameters that fall in its chunks and receives only
+// their summed gradients. After its optimizer stepped those pieces (views of
+// the parameters' own storage), gather_params() all-gathers every rank's
+// chunks back into every rank's parameters.
 
 #include <ATen/core/Tensor.h>
 
@@ -13,6 +21,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "wick/optim.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -25,26 +35,63 @@ namespace wick {
 
 class Group;
 
+/// What ranks partition: nothing (every rank holds everything), the
+/// optimizer state (ZeRO-1), or the optimizer state and the reduced gradients
+/// (ZeRO-2).
+enum class ShardMode { None, Optimizer, Gradients };
+ShardMode parse_shard(const std::string& s);
+std::string to_string(ShardMode m);
+
+/// A rank's part of one parameter: elements [start, start + numel) of the
+/// flattened parameter `param` (an index into the reducer's parameters).
+struct ShardPiece {
+  std::size_t param = 0;
+  std::int64_t start = 0, numel = 0;
+  std::size_t bucket = 0;
+  std::int64_t chunk_offset = 0;  // where it sits in this rank's chunk of the bucket
+};
+
 class GradReducer {
  public:
-  GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb);
+  GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
+              ShardMode shard = ShardMode::None);
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
   void arm();
   /// After the last backward (or with no backward at all on this rank): every
-  /// bucket reduced, every parameter's .grad the sum over ranks.
+  /// bucket reduced. Unsharded: every parameter's .grad the sum over ranks.
+  /// Sharded: piece_grads() the sums of this rank's pieces; the parameters'
+  /// own .grad are released (gradients) or hold this rank's local sums
+  /// (optimizer) until the next window clears them.
   void finish(std::int64_t step);
   std::size_t buckets() const { return buckets_.size(); }
   /// Buckets of the last window launched from gradient hooks, during the backward.
   std::size_t launched_during_backward() const { return launched_early_; }
 
+  ShardMode shard() const { return shard_; }
+  bool sharded() const { return shard_ != ShardMode::None; }
+  /// Sharded: the pieces rank `rank` owns, in bucket order (at most one per
+  /// parameter and rank).
+  std::vector<ShardPiece> pieces(int rank) const;
+  /// This rank's pieces as flat views of the parameters (what its optimizer
+  /// steps) and, after finish(), their reduced gradients (views of the chunks).
+  const std::vector<ShardPiece>& my_pieces() const { return mine_; }
+  at::Tensor piece_view(const ShardPiece& p) const;
+  at::Tensor piece_grad(const ShardPiece& p) const;  // undefined before finish() or after release_chunks()
+  /// Sharded, after the optimizer step: every rank's updated pieces into every
+  /// rank's parameters, one all-gather per bucket.
+  void gather_params(std::int64_t step);
+  /// Sharded: drops the reduced chunks (and with them the pieces' gradients).
+  void release_chunks();
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;
-    std::int64_t numel = 0;
+    std::vector<std::int64_t> offsets;  // in the flat layout
+    std::int64_t numel = 0;             // the flat layout's length (sharded: padded to ranks x kShardAlign)
     std::size_t pending = 0;
-    at::Tensor flat;
+    at::Tensor flat, chunk;             // chunk: this rank's reduced part (sharded)
     c10::intrusive_ptr<c10d::Work> work;
   };
   void ready(std::size_t param);
@@ -52,8 +99,10 @@ class GradReducer {
 
   std::shared_ptr<Group> group_;
   std::vector<at::Tensor> params_;
+  ShardMode shard_;
   std::vector<std::size_t> bucket_of_;
   std::vector<Bucket> buckets_;
+  std::vector<ShardPiece> mine_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks' nodes alive
   std::mutex mu_;
   std::size_t next_ = 0;  // the next bucket to launch

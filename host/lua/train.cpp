@@ -419,9 +419,10 @@ int trainer_steps(lua_State* L) {
 // Collectives and bytes this rank has sent into them so far.
 int trainer_comm(lua_State* L) {
   auto& t = check_box<Trainer>(L, 1, kTrainerMt, "comm");
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   set_number(L, "collectives", t->group() ? static_cast<double>(t->group()->collectives()) : 0);
   set_number(L, "bytes", t->group() ? static_cast<double>(t->group()->bytes()) : 0);
+  set_number(L, "sent", t->group() ? static_cast<double>(t->group()->sent()) : 0);
   return 1;
 }
 

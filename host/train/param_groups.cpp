@@ -29,15 +29,13 @@ std::size_t ParamGroups::group_of(const std::string& name) const {
   return groups_.size();
 }
 
-void ParamGroups::attach(NamedTensors params) {
-  for (auto& g : groups_) g.params.clear();
-  rest_group_.params.clear();
-  for (auto& np : params) {
-    const std::size_t i = group_of(np.first);
-    (i < groups_.size() ? groups_[i] : rest_group_).params.push_back(np);
-  }
-  for (const auto& g : groups_) {
-    if (!g.params.empty()) continue;
+void ParamGroups::check(const NamedTensors& params) const {
+  std::vector<bool> taken(groups_.size(), false);
+  for (const auto& np : params)
+    if (const std::size_t i = group_of(np.first); i < groups_.size()) taken[i] = true;
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    if (taken[i]) continue;
+    const auto& g = groups_[i];
     std::string pats;
     for (const auto& p : g.patterns) pats += (pats.empty() ? "'" : ", '") + p + "'";
     std::string some;
@@ -45,8 +43,24 @@ void ParamGroups::attach(NamedTensors params) {
     throw Error(label_ + ": " + g.name + " (params " + pats + ") takes no trainable parameter (an earlier group " +
                 "takes what it names, or it names none: the trainable parameters are named like " + some + ")");
   }
-  for (auto& g : groups_) g.optim->attach(g.params);
-  rest_->attach(rest_group_.params);
+}
+
+void ParamGroups::attach(NamedTensors params) {
+  check(params);
+  attach_shard(std::move(params), {});
+}
+
+void ParamGroups::attach_shard(NamedTensors params, const std::vector<std::int64_t>& whole) {
+  for (auto& g : groups_) g.params.clear();
+  rest_group_.params.clear();
+  std::vector<std::vector<std::int64_t>> wholes(groups_.size() + 1);
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const std::size_t i = group_of(params[k].first);
+    (i < groups_.size() ? groups_[i] : rest_group_).params.push_back(params[k]);
+    wholes[i].push_back(k < whole.size() ? whole[k] : params[k].second.numel());
+  }
+  for (std::size_t i = 0; i < groups_.size(); ++i) groups_[i].optim->attach_shard(groups_[i].params, wholes[i]);
+  rest_->attach_shard(rest_group_.params, wholes.back());
 }
 
 void ParamGroups::step(double lr) {

@@ -34,6 +34,11 @@ class ParamGroups : public Optimizer {
   /// Assigns each parameter to its group; a group that gets no parameter is
   /// an error naming it and its patterns (a typo, or parameters that are frozen).
   void attach(NamedTensors params) override;
+  /// Sharded: this rank's pieces to their groups (a group may get none here;
+  /// check() takes the whole parameters).
+  void attach_shard(NamedTensors params, const std::vector<std::int64_t>& whole) override;
+  /// The error attach() gives for a group that takes no parameter of `params`.
+  void check(const NamedTensors& params) const;
   /// lr: the default group's rate; every group steps at its base rate scaled
   /// as the default's is (the schedule's factor).
   void step(double lr) override;

@@ -567,7 +567,8 @@ nlohmann::json run_training(const RunRequest& req) {
   const std::int64_t eval_micro = r.o.has("eval_micro_batch") ? r.o.get_int("eval_micro_batch") : r.micro_batch;
   Loader loader(r.obj.data, loader_config(r.micro_batch, r.accumulate));
   Group* group = trainer.group();
-  const std::int64_t coll0 = group ? group->collectives() : 0, bytes0 = group ? group->bytes() : 0;
+  const std::int64_t coll0 = group ? group->collectives() : 0, bytes0 = group ? group->bytes() : 0,
+                     sent0 = group ? group->sent() : 0;
   std::int64_t epoch = 0, first_window = 0;
   if (!out.empty() && r.rank0) {
     std::error_code ec;
@@ -982,7 +983,10 @@ nlohmann::json run_training(const RunRequest& req) {
   run["peak_memory"] = peak;
   run["seconds"] = now_seconds() - t_start;
   run["interrupted"] = interrupted_run;
-  run["comm"] = {{"collectives", group ? group->collectives() - coll0 : 0}, {"bytes", group ? group->bytes() - bytes0 : 0}};
+  run["comm"] = {{"collectives", group ? group->collectives() - coll0 : 0},
+                 {"bytes", group ? group->bytes() - bytes0 : 0},
+                 {"sent", group ? group->sent() - sent0 : 0}};
+  run["shard"] = group ? to_string(trainer.config().shard) : "none";
   run["epochs"] = epochs;
   run["seed"] = r.o.get_int("seed");
   const auto ck = trainer.checkpointed_blocks();

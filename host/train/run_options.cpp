@@ -166,6 +166,11 @@ const std::vector<RunOption>& run_options() {
              "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
              "more traffic)",
              true),
+      option("shard", {with_choices(form("shard", T::String), {"none", "optimizer", "gradients"})}, Value("none"),
+             "several ranks: 'optimizer' partitions the optimizer state across them (ZeRO-1), 'gradients' the "
+             "optimizer state and the reduced gradients (ZeRO-2); each rank steps its part and the weights are "
+             "all-gathered; the result equals 'none' (every rank holds everything)",
+             true),
       [] {
         auto o = option("total_steps", {with_min(form("total_steps", T::Int), 0)}, Value(0),
                         "the steps the schedule spans (wick.train counts them itself)", true);
@@ -423,6 +428,7 @@ TrainerConfig trainer_config(const Options& o) {
   c.device = o.get_string("device");
   c.bucket_mb = o.get_double("bucket_mb");
   c.sync_every_micro_batch = o.get_string("sync") == "micro_batch";
+  c.shard = parse_shard(o.get_string("shard"));
   return c;
 }
 

@@ -195,6 +195,12 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   if (cfg_.master_weights && !true_mode)
     throw Error("master_weights: only with precision = \"bf16-true\" or \"fp16-true\" (" + to_string(cfg_.precision) +
                 (cfg_.precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
+  if (cfg_.shard != ShardMode::None && cfg_.master_weights)
+    throw Error("shard = \"" + to_string(cfg_.shard) + "\" with master_weights is not supported yet: the fp32 copies "
+                "would be kept whole on every rank; use precision = \"bf16-mixed\" or shard = \"none\"");
+  if (cfg_.shard != ShardMode::None && cfg_.sync_every_micro_batch)
+    throw Error("shard = \"" + to_string(cfg_.shard) + "\": gradients are reduce-scattered once per window, with the "
+                "last backward; sync = \"micro_batch\" cannot be used with it");
   if (cfg_.master_weights && cfg_.sync_every_micro_batch)
     throw Error("master_weights: gradients are summed in fp32 over the window and cross ranks once, at its end; "
                 "sync = \"micro_batch\" cannot be used with it");
@@ -257,7 +263,6 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     for (auto& [name, p] : params_)
       ema_.emplace_back(name, p.detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true));
   }
-  optim_->attach(params_);
   if (scaling()) {
     scale_ = at::full({}, ls.init, at::TensorOptions().dtype(at::kFloat).device(device));
     growth_tracker_ = at::zeros({}, at::TensorOptions().dtype(at::kInt).device(device));
@@ -273,7 +278,22 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     for (std::size_t i = 0; i < ema_.size(); ++i) ema_[i].second.copy_(params_[i].second);
     std::vector<at::Tensor> trainable;
     for (auto& [name, p] : params_) trainable.push_back(p);
-    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb);
+    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard);
+  }
+  if (sharded()) {
+    // this rank's pieces: a whole parameter as itself (its shape kept), a
+    // split one as a flat view of its part; both share the weights' storage
+    std::vector<std::int64_t> whole;
+    for (const auto& piece : reducer_->my_pieces()) {
+      const auto& [name, p] = params_[piece.param];
+      stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
+      whole.push_back(p.numel());
+    }
+    if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get())) groups->check(params_);
+    optim_->attach_shard(stepped_, whole);
+  } else {
+    stepped_ = params_;
+    optim_->attach(params_);
   }
 }
 
@@ -353,6 +373,8 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
     grads += bytes_of(p.grad());
     trainable += bytes_of(p);
   }
+  for (const auto& [name, p] : stepped_)
+    if (sharded()) grads += bytes_of(p.grad());  // this rank's reduced pieces
   for (const auto& [name, t] : optim_->state()) opt += bytes_of(t);
   std::int64_t ema = 0;
   for (const auto& [name, t] : ema_) ema += bytes_of(t);
@@ -368,7 +390,7 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
           {"optimizer", opt},
           {"ema", ema},
           {"trainable", trainable},
-          {"optimizer_expected", optim_->state_bytes(params_) + ema}};
+          {"optimizer_expected", optim_->state_bytes(stepped_) + ema}};
 }
 
 void Trainer::probe(const Batch& batch) {
@@ -393,6 +415,10 @@ void Trainer::probe(const Batch& batch) {
 
 void Trainer::clear_grads() {
   for (auto& p : model_params_) p.mutable_grad() = at::Tensor();
+  if (sharded()) {
+    for (auto& [name, p] : stepped_) p.mutable_grad() = at::Tensor();
+    reducer_->release_chunks();
+  }
   if (cfg_.master_weights)
     for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
 }
@@ -708,18 +734,44 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
   // fp16: unscale the gradients and look for inf/nan (PyTorch's GradScaler kernels).
+  if (group) {
+    reducer_->finish(step_ + 1);
+    if (sharded()) {
+      // this rank's pieces take their reduced gradients (views of the chunks)
+      const auto& pieces = reducer_->my_pieces();
+      for (std::size_t i = 0; i < pieces.size(); ++i) {
+        at::Tensor& p = stepped_[i].second;
+        p.mutable_grad() = reducer_->piece_grad(pieces[i]).view(p.sizes());
+      }
+    }
+  }
+  // fp16: unscale the gradients and look for inf/nan (PyTorch's GradScaler
+  // kernels), on the reduced ones: this rank's pieces when sharded
   at::Tensor found_inf;
   if (scaling()) {
     found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-    if (group) reducer_->finish(step_ + 1);  // the reduced gradients are the ones to check
     const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
     std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-    for (auto& [name, p] : params_)
+    for (auto& [name, p] : stepped_)
       if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.mutable_grad());
     for (auto& [dtype, grads] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
   }
+  // The gradient norm over what this rank holds: the whole gradient, or its
+  // pieces, whose squares are summed over the ranks below. One multi-tensor
+  // call for every gradient's norm, in fp32 whatever the gradients' dtype (a
+  // fused kernel on CUDA; on a CPU it still saves a dispatch per tensor).
+  at::Tensor local_norm;
+  {
+    at::NoGradGuard no_grad;
+    if (cfg_.clip_grad_value > 0)
+      for (auto& [name, p] : stepped_)
+        if (p.grad().defined()) p.mutable_grad().clamp_(-cfg_.clip_grad_value, cfg_.clip_grad_value);
+    std::vector<at::Tensor> grads;
+    for (auto& [name, p] : stepped_)
+      if (p.grad().defined()) grads.push_back(p.grad().detach());
+    if (!grads.empty()) local_norm = at::stack(at::_foreach_norm(grads, 2, at::kFloat)).norm(2);
+  }
   if (group) {
-    if (!scaling()) reducer_->finish(step_ + 1);
     // The loss and metric sums over all ranks, in one small all-reduce.
     // The stop flag and the overflow flag ride along, so every rank stops
     // after, and skips, the same steps.
@@ -729,9 +781,12 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
       auto it = metric_sums.find(k);
       parts.push_back(it == metric_sums.end() ? at::zeros({1}, opts) : it->second.reshape({1}));
     }
+    if (sharded())  // the squared norm of this rank's pieces rides along too
+      parts.push_back(local_norm.defined() ? local_norm.to(at::kDouble).square().reshape({1}) : at::zeros({1}, opts));
     std::vector<at::Tensor> packed{at::cat(parts)};
     group->all_reduce(packed, "the loss of step " + std::to_string(step_ + 1));
     loss_sum = packed[0][0];
+    if (sharded()) local_norm = packed[0][-1].sqrt().to(at::kFloat);
     // the stop and overflow flags: one read, which every rank needs now
     const at::Tensor flags = packed[0].slice(0, 1, 3).cpu();
     ++host_reads_;
@@ -755,27 +810,15 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
                              cfg_.loss_scale.interval);
     }
   }
+  // the global norm; clipping as torch.nn.utils.clip_grad_norm_ does
   at::Tensor grad_norm;
-  {
+  if (local_norm.defined()) {
     at::NoGradGuard no_grad;
-    if (cfg_.clip_grad_value > 0)
-      for (auto& [name, p] : params_)
-        if (p.grad().defined()) p.mutable_grad().clamp_(-cfg_.clip_grad_value, cfg_.clip_grad_value);
-    // Global gradient norm, and clipping as torch.nn.utils.clip_grad_norm_ does.
-    // One multi-tensor call for every gradient's norm, in fp32 whatever the
-    // gradients' dtype (a fused kernel on CUDA; on a CPU it still saves a
-    // dispatch per tensor).
-    std::vector<at::Tensor> grads;
-    for (auto& [name, p] : params_)
-      if (p.grad().defined()) grads.push_back(p.grad().detach());
-    if (!grads.empty()) {
-      at::Tensor total = at::stack(at::_foreach_norm(grads, 2, at::kFloat)).norm(2);
-      grad_norm = total.to(at::kDouble).reshape({1});
-      if (cfg_.clip_grad_norm > 0 && !s.skipped) {
-        at::Tensor coef = (cfg_.clip_grad_norm / (total + 1e-6)).clamp_max(1.0);
-        for (auto& [name, p] : params_)
-          if (p.grad().defined()) p.mutable_grad().mul_(coef.to(p.grad().dtype()));
-      }
+    grad_norm = local_norm.to(at::kDouble).reshape({1});
+    if (cfg_.clip_grad_norm > 0 && !s.skipped) {
+      at::Tensor coef = (cfg_.clip_grad_norm / (local_norm + 1e-6)).clamp_max(1.0);
+      for (auto& [name, p] : stepped_)
+        if (p.grad().defined()) p.mutable_grad().mul_(coef.to(p.grad().dtype()));
     }
   }
   const double factor = factor_at(step_);
@@ -788,6 +831,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     at::NoGradGuard no_grad;
     if (groups) groups->step_scaled(factor);
     else optim_->step(s.lr);
+    if (sharded()) reducer_->gather_params(step_ + 1);  // every rank's updated pieces, everywhere
     if (cfg_.master_weights)
       for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
   }
@@ -833,12 +877,14 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   if (cfg_.group) {
-    // Written once, by rank 0; no rank goes on until it is complete.
+    // Written once, by rank 0; no rank goes on until it is complete. Sharded,
+    // every rank first sends its pieces' state to rank 0, which joins them.
     fs::path dir = checkpoints_dir / step_dir_name(step_);
+    const auto opt_state = sharded() ? joined_state() : optim_->state();
     std::string error;
     if (cfg_.group->rank() == 0) {
       try {
-        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best);
+        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -847,11 +893,11 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
     if (!error.empty()) throw Error(error);
     return dir;
   }
-  return write_checkpoint(checkpoints_dir, extra, keep, keep_best);
+  return write_checkpoint(checkpoints_dir, extra, keep, keep_best, optim_->state());
 }
 
 fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep,
-                                   int keep_best) {
+                                   int keep_best, const std::map<std::string, at::Tensor>& opt) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());
@@ -866,7 +912,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   fs::create_directories(tmp);
   save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
-  for (auto& [k, v] : optim_->state()) opt_state.emplace_back(k, v);
+  for (auto& [k, v] : opt) opt_state.emplace_back(k, v);
   if (cfg_.master_weights)
     for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
   for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
@@ -1038,7 +1084,7 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     else if (k.starts_with(kEmaPrefix)) averages[k.substr(kEmaPrefix.size())] = v.to(device);
     else opt_state[k] = v.to(device);
   }
-  optim_->load_state(opt_state);
+  optim_->load_state(sharded() ? cut_state(opt_state, "checkpoint " + checkpoint.string()) : opt_state);
   // fp32 copies kept beside the weights, by name; from a checkpoint without
   // them, `fallback(i)` (the loaded weights)
   auto restore = [&](std::vector<std::pair<std::string, at::Tensor>>& kept, const std::map<std::string, at::Tensor>& saved,

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "dist/reducer.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
 #include "wick/optim.hpp"
@@ -69,6 +70,10 @@ struct TrainerConfig {
   /// true: after every micro-batch, as DDP does without no_sync (the same
   /// result, more traffic; kept to measure what the default saves).
   bool sync_every_micro_batch = false;
+  /// Several ranks: partition the optimizer state (ZeRO-1) or the optimizer
+  /// state and the reduced gradients (ZeRO-2) across them; each rank steps
+  /// its pieces and the updated weights are all-gathered. One rank: no effect.
+  ShardMode shard = ShardMode::None;
   /// bf16-true / fp16-true only: the optimizer steps fp32 copies of the
   /// trainable weights, whose fp32 gradients sum every micro-batch's; the
   /// model's half-precision weights are rounded from them after each step.
@@ -189,8 +194,14 @@ class Trainer {
   nlohmann::json load(const std::filesystem::path& checkpoint, const nlohmann::json& state);
 
  private:
+  /// Sharded: every rank's optimizer state joined into one rank's (on rank 0;
+  /// the others get an empty map), and a whole state cut to this rank's pieces.
+  std::map<std::string, at::Tensor> joined_state();
+  std::map<std::string, at::Tensor> cut_state(const std::map<std::string, at::Tensor>& whole,
+                                              const std::string& where) const;
+  bool sharded() const { return reducer_ && reducer_->sharded(); }
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
-                                         int keep_best);
+                                         int keep_best, const std::map<std::string, at::Tensor>& opt_state);
   /// Forward and backward of every micro-batch of the window (each split in
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
@@ -216,6 +227,7 @@ class Trainer {
   TrainerConfig cfg_;
   std::vector<std::pair<std::string, at::Tensor>> params_;  // what the optimizer steps: trainable, or their fp32 masters
   std::vector<at::Tensor> model_params_;                    // the model's trainable tensors (params_' own without masters)
+  std::vector<std::pair<std::string, at::Tensor>> stepped_;  // what the optimizer is attached to: params_, or this rank's pieces of them
   std::vector<std::pair<std::string, at::Tensor>> ema_;     // cfg_.ema: the averaged trainable weights, fp32
   void update_ema();
   std::int64_t step_ = 0;

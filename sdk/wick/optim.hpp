@@ -35,6 +35,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -46,6 +47,11 @@
 namespace wick {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// Sharded runs (wick.train's `shard`): a parameter split across ranks is
+/// cut at multiples of this many elements of its flattened self, so state
+/// kept per block of a size dividing it (8-bit optimizers' 256) lines up.
+inline constexpr std::int64_t kShardAlign = 4096;
 
 /// Updates parameters from their .grad(). The host calls attach() once, then
 /// step(lr) once per optimizer step with the scheduled learning rate.
@@ -63,6 +69,21 @@ class Optimizer : public Object {
 
   /// Required: the trainable parameters, by name. Called once.
   virtual void attach(NamedTensors params) = 0;
+  /// Optional: sharded runs (shard = "optimizer" or "gradients") attach this
+  /// rank's share instead. A parameter split across ranks arrives as a flat
+  /// piece of it, under its own name: elements [k x kShardAlign, ...) of the
+  /// flattened parameter, whose whole element count is `whole[i]`
+  /// (params[i].numel() for one that is whole). step() then updates pieces
+  /// elementwise as it would the whole; state() keeps, for a piece, entries
+  /// that are elementwise (its numel), per block (ceil(numel / b), b dividing
+  /// kShardAlign) or the same on every piece (a step count): the host joins
+  /// them into one rank's state for checkpoints and cuts them again on resume.
+  /// Default: attach(params). Override when a choice depends on the whole
+  /// parameter (adamw8bit keeps fp32 moments below min_8bit_size elements).
+  virtual void attach_shard(NamedTensors params, const std::vector<std::int64_t>& whole) {
+    (void)whole;
+    attach(std::move(params));
+  }
   /// Required: one update with learning rate lr. A parameter without a
   /// gradient is left as it is.
   virtual void step(double lr) = 0;

@@ -98,13 +98,26 @@ class AdamW8bit : public wick::Optimizer {
   }
 
   void attach(wick::NamedTensors params) override { params_ = std::move(params); }
+  // a piece of a parameter split across ranks: 8-bit or fp32 moments as for
+  // the whole parameter, in blocks that line up with the whole's
+  void attach_shard(wick::NamedTensors params, const std::vector<std::int64_t>& whole) override {
+    whole_.clear();
+    for (std::size_t k = 0; k < params.size() && k < whole.size(); ++k) {
+      whole_[params[k].first] = whole[k];
+      if (whole[k] != params[k].second.numel() && wick::kShardAlign % block_ != 0)
+        throw wick::Error("optim 'adamw8bit': block_size " + std::to_string(block_) + " does not divide " +
+                          std::to_string(wick::kShardAlign) + ", where sharded runs cut parameters ('" +
+                          params[k].first + "' is cut across ranks): use a power of two up to it");
+    }
+    attach(std::move(params));
+  }
   double base_lr() const override { return lr_; }
 
   void step(double lr) override {
     for (auto& [name, p] : params_) {
       if (!p.grad().defined()) continue;
       auto& s = state_[name];
-      if (!s.started) init(s, p);
+      if (!s.started) init(s, name, p);
       s.step += 1;
       const double c1 = 1 - std::pow(beta1_, s.step);
       const double c2 = std::sqrt(1 - std::pow(beta2_, s.step));
@@ -141,19 +154,23 @@ class AdamW8bit : public wick::Optimizer {
     return n;
   }
 
+  // elementwise entries in the parameter's shape (bitsandbytes keeps its
+  // state so; a sharded run joins the pieces' into that shape too)
   std::map<std::string, at::Tensor> state() const override {
     std::map<std::string, at::Tensor> out;
-    for (const auto& [name, s] : state_) {
-      if (!s.started) continue;
+    for (const auto& [name, p] : params_) {
+      auto it = state_.find(name);
+      if (it == state_.end() || !it->second.started) continue;
+      const auto& s = it->second;
       out[name + ".step"] = at::scalar_tensor(static_cast<double>(s.step), at::kFloat);
       if (s.quantized) {
-        out[name + ".exp_avg.codes"] = s.m.codes;
+        out[name + ".exp_avg.codes"] = s.m.codes.view(p.sizes());
         out[name + ".exp_avg.absmax"] = s.m.absmax;
-        out[name + ".exp_avg_sq.codes"] = s.v.codes;
+        out[name + ".exp_avg_sq.codes"] = s.v.codes.view(p.sizes());
         out[name + ".exp_avg_sq.absmax"] = s.v.absmax;
       } else {
-        out[name + ".exp_avg"] = s.exp_avg;
-        out[name + ".exp_avg_sq"] = s.exp_avg_sq;
+        out[name + ".exp_avg"] = s.exp_avg.view(p.sizes());
+        out[name + ".exp_avg_sq"] = s.exp_avg_sq.view(p.sizes());
       }
     }
     return out;
@@ -165,7 +182,7 @@ class AdamW8bit : public wick::Optimizer {
       auto step = in.find(name + ".step");
       if (step == in.end()) continue;
       auto& s = state_[name];
-      init(s, p);
+      init(s, name, p);
       s.step = static_cast<std::int64_t>(step->second.item<double>());
       auto take = [&](const std::string& key, at::Tensor& into) {
         auto it = in.find(name + "." + key);
@@ -200,12 +217,13 @@ class AdamW8bit : public wick::Optimizer {
     at::Tensor exp_avg, exp_avg_sq;  // fp32 moments, flat (small tensors)
   };
 
-  void init(ParamState& s, const at::Tensor& p) {
+  void init(ParamState& s, const std::string& name, const at::Tensor& p) {
     s.started = true;
     s.step = 0;
     const std::int64_t n = p.numel();
     const auto f32 = p.options().dtype(at::kFloat);
-    s.quantized = n >= min_8bit_;
+    const auto whole = whole_.find(name);
+    s.quantized = (whole != whole_.end() ? whole->second : n) >= min_8bit_;
     if (s.quantized) {
       const std::int64_t blocks = (n + block_ - 1) / block_;
       // zero moments: every code is the map's 0 under any absmax
@@ -294,6 +312,7 @@ class AdamW8bit : public wick::Optimizer {
   std::vector<CodeTable> tables_;  // signed, unsigned
   std::map<std::string, std::pair<at::Tensor, at::Tensor>> maps_;
   wick::NamedTensors params_;
+  std::map<std::string, std::int64_t> whole_;  // sharded: the whole parameter's elements, by name
   std::map<std::string, ParamState> state_;
 };
 

@@ -1,0 +1,174 @@
+// Sharded optimizer state in checkpoints: one rank's state, whatever the rank
+// count or the shard setting. Saving joins every rank's pieces on rank 0;
+// resuming cuts the whole state into this rank's pieces. The rule for an
+// entry "<parameter>.<key>" follows the SDK's contract (wick/optim.hpp):
+// elementwise entries are concatenated (and take the parameter's shape),
+// entries equal on every piece are kept once, per-block entries are
+// concatenated.
+
+#include <ATen/ATen.h>
+#include <algorithm>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "dist/group.hpp"
+#include "train/trainer.hpp"
+
+namespace wick {
+namespace {
+
+// The entries of `state` that belong to parameter `name` ("<name>.<key>"), by key.
+std::map<std::string, at::Tensor> entries_of(const std::map<std::string, at::Tensor>& state, const std::string& name) {
+  std::map<std::string, at::Tensor> out;
+  const std::string prefix = name + ".";
+  for (auto it = state.lower_bound(prefix); it != state.end() && it->first.starts_with(prefix); ++it)
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  return out;
+}
+
+bool equal_scalars(const std::vector<at::Tensor>& parts) {
+  for (const auto& t : parts)
+    if (t.numel() != 1 || !at::equal(t.reshape({}), parts.front().reshape({}))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> Trainer::joined_state() {
+  Group& group = *cfg_.group;
+  const auto mine = optim_->state();
+  // 1. names, dtypes and shapes through the store; 2. the bytes, each rank's
+  // in one message to rank 0
+  nlohmann::json meta = nlohmann::json::array();
+  std::vector<at::Tensor> bytes;
+  std::int64_t total = 0;
+  for (const auto& [k, t] : mine) {
+    meta.push_back({k, static_cast<int>(t.scalar_type()), t.sizes().vec()});
+    bytes.push_back(t.detach().contiguous().reshape({-1}).view(at::kByte).to(group.device()));
+    total += static_cast<std::int64_t>(t.nbytes());
+  }
+  const std::string what = "gathering the sharded optimizer state at step " + std::to_string(step_);
+  const auto metas = group.gather_strings(meta.dump(), what);
+  if (group.rank() != 0) {
+    if (total > 0) {
+      at::Tensor flat = at::cat(bytes);
+      group.send(flat, 0, what);
+    }
+    return {};
+  }
+  bytes.clear();
+  std::vector<std::map<std::string, at::Tensor>> by_rank(static_cast<std::size_t>(group.size()));
+  by_rank[0] = mine;
+  for (int r = 1; r < group.size(); ++r) {
+    const auto m = nlohmann::json::parse(metas[static_cast<std::size_t>(r)]);
+    std::int64_t n = 0;
+    for (const auto& e : m) {
+      std::int64_t numel = 1;
+      for (const auto d : e[2]) numel *= d.get<std::int64_t>();
+      n += numel * static_cast<std::int64_t>(c10::elementSize(static_cast<at::ScalarType>(e[1].get<int>())));
+    }
+    if (n == 0) continue;
+    at::Tensor flat = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(group.device()));
+    group.recv(flat, r, what);
+    flat = flat.cpu();
+    std::int64_t at_byte = 0;
+    for (const auto& e : m) {
+      const auto dtype = static_cast<at::ScalarType>(e[1].get<int>());
+      const auto sizes = e[2].get<std::vector<std::int64_t>>();
+      std::int64_t numel = 1;
+      for (auto d : sizes) numel *= d;
+      const std::int64_t nb = numel * static_cast<std::int64_t>(c10::elementSize(dtype));
+      by_rank[static_cast<std::size_t>(r)][e[0].get<std::string>()] =
+          flat.narrow(0, at_byte, nb).view(dtype).reshape(sizes);
+      at_byte += nb;
+    }
+  }
+  // every parameter's pieces in order (the pieces of all ranks tile it)
+  std::map<std::string, at::Tensor> out;
+  std::vector<std::vector<std::pair<int, ShardPiece>>> pieces(params_.size());
+  for (int r = 0; r < group.size(); ++r)
+    for (const auto& p : reducer_->pieces(r)) pieces[p.param].emplace_back(r, p);
+  std::set<std::string> claimed;
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    const auto& [name, param] = params_[k];
+    auto& ps = pieces[k];
+    std::sort(ps.begin(), ps.end(), [](const auto& a, const auto& b) { return a.second.start < b.second.start; });
+    std::set<std::string> keys;
+    for (const auto& [r, p] : ps)
+      for (const auto& [key, t] : entries_of(by_rank[static_cast<std::size_t>(r)], name)) keys.insert(key);
+    for (const auto& key : keys) {
+      std::vector<at::Tensor> parts;
+      bool elementwise = true;
+      for (const auto& [r, p] : ps) {
+        auto& st = by_rank[static_cast<std::size_t>(r)];
+        auto it = st.find(name + "." + key);
+        if (it == st.end())
+          throw Error("shard: the optimizer keeps state '" + name + "." + key + "' on rank " +
+                      std::to_string(ps.front().first) + " but not on rank " + std::to_string(r) +
+                      ", which holds another piece of the same parameter");
+        parts.push_back(it->second.cpu());
+        elementwise = elementwise && it->second.numel() == p.numel;
+      }
+      at::Tensor joined;
+      if (elementwise) joined = at::cat([&] {
+                                  std::vector<at::Tensor> flat;
+                                  for (auto& t : parts) flat.push_back(t.reshape({-1}));
+                                  return flat;
+                                }()).view(param.sizes());
+      else if (parts.size() == 1 || equal_scalars(parts)) joined = parts.front();
+      else {
+        std::vector<at::Tensor> flat;
+        for (auto& t : parts) flat.push_back(t.reshape({-1}));
+        joined = at::cat(flat);  // per block: the pieces' blocks in order
+      }
+      out[name + "." + key] = joined;
+      claimed.insert(name + "." + key);
+    }
+  }
+  // entries of no parameter (an optimizer's own counters): rank 0's
+  for (const auto& [k, t] : mine)
+    if (!claimed.count(k)) out.emplace(k, t);
+  return out;
+}
+
+std::map<std::string, at::Tensor> Trainer::cut_state(const std::map<std::string, at::Tensor>& whole,
+                                                     const std::string& where) const {
+  std::map<std::string, at::Tensor> out;
+  std::set<std::string> of_params;
+  for (const auto& [name, p] : params_)
+    for (const auto& [key, t] : entries_of(whole, name)) of_params.insert(name + "." + key);
+  for (const auto& [k, t] : whole)
+    if (!of_params.count(k)) out.emplace(k, t);  // entries of no parameter go to every rank
+  const auto& pieces = reducer_->my_pieces();
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const ShardPiece& piece = pieces[i];
+    const auto& [name, param] = params_[piece.param];
+    const std::int64_t n = param.numel();
+    for (const auto& [key, t] : entries_of(whole, name)) {
+      at::Tensor cut;
+      if (t.numel() == n) {
+        cut = t.reshape({-1}).narrow(0, piece.start, piece.numel);
+        if (piece.numel == n) cut = cut.view(param.sizes());
+      } else if (piece.numel == n || t.numel() == 1) {
+        cut = t;  // a whole parameter's own, or a counter every piece keeps
+      } else {
+        // per block of b elements, b a power of two dividing kShardAlign: the
+        // one b with ceil(n / b) blocks (unique for n > kShardAlign, which a
+        // parameter cut across ranks is)
+        std::int64_t block = 0;
+        for (std::int64_t b = 1; b <= kShardAlign; b *= 2)
+          if ((n + b - 1) / b == t.numel()) block = b;
+        if (block == 0)
+          throw Error(where + ": optimizer state '" + name + "." + key + "' holds " + std::to_string(t.numel()) +
+                      " elements for a parameter of " + std::to_string(n) +
+                      ": neither one per element, one per block of a power of two up to " +
+                      std::to_string(kShardAlign) + ", nor a single value, so it cannot be cut into this rank's piece");
+        cut = t.reshape({-1}).narrow(0, piece.start / block, (piece.numel + block - 1) / block);
+      }
+      out[name + "." + key] = cut.contiguous();
+    }
+  }
+  return out;
+}
+
+}  // namespace wick

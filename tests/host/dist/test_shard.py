@@ -1,0 +1,243 @@
+"""Sharded optimizer state and gradients (ZeRO-1 and ZeRO-2) over gloo ranks:
+the same weights as one rank with the same effective batch, each rank holding
+its part of the optimizer state (and of the reduced gradients), reduce-scatter
+and all-gather sending what one all-reduce sends, checkpoints that stay one
+rank's and resume with another rank count and another shard setting."""
+import os
+import shutil
+import subprocess
+import time
+
+import torch
+
+import pytest
+from safetensors.torch import load_file
+
+from conftest import WICK  # tests/conftest.py
+
+# A model whose larger weights (8192 and 12288 elements) are cut across ranks
+# at multiples of 4096 elements, and buckets small enough that there are several.
+RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = a.size or 96, inputs = 64, classes = 3, max_items = 3, seed = 4 })
+wick.seed(5)
+local model = wick.model("mlp", { inputs = 64, hidden = { 128, 96 }, outputs = 3 })
+local optims = {
+  adamw = function() return wick.optim("adamw", { lr = 0.01, weight_decay = 0.05 }) end,
+  sgd = function() return wick.optim("sgd", { lr = 0.05, momentum = 0.9 }) end,
+  adamw8bit = function() return wick.optim("adamw8bit", { lr = 0.01 }) end,
+  groups = function() return wick.optim("adamw", { lr = 0.01, groups = { { params = "bias", weight_decay = 0, lr = 0.02 } } }) end,
+}
+local run = wick.train { model = model, data = data, optim = optims[a.optim or "adamw"](),
+  schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc, epochs = a.epochs or 2,
+  max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = a.clip or 0.5, clip_grad_value = a.clip_value or 0,
+  quiet = true, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
+  save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32" }
+if wick.rank == 0 then model:save(a.result) end
+print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
+print("RESULT " .. wick.rank .. " " .. string.format("%d %d %d %d", run.memory.optimizer, run.memory.gradients,
+  run.comm.sent, run.comm.bytes))
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    p = tmp_path / "recipe.lua"
+    p.write_text(RECIPE)
+    return p
+
+
+def assert_same_weights(a, b, rtol=1e-5):
+    wa, wb = load_file(str(a)), load_file(str(b))
+    assert set(wa) == set(wb)
+    for k in wb:
+        rel = ((wa[k] - wb[k]).abs().max() / wb[k].abs().max()).item()
+        assert rel < rtol, f"{k}: relative difference {rel}"
+
+
+def results(stdout):
+    """rank -> (optimizer bytes, gradient bytes, bytes sent, bytes given) at the run's end."""
+    out = {}
+    for line in stdout.replace("[rank 1] ", "").replace("[rank 2] ", "").splitlines():
+        if line.startswith("RESULT "):
+            r, *v = line.split()[1:]
+            out[int(r)] = tuple(int(x) for x in v)
+    return out
+
+
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("nproc,optim,extra", [
+    (2, "adamw", []),
+    (3, "adamw", ["bucket_mb=0.05"]),        # several buckets, 3 uneven chunks
+    (2, "sgd", ["bucket_mb=0.05"]),          # momentum buffers cut with the weights
+    (3, "sgd", []),
+    (2, "adamw8bit", ["clip=0"]),            # 8-bit blocks line up with the pieces
+    (3, "adamw8bit", ["bucket_mb=0.05", "clip=0"]),
+    (2, "groups", ["clip_value=0.02"]),      # parameter groups, and clamped gradients
+    (2, "adamw", ["ck=true"]),               # recomputed blocks in the backward that reduces
+])
+def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, shard, nproc,
+                                                                             optim, extra):
+    many, one, plain = tmp_path / "many.safetensors", tmp_path / "one.safetensors", tmp_path / "plain.safetensors"
+    micro, acc = 2, 2
+    p = run_wick("launch", "--nproc-per-node", nproc, recipe, f"micro={micro}", f"acc={acc}", f"optim={optim}",
+                 f"shard={shard}", f"result={many}", *extra)
+    steps = int(p.stdout.split("rank 0 steps ")[1].split()[0])
+    assert steps >= 8
+    run_wick("run", recipe, f"micro={micro * acc * nproc}", "acc=1", f"optim={optim}", f"result={one}", *extra)
+    if optim == "adamw8bit":
+        # 8-bit moments round a gradient that differs in its last bits (the
+        # sum's order across ranks, a norm summed from pieces) to another code
+        # now and then: without clipping, against the same ranks unsharded,
+        # the same gradients must give the same codes in the pieces' blocks
+        run_wick("launch", "--nproc-per-node", nproc, recipe, f"micro={micro}", f"acc={acc}", f"optim={optim}",
+                 f"result={plain}", *extra)
+        assert_same_weights(many, plain)
+        assert_same_weights(many, one, rtol=2e-3)
+    else:
+        assert_same_weights(many, one)
+
+
+def test_each_rank_holds_its_part_of_the_optimizer_state_and_gradients(tmp_path, recipe, run_wick):
+    """Per rank: optimizer state 1/N of the unsharded state (within one
+    alignment unit per bucket); gradients 1/N with shard = gradients and whole
+    with shard = optimizer; bytes sent equal (the all-reduce is a
+    reduce-scatter and an all-gather) up to the alignment's zeros."""
+    args = ["micro=2", "acc=2", "epochs=1"]
+    figures = {}
+    for shard in ["none", "optimizer", "gradients"]:
+        p = run_wick("launch", "--nproc-per-node", 2, recipe, *args, f"shard={shard}",
+                     f"result={tmp_path / (shard + '.safetensors')}")
+        figures[shard] = results(p.stdout)
+    none_opt, none_grad = figures["none"][0][0], figures["none"][0][1]
+    params = none_grad // 4  # fp32 gradients: one per trainable element
+    assert none_opt == 2 * none_grad + 6 * 4  # AdamW's two moments and a step count per parameter, on every rank
+    for shard in ["optimizer", "gradients"]:
+        opt = [figures[shard][r][0] for r in range(2)]
+        # every moment kept once, on one rank (a cut parameter's step count on each rank holding a piece)
+        assert 0 <= sum(opt) - none_opt <= 6 * 4, (shard, opt)
+        assert max(opt) <= none_opt / 2 * 1.05 + 2 * 4 * 4096, (shard, opt)
+    grads_z2 = [figures["gradients"][r][1] for r in range(2)]
+    assert sum(grads_z2) == none_grad, grads_z2  # each rank only its reduced pieces
+    grads_z1 = [figures["optimizer"][r][1] for r in range(2)]
+    assert all(g > none_grad for g in grads_z1), grads_z1  # its local sums stay, beside its reduced pieces
+    # wire bytes: the gradient reduce-scatter and the weights' all-gather send
+    # what the all-reduce sends, plus the alignment's zeros (at most N x 4096
+    # elements per parameter and bucket) and a norm each step
+    sent_none, sent_z2 = figures["none"][0][2], figures["gradients"][0][2]
+    steps = 96 // 8
+    assert sent_z2 >= sent_none * 0.99
+    assert sent_z2 <= sent_none + steps * 2 * (6 * 4096 * 4 + 64), (sent_none, sent_z2, params)
+
+
+def layout(opts):
+    """(wick's verb and its first arguments, the rest, the rank count) of ["--nproc-per-node", N, ...] or [...]"""
+    n = int(opts[1]) if opts and opts[0] == "--nproc-per-node" else 1
+    return (["launch", *opts[:2]] if n > 1 else ["run"]), list(opts[2 if n > 1 else 0:]), n
+
+
+@pytest.mark.parametrize("first,then", [
+    (["--nproc-per-node", "2", "shard=gradients"], ["shard=none"]),            # to one rank, unsharded
+    (["--nproc-per-node", "3", "shard=optimizer"], ["--nproc-per-node", "2", "shard=gradients"]),
+    (["shard=none"], ["--nproc-per-node", "2", "shard=optimizer"]),            # a one-rank checkpoint, sharded
+])
+def test_a_sharded_checkpoint_resumes_with_another_rank_count_and_setting(tmp_path, recipe, run_wick, first, then):
+    out = tmp_path / "run"
+
+    def start(opts, *more):  # 12 samples per step in every layout: micro 2 x accumulate 6 / ranks
+        verb, rest, n = layout(opts)
+        return run_wick(*verb, recipe, "micro=2", f"acc={12 // (2 * n)}", "schedule=constant", *rest, *more)
+
+    start(first, "max_steps=5", f"out={out}", f"result={tmp_path / 'first.safetensors'}")
+    start(then, "resume=true", f"out={out}", f"result={tmp_path / 'resumed.safetensors'}")
+    start([], f"result={tmp_path / 'unbroken.safetensors'}")
+    assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors")
+
+
+@pytest.mark.parametrize("nproc,shard", [(2, "gradients"), (2, "optimizer")])
+def test_a_sharded_checkpoint_holds_one_ranks_state_and_is_cut_again_on_resume(tmp_path, recipe, run_wick, nproc,
+                                                                               shard):
+    """adamw8bit (8-bit codes and per-block scales, fp32 moments below 4096
+    elements, a step count): the joined state equals, entry for entry, what
+    the same ranks unsharded keep; resumed sharded, it continues as the
+    unsharded resume does. Two ranks and no clipping: the reduced gradients are
+    the same bits either way (a + b), so the codes must be too."""
+    common = ["--nproc-per-node", nproc, recipe, "micro=2", "acc=2", "optim=adamw8bit", "clip=0", "schedule=constant"]
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    run_wick("launch", *common, f"shard={shard}", "max_steps=5", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
+    run_wick("launch", *common, "max_steps=5", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
+    ck = "checkpoints/step-00000005"
+    mine, theirs = load_file(str(sharded / ck / "optimizer.safetensors")), load_file(str(plain / ck / "optimizer.safetensors"))
+    model = load_file(str(plain / ck / "model.safetensors"))
+    assert set(mine) == set(theirs)
+    for k in theirs:
+        assert mine[k].shape == theirs[k].shape, k
+        assert mine[k].dtype == theirs[k].dtype, k
+        assert torch.equal(mine[k], theirs[k]), k
+    cut = [n for n, w in model.items() if w.numel() > 4096]  # the weights whose state was cut and joined
+    assert cut and all(mine[f"{n}.exp_avg.codes"].shape == model[n].shape for n in cut)
+    # resume both, sharded and not, from the unsharded checkpoint
+    shutil.copytree(plain, sharded, dirs_exist_ok=True)
+    run_wick("launch", *common, f"shard={shard}", "resume=true", f"out={sharded}", f"result={tmp_path / 'c.safetensors'}")
+    run_wick("launch", *common, "resume=true", f"out={plain}", f"result={tmp_path / 'd.safetensors'}")
+    assert_same_weights(tmp_path / "c.safetensors", tmp_path / "d.safetensors", rtol=1e-7)
+
+
+def test_a_sharded_run_resumed_as_it_was_equals_the_unbroken_run(tmp_path, recipe, run_wick):
+    out = tmp_path / "run"
+    common = ["--nproc-per-node", "2", recipe, "micro=3", "acc=2", "epochs=2", "shard=gradients", "schedule=constant"]
+    run_wick("launch", *common, "max_steps=5", f"out={out}", f"result={tmp_path / 'a.safetensors'}")
+    run_wick("launch", *common, "resume=true", f"out={out}", f"result={tmp_path / 'resumed.safetensors'}")
+    run_wick("launch", *common, f"result={tmp_path / 'unbroken.safetensors'}")
+    assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors", rtol=1e-6)
+
+
+def test_fp16_loss_scaling_with_sharded_gradients_gives_the_unsharded_ranks_weights(tmp_path, recipe, run_wick):
+    """The pieces' gradients are unscaled and checked for inf/nan on each rank,
+    the overflow agreed; the result is the unsharded ranks' up to the norm's
+    summation order (clipping)."""
+    many, plain = tmp_path / "many.safetensors", tmp_path / "plain.safetensors"
+    common = ["--nproc-per-node", 2, recipe, "micro=2", "acc=2", "precision=fp16-mixed"]
+    p = run_wick("launch", *common, "shard=gradients", f"result={many}")
+    q = run_wick("launch", *common, f"result={plain}")
+    assert_same_weights(many, plain, rtol=5e-5)
+    assert p.stdout.split("rank 0 steps ")[1].split()[0] == q.stdout.split("rank 0 steps ")[1].split()[0]
+
+
+DIE = """
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 100000, inputs = 64, classes = 3 })
+local model = wick.model("mlp", { inputs = 64, hidden = { 128 }, outputs = 3 })
+local loader = wick.loader(data, { micro_batch = 4, accumulate = 2 })
+local trainer = wick.trainer { model = model, optim = wick.optim("adamw", {}), shard = wick.args.shard }
+for i = 1, 100000 do
+  trainer:step(loader:next())
+  if wick.rank == 1 and i == 5 then os.exit(3) end
+end
+"""
+
+
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+def test_a_rank_that_dies_in_a_sharded_run_ends_every_rank_naming_it(tmp_path, shard):
+    r = tmp_path / "die.lua"
+    r.write_text(DIE)
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(r), f"shard={shard}"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "3"})
+    assert p.returncode == 1
+    assert "rank 1 exited with code 3" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients)"),
+    (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
+    (["shard=optimizer", "precision=bf16-true", "master_weights=true"], "with master_weights is not supported yet"),
+])
+def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, run_wick, args, expect):
+    p = run_wick("launch", "--nproc-per-node", 2, recipe, "micro=2", "acc=2", *args,
+                 f"result={tmp_path / 'x.safetensors'}", check=False)
+    assert p.returncode != 0
+    assert expect in p.stderr, p.stderr
+    assert "Exception raised from" not in p.stderr  # no C++ frames
