@@ -80,8 +80,29 @@ CASES = [
     gen("ignore_merges a string", lambda j: j["model"].__setitem__("ignore_merges", "x"),
         TOK + r"model\.ignore_merges is \"x\", expected true or false"),
     gen("no model", lambda j: j.pop("model"), TOK + r"model is missing, expected an object"),
-    gen("no pre-tokenizer", lambda j: j.__setitem__("pre_tokenizer", None),
-        r"tokenizer m/tokenizer\.json uses no pre-tokenizer \(expected ByteLevel\), which wick does not support"),
+    # no pre-tokenizer over a byte-level vocabulary: a space it has no token for (tokenizers drops it silently)
+    Case("no pre-tokenizer", ["generate", "m", "max_new_tokens=2", "prompt=a b"],
+         TOK + r"the text holds ' ' \(U\+0020\), which is not in the vocabulary, and the model has neither "
+         r"byte_fallback nor an unk_token to stand for it", setup=tokenizer(lambda j: j.__setitem__("pre_tokenizer", None))),
+    gen("Metaspace prepend_scheme unknown", lambda j: j.__setitem__("pre_tokenizer", {
+            "type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "sometimes", "split": False}),
+        TOK + r"pre_tokenizer\.prepend_scheme is \"sometimes\", expected \"always\", \"first\" or \"never\""),
+    gen("Metaspace replacement of two characters", lambda j: j.__setitem__("pre_tokenizer", {
+            "type": "Metaspace", "replacement": "__", "prepend_scheme": "first", "split": False}),
+        TOK + r"Metaspace's replacement must be one character"),
+    gen("unk_token outside the vocabulary", lambda j: j["model"].__setitem__("unk_token", "<nope>"),
+        TOK + r"model\.unk_token '<nope>' is not in model\.vocab"),
+    gen("template naming an undefined special token", lambda j: j.__setitem__("post_processor", {
+            "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                     {"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {}}),
+        TOK + r"post_processor\.single\[0\] is special token '<s>', which post_processor\.special_tokens does not define"),
+    gen("template of sequence B", lambda j: j.__setitem__("post_processor", {
+            "type": "TemplateProcessing", "single": [{"Sequence": {"id": "B", "type_id": 0}}], "special_tokens": {}}),
+        TOK + r"post_processor\.single\[0\] is sequence 'B', expected A"),
+    gen("template ids not integers", lambda j: j.__setitem__("post_processor", {
+            "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": ["one"], "tokens": ["<s>"]}}}),
+        TOK + r"post_processor\.special_tokens\.<s>\.ids is .*expected a list of token ids"),
     Case("tokenizer.json is a folder", ["generate", "m", "max_new_tokens=2"], r"m/tokenizer\.json is a directory, expected a JSON file",
          setup=lambda d: (write_decoder(d / "m"), (d / "m" / "tokenizer.json").mkdir())),
     Case("tokenizer.json is not JSON", ["generate", "m", "max_new_tokens=2"], r"m/tokenizer\.json is not valid JSON: ",

@@ -1,7 +1,10 @@
-"""Byte-level BPE from tokenizer.json: wick's token ids equal the tokenizers
-library's on more than 100 KB of multilingual text (the license texts every
-Debian machine carries plus non-ASCII text), special tokens included, and
-decoding gives the text back."""
+"""BPE from tokenizer.json: wick's token ids equal the tokenizers library's on
+more than 100 KB of multilingual text (the license texts every Debian machine
+carries plus non-ASCII text), special tokens included, and decoding gives
+what the library's decoders give: byte-level (GPT-2, Qwen2, LLaMA-3 with its
+BOS template and ignore_merges) and with byte fallback (LLaMA-2 and LLaVA-1.5's
+Prepend/Replace normalizers, Mistral's Metaspace), with added tokens'
+lstrip, rstrip, single_word and normalized flags."""
 import glob
 import json
 
@@ -94,6 +97,105 @@ def test_ids_equal_the_tokenizers_library(tmp_path, run_wick, style):
     assert total > 20_000
 
 
+SP = "\u2581"  # SentencePiece's space
+BYTE_TOKENS = [f"<0x{i:02X}>" for i in range(256)]
+TEMPLATE_BOS = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+
+
+def added(content, id, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False):
+    return {"id": id, "content": content, "single_word": single_word, "lstrip": lstrip, "rstrip": rstrip,
+            "normalized": normalized, "special": special}
+
+
+def build_byte_fallback(style, texts):
+    """A tokenizer.json of the LLaMA-2 / LLaVA-1.5 kind ("llama2": Prepend and
+    Replace normalizers, no pre-tokenizer, so each text between added tokens is
+    one word) or of Mistral's ("mistral": a Metaspace pre-tokenizer that
+    prepends to the input's first part only): BPE over characters with the 256
+    byte tokens after <unk>, <s>, </s>, byte fallback for characters outside
+    its 200-character alphabet, fused unknowns, a BOS template, and added
+    tokens with each flag."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="first", split=True)  # to train on words
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, limit_alphabet=200,
+                                                       special_tokens=["<unk>", "<s>", "</s>"]))
+    j = json.loads(tok.to_str())
+    order = sorted(j["model"]["vocab"], key=j["model"]["vocab"].get)
+    vocab = {t: i for i, t in enumerate(order[:3] + BYTE_TOKENS + [t for t in order[3:] if t not in BYTE_TOKENS])}
+    n = len(vocab)
+    j["model"]["vocab"] = vocab
+    j["added_tokens"] = [added("<unk>", 0), added("<s>", 1), added("</s>", 2), added("<image>", n),
+                         added("[SEP]", n + 1, special=False, lstrip=True, rstrip=True),
+                         added("cat", n + 2, special=False, normalized=True, single_word=True)]
+    j["post_processor"] = TEMPLATE_BOS
+    if style == "llama2":
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP}, {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+        j["pre_tokenizer"] = None
+        j["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": SP}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    else:
+        j["normalizer"] = None
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": False}
+        j["decoder"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first", "split": False}
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def build_llama3(texts):
+    """LLaMA-3's kind: byte-level with a split regex, ignore_merges, and a
+    post-processor adding <|begin_of_text|>."""
+    tok = build("qwen2", texts)
+    j = json.loads(tok.to_str())
+    j["model"]["ignore_merges"] = True
+    bos = len(j["model"]["vocab"])
+    j["added_tokens"].append(added("<|begin_of_text|>", bos))
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                                                  {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos], "tokens": ["<|begin_of_text|>"]}}}]}
+    return Tokenizer.from_str(json.dumps(j))
+
+
+TRICKY = ["<s>[INST] What is in the <image>? [/INST] A cat.</s>",
+          "the cat sat on the category of cats; cat", "x [SEP] y  [SEP]z", " leading space and  two", "",
+          "<image>\n<image>describe", "\u00e9\u0301 \U0001F680\U0001F680 \u2603 \u4e2d\u6587 \u0915\u093f\u0924\u093e\u092c",
+          "trailing spaces   ", "\n\nnewlines\n", "tabs\tand\u3000ideographic space"]
+
+
+@pytest.mark.parametrize("style", ["llama2", "mistral", "llama3"])
+def test_ids_of_the_tokenizers_users_bring_equal_the_tokenizers_library(tmp_path, run_wick, style):
+    texts = corpus()
+    tok = build_llama3(texts) if style == "llama3" else build_byte_fallback(style, texts)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    docs = texts + TRICKY
+    (tmp_path / "docs.json").write_text(json.dumps(docs))
+    (tmp_path / "probe.txt").write_text("x")
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"tokenizer={tmp_path / 'tokenizer.json'}", f"docs={tmp_path / 'docs.json'}",
+             f"probe={tmp_path / 'probe.txt'}", f"result={tmp_path / 'out.json'}")
+    got = json.loads((tmp_path / "out.json").read_text())
+    total, fallback = 0, 0
+    byte_ids = {tok.token_to_id(b) for b in BYTE_TOKENS} - {None}
+    for text, g in zip(docs, got):
+        want = tok.encode(text).ids
+        ids = g["ids"] if isinstance(g["ids"], list) else []
+        assert ids == want, (text[:80], ids[:20], want[:20])
+        total += len(want)
+        fallback += sum(i in byte_ids for i in want)
+        assert g["text"] == tok.decode(want, skip_special_tokens=False), text[:80]
+    assert total > 20_000
+    assert want[0] == tok.token_to_id("<|begin_of_text|>" if style == "llama3" else "<s>")  # the template's BOS
+    if style != "llama3":
+        assert fallback > 100  # characters outside the alphabet went through their bytes
+
+
 def _small(tmp_path):
     """A small trained byte-level BPE as JSON, and texts to encode."""
     texts = MULTILINGUAL * 4
@@ -181,3 +283,67 @@ def test_what_tokenizers_refuses_wick_refuses_naming_the_key(tmp_path, run_wick,
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("wick: error:") and "tokenizer.json" in last and re.search(message, last), last
+
+
+def _set(key, value):
+    return lambda j: j.__setitem__(key, value)
+
+
+# What the tokenizers library reads but wick does not run: refused by name, never tokenized another way.
+UNSUPPORTED = {
+    "BPE dropout": (lambda j: j["model"].__setitem__("dropout", 0.1), r"uses BPE dropout, which wick does not support"),
+    "a regex Replace normalizer": (_set("normalizer", {"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}),
+                                   r"uses a Replace normalizer with a regex pattern"),
+    "a Lowercase normalizer": (_set("normalizer", {"type": "Lowercase"}), r"uses normalizer Lowercase"),
+    "BertProcessing": (_set("post_processor", {"type": "BertProcessing", "sep": ["[SEP]", 1], "cls": ["[CLS]", 0]}),
+                       r"uses post-processor BertProcessing"),
+    "a template without the sequence": (
+        _set("post_processor", dict(TEMPLATE_BOS, single=[{"SpecialToken": {"id": "<s>", "type_id": 0}}])),
+        r"post_processor\.single has no Sequence A"),
+    "a Whitespace pre-tokenizer": (_set("pre_tokenizer", {"type": "Whitespace"}), r"uses pre-tokenizer Whitespace"),
+    "a CTC decoder": (_set("decoder", {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True}),
+                      r"uses decoder CTC"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_what_wick_does_not_run_is_refused_by_name(tmp_path, run_wick, name):
+    import re
+    j, texts = _small(tmp_path)
+    j["added_tokens"].append(added("<s>", len(j["model"]["vocab"]) + 10))
+    edit, message = UNSUPPORTED[name]
+    edit(j)
+    Tokenizer.from_str(json.dumps(j))  # the library reads it
+    p = _encode_with_wick(tmp_path, run_wick, j, texts, check=False)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("wick: error:") and "tokenizer.json" in last and re.search(message, last), last
+
+
+DATA_RECIPE = """
+local wick = require "wick"
+local data = wick.data("text", { file = wick.args.file, tokenizer = wick.args.tokenizer, cache_dir = "none" })
+data:window(0, data:size(), 1):save(wick.args.result)
+"""
+
+
+def test_a_data_set_with_a_bos_template_starts_each_document_with_it_and_ends_it_with_eos(tmp_path, run_wick):
+    """LLaMA's kind: BOS from the template once, before the prompt (masked)
+    or the text, the completion without a second BOS, </s> (the default
+    end-of-text token of such a tokenizer) at the end."""
+    from safetensors.torch import load_file
+    tok = build_byte_fallback("llama2", MULTILINGUAL * 4)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    docs = [{"text": "Grüße aus Köln"}, {"prompt": "Q: what is 2+2?", "completion": " It is 4."}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "r.lua").write_text(DATA_RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"file={tmp_path / 'd.jsonl'}", f"tokenizer={tmp_path / 'tokenizer.json'}",
+             f"result={tmp_path / 'w.safetensors'}")
+    w = load_file(str(tmp_path / "w.safetensors"))
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    text = tok.encode(docs[0]["text"]).ids
+    assert w["0.input_ids"][0].tolist() == text + [eos] and text[0] == bos and text.count(bos) == 1
+    prompt = tok.encode(docs[1]["prompt"]).ids
+    completion = tok.encode(docs[1]["completion"], add_special_tokens=False).ids
+    assert w["1.input_ids"][0].tolist() == prompt + completion + [eos]
+    assert w["1.labels"][0].tolist() == [-100] * len(prompt) + completion + [eos]

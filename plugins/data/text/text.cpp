@@ -54,7 +54,7 @@ class Text : public wick::Dataset {
   explicit Text(const wick::Options& o) : max_length_(o.get_int("max_length")) {
     const std::string tok = o.get_string("tokenizer");
     tokenizer_ = tok == "bytes" ? wick::text::byte_tokenizer() : wick::text::bpe_tokenizer(tok);
-    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : tok == "bytes" ? "<eos>" : "<|endoftext|>";
+    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
     eos_ = tokenizer_->token_id(eos);
     if (eos_ < 0) throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
     vocab_ = tokenizer_->vocab_size();
@@ -176,7 +176,7 @@ class Text : public wick::Dataset {
     Doc d;
     d.ids = encode(prompt);
     d.labels.assign(d.ids.size(), kIgnore);
-    for (auto id : encode(text)) {
+    for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
       d.ids.push_back(id);
       d.labels.push_back(id);
     }
@@ -223,7 +223,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v3\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v4\n" + tok + "\n" + eos + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -311,5 +311,5 @@ WICK_PLUGIN(wick::plugin<Text>(
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
      wick::opt_string("tokenizer", "bytes", "'bytes', or a Hugging Face tokenizer.json (byte-level BPE)"),
-     wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for BPE)").optional(),
+     wick::opt_string("eos_token", wick::Value(), "end-of-text token (default: <eos> for bytes; for a tokenizer.json the first of <|endoftext|>, </s>, <|end_of_text|> it holds)").optional(),
      wick::opt_string("cache_dir", "", "where tokenized documents are cached ('': $WICK_CACHE_DIR or ~/.cache/wick/tokens; 'none': no cache)")}))

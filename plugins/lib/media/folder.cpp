@@ -243,7 +243,7 @@ class MediaFolder : public wick::Dataset {
     } catch (const std::exception& e) {
       throw wick::Error(where + ": " + e.what() + " (expected 'bytes' or a Hugging Face tokenizer.json)");
     }
-    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : tok == "bytes" ? "<eos>" : "<|endoftext|>";
+    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
     eos_ = tokenizer_->token_id(eos);
     if (eos_ < 0) throw wick::Error(where + " has no end-of-text token '" + eos + "' (set eos_token)");
     image_token_id_ = image_token.empty() ? -1 : tokenizer_->token_id(image_token);
@@ -257,7 +257,7 @@ class MediaFolder : public wick::Dataset {
                           "to the tokenizer's added_tokens or set image_token");
       it.ids = prompt_ids;
       it.labels.assign(prompt_ids.size(), kIgnore);
-      for (auto id : tokenizer_->encode(it.text)) it.ids.push_back(id), it.labels.push_back(id);
+      for (auto id : tokenizer_->encode(it.text, /*add_special_tokens=*/false)) it.ids.push_back(id), it.labels.push_back(id);
       it.ids.push_back(eos_);
       it.labels.push_back(eos_);
       if (static_cast<std::int64_t>(it.ids.size()) > text_length_) {
@@ -446,7 +446,7 @@ wick::OptionSchema folder_options(Kind kind) {
       wick::opt_int("text_length", 64, "tokens per sample at most (prompt + text + end of text; longer is cut)").at_least(2),
       wick::opt_string("prompt", "", "text put before each sample's text, excluded from the labels (may hold image_token)"),
       wick::opt_string("image_token", "<image>", "the token standing for the picture's visual tokens ('' : none)"),
-      wick::opt_string("eos_token", wick::Value(), "end-of-text token (default <eos> for bytes, <|endoftext|> for a tokenizer.json)").optional(),
+      wick::opt_string("eos_token", wick::Value(), "end-of-text token (default: <eos> for bytes; for a tokenizer.json the first of <|endoftext|>, </s>, <|end_of_text|> it holds)").optional(),
   };
   if (video) {
     s.push_back(wick::opt_int("max_frames", 16, "frames per clip (T)").range(1, 4096));

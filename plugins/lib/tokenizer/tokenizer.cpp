@@ -7,8 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <fstream>
+#include <queue>
+#include <utility>
 
 #include <wick/kit/json_fields.hpp>
 #include <wick/options.hpp>
@@ -19,7 +22,7 @@ namespace {
 class Bytes : public Tokenizer {
  public:
   explicit Bytes(std::vector<std::string> specials) : specials_(std::move(specials)) {}
-  std::vector<std::int64_t> encode(const std::string& s) const override {
+  std::vector<std::int64_t> encode(const std::string& s, bool) const override {
     std::vector<std::int64_t> ids;
     ids.reserve(s.size());
     for (std::size_t i = 0; i < s.size();) {
@@ -121,6 +124,7 @@ class Regex {
       throw Error(where + ": its pre-tokenizer regex does not compile at offset " + std::to_string(off) + ": " +
                   reinterpret_cast<char*>(buf));
     }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // pcre2_match then runs the compiled matcher (interprets without JIT)
   }
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;
@@ -161,14 +165,85 @@ class Regex {
 
 const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// utf8proc's normal forms of a string (NFC, NFKC).
+std::string normal_form(const std::string& s, bool compat) {
+  utf8proc_uint8_t* n = compat ? utf8proc_NFKC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()))
+                               : utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
+  if (!n) return s;
+  std::string out = reinterpret_cast<char*>(n);
+  std::free(n);
+  return out;
+}
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+}
+
+// The code point at s[i] (a valid UTF-8 sequence), or -1.
+std::int32_t code_point(const std::string& s, std::size_t i) {
+  utf8proc_int32_t cp = -1;
+  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + i, static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+  return cp;
+}
+
+// A word character for added tokens' single_word (letters, marks, numbers, _), as the tokenizers library's \w.
+bool word_char(std::int32_t cp) {
+  if (cp < 0) return false;
+  if (cp == '_') return true;
+  switch (utf8proc_category(cp)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO: case UTF8PROC_CATEGORY_PC:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whitespace, for added tokens' lstrip and rstrip.
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    utf8proc_int32_t cp;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data()) + i,
+                                    static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) return false;
+    i += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool space_char(std::int32_t cp) {
+  if (cp == '\t' || cp == '\n' || cp == '\r' || cp == '\v' || cp == '\f') return true;
+  return cp >= 0 && utf8proc_category(cp) == UTF8PROC_CATEGORY_ZS;
+}
+
+// The start of the UTF-8 character that ends right before s[i].
+std::size_t char_before(const std::string& s, std::size_t i) {
+  std::size_t j = i - 1;
+  while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
+  return j;
+}
+
+// BPE from a Hugging Face tokenizer.json, as the tokenizers library runs it:
+// added tokens (split out of the raw text, or of the normalized text for
+// those marked normalized), a normalizer (NFC, NFKC, Prepend, Replace), a
+// pre-tokenizer (ByteLevel, Split, Metaspace, or none: each segment one
+// word), the BPE model (byte-level, or characters with byte fallback and an
+// unknown token) and a post-processor (TemplateProcessing's single template,
+// ByteLevel). What a file holds beyond that is refused by name.
 class Bpe : public Tokenizer {
  public:
   explicit Bpe(const std::string& path) : path_(path) {
     const nlohmann::json json = wick::read_json_file(path);
-    const std::string where = "tokenizer " + path;
-    const wick::JsonFields j(json, where);
+    where_ = "tokenizer " + path;
+    const wick::JsonFields j(json, where_);
     const wick::JsonFields m = j.object("model");
     if (m.string("type", "BPE") != "BPE") unsupported("model type " + m.string("type"));
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (m.has(k) && !m.json()[k].is_null() && !m.string(k).empty()) unsupported(std::string("model.") + k);
+    if (m.has("dropout") && !m.json()["dropout"].is_null() && m.number("dropout", 0.0) > 0) unsupported("BPE dropout");
     // ids are u32, as the tokenizers library reads them
     constexpr std::int64_t kMaxId = 0xFFFFFFFFLL;
     const wick::JsonFields vocab = m.object("vocab");
@@ -188,93 +263,537 @@ class Bpe : public Tokenizer {
         const auto s = mg.get<std::string>();
         const auto sp = s.find(' ');
         if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          throw Error(where + ": " + at + ", expected two tokens separated by one space");
+          throw Error(where_ + ": " + at + ", expected two tokens separated by one space");
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
       } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
         a = mg[0].get<std::string>();
         b = mg[1].get<std::string>();
       } else {
-        throw Error(where + ": " + at + ", expected \"a b\" or [\"a\", \"b\"]");
+        throw Error(where_ + ": " + at + ", expected \"a b\" or [\"a\", \"b\"]");
       }
       for (const auto& t : {a, b, a + b})
         if (!vocab_.count(t))
-          throw Error(where + ": " + at + ", but '" + t + "' is not in model.vocab, expected merges of tokens in the vocabulary");
-      ranks_[a + '\x01' + b] = rank++;  // a merge given twice takes its last rank, as in tokenizers
+          throw Error(where_ + ": " + at + ", but '" + t + "' is not in model.vocab, expected merges of tokens in the vocabulary");
+      // a merge given twice takes its last rank, as in tokenizers
+      merges_[pair_key(vocab_[a], vocab_[b])] = {rank++, vocab_[a + b]};
     }
     ignore_merges_ = m.flag("ignore_merges", false);
-    if (j.has("added_tokens")) {
-      const auto& added = j.array("added_tokens");
-      for (std::size_t i = 0; i < added.size(); ++i) {
-        const wick::JsonFields t(added[i], where, "added_tokens[" + std::to_string(i) + "].");
-        const std::string content = t.string("content");
-        const std::int64_t id = t.integer("id", 0, kMaxId);
-        max_id_ = std::max(max_id_, id);
-        by_id_[id] = content, added_ids_[id] = content;
-        if (!content.empty()) added_.emplace_back(content, id);  // an empty one never matches, as in tokenizers
-      }
+    byte_fallback_ = m.flag("byte_fallback", false);
+    fuse_unk_ = m.flag("fuse_unk", false);
+    if (m.has("unk_token") && !m.json()["unk_token"].is_null()) {
+      const std::string unk = m.string("unk_token");
+      auto it = vocab_.find(unk);
+      if (it == vocab_.end()) throw Error(where_ + ": model.unk_token '" + unk + "' is not in model.vocab");
+      unk_ = it->second;
     }
-    std::sort(added_.begin(), added_.end(), [](auto& x, auto& y) { return x.first.size() > y.first.size(); });
+    if (byte_fallback_)
+      for (int b = 0; b < 256; ++b) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        auto it = vocab_.find(name);
+        byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+      }
+    read_added(j);
     for (auto& [s, id] : vocab_)
       if (!added_ids_.count(id)) by_id_[id] = s;
-    // normalizer: none or NFC
-    if (j.has("normalizer")) {
-      const wick::JsonFields n = j.object("normalizer");
-      const std::string t = n.string("type");
-      if (t == "NFC") nfc_ = true;
-      else if (!(t == "Sequence" && n.array("normalizers").empty())) unsupported("normalizer " + t);
+    read_normalizer(j);
+    for (auto& a : added_) {
+      a.pattern = a.normalized ? normalize(a.content) : a.content;
+      by_id_[a.id] = added_ids_[a.id] = a.pattern;  // decoded as matched, as tokenizers' id_to_token gives it
     }
-    // pre-tokenizer: ByteLevel, or a Sequence of Split(Isolated) and ByteLevel
-    if (!j.has("pre_tokenizer")) unsupported("no pre-tokenizer (expected ByteLevel)");
+    std::erase_if(added_, [](const Added& a) { return a.pattern.empty(); });
+    // the earliest match, the longest among those starting there
+    std::stable_sort(added_.begin(), added_.end(), [](const Added& x, const Added& y) { return x.pattern.size() > y.pattern.size(); });
+    read_pre_tokenizer(j);
+    read_post_processor(j);
+    read_decoder(j);
+  }
+
+  std::vector<std::int64_t> encode(const std::string& text, bool add_special_tokens) const override {
+    std::vector<std::int64_t> ids;
+    // 1. added tokens matched in the raw text; 2. each segment between them
+    // normalized, then those matched in normalized text; 3. the rest
+    // pre-tokenized and run through BPE
+    split_added(text, /*normalized=*/false, [&](const std::string& seg, std::int64_t id, bool at_start) {
+      if (id >= 0) return ids.push_back(id);
+      split_added(normalize(seg), /*normalized=*/true, [&](const std::string& part, std::int64_t id2, bool first) {
+        if (id2 >= 0) return ids.push_back(id2);
+        encode_normalized(part, at_start && first, ids);
+      });
+    });
+    if (!add_special_tokens || template_.empty()) return ids;
+    std::vector<std::int64_t> out;
+    for (const auto& item : template_)
+      if (item.empty()) out.insert(out.end(), ids.begin(), ids.end());  // the sequence itself
+      else out.insert(out.end(), item.begin(), item.end());
+    return out;
+  }
+
+  std::string decode(const std::vector<std::int64_t>& ids) const override {
+    if (byte_level_decoder_) return decode_byte_level(ids);
+    // the tokens (added ones by their content), then the decoder's steps as
+    // the tokenizers library applies them to the list
+    std::vector<std::string> toks;
+    for (auto id : ids)
+      if (auto t = by_id_.find(id); t != by_id_.end()) toks.push_back(t->second);
+    if (!has_decoder_) {  // the tokenizers library joins them with spaces
+      std::string out;
+      for (std::size_t i = 0; i < toks.size(); ++i) out += (i ? " " : "") + toks[i];
+      return out;
+    }
+    for (const auto& d : decoder_) {
+      switch (d.kind) {
+        case DecodeStep::Replace:
+          for (auto& t : toks) replace_all(t, d.a, d.b);
+          break;
+        case DecodeStep::Metaspace:
+          for (std::size_t i = 0; i < toks.size(); ++i) {
+            replace_all(toks[i], d.a, " ");
+            if (i == 0 && d.n > 0 && toks[i].starts_with(" ")) toks[i].erase(0, 1);
+          }
+          break;
+        case DecodeStep::ByteFallback: {
+          std::vector<std::string> out;
+          std::string bytes;
+          std::size_t run = 0;
+          auto flush = [&] {
+            if (!run) return;
+            if (valid_utf8(bytes))
+              out.push_back(bytes);
+            else
+              for (std::size_t k = 0; k < run; ++k) out.push_back("\xEF\xBF\xBD");  // U+FFFD for each byte
+            bytes.clear();
+            run = 0;
+          };
+          for (auto& t : toks) {
+            if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+                std::isxdigit(static_cast<unsigned char>(t[4]))) {
+              bytes.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+              ++run;
+              continue;
+            }
+            flush();
+            out.push_back(std::move(t));
+          }
+          flush();
+          toks.swap(out);
+          break;
+        }
+        case DecodeStep::Fuse: {
+          std::string all;
+          for (auto& t : toks) all += t;
+          toks.assign(1, all);
+          break;
+        }
+        case DecodeStep::Strip:
+          for (auto& t : toks) {
+            for (std::int64_t k = 0; k < d.n && t.starts_with(d.a); ++k) t.erase(0, d.a.size());
+            for (std::int64_t k = 0; k < d.m && t.ends_with(d.a); ++k) t.erase(t.size() - d.a.size());
+          }
+          break;
+      }
+    }
+    std::string out;
+    for (auto& t : toks) out += t;
+    return out;
+  }
+
+  std::int64_t vocab_size() const override { return max_id_ + 1; }
+
+  std::int64_t token_id(const std::string& t) const override {
+    for (const auto& a : added_)
+      if (a.content == t) return a.id;
+    auto it = vocab_.find(t);
+    return it == vocab_.end() ? -1 : it->second;
+  }
+
+ private:
+  struct Added {
+    std::string content;
+    std::int64_t id;
+    bool lstrip, rstrip, single_word, normalized;
+    std::string pattern;  // what is matched: the content, normalized for `normalized` ones (as tokenizers does)
+  };
+  struct PreStep {
+    enum Kind { Split, ByteLevel, Metaspace } kind;
+    std::unique_ptr<Regex> regex;  // Split; ByteLevel with use_regex
+    std::string replacement;       // Metaspace
+    std::string prepend = "always";
+    bool split = true, prefix_space = false;
+  };
+  struct NormStep {
+    enum Kind { Nfc, Nfkc, Prepend, Replace } kind;
+    std::string a, b;
+  };
+  struct DecodeStep {
+    enum Kind { Replace, Metaspace, ByteFallback, Fuse, Strip } kind;
+    std::string a, b;       // Replace: from, to; Metaspace: the replacement; Strip: the content
+    std::int64_t n = 0, m = 0;  // Strip: from the start, from the end; Metaspace: 1 to drop the first space
+  };
+
+  [[noreturn]] void unsupported(const std::string& what) const {
+    throw Error(where_ + " uses " + what + ", which wick does not support (BPE: byte-level as GPT-2, Qwen2 and "
+                "LLaMA-3 use it, or with byte fallback as LLaMA-2, Mistral and LLaVA-1.5 use it)");
+  }
+
+  static std::uint64_t pair_key(std::int64_t a, std::int64_t b) {
+    return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
+  }
+
+  void read_added(const wick::JsonFields& j) {
+    if (!j.has("added_tokens")) return;
+    constexpr std::int64_t kMaxId = 0xFFFFFFFFLL;
+    const auto& added = j.array("added_tokens");
+    for (std::size_t i = 0; i < added.size(); ++i) {
+      const wick::JsonFields t(added[i], where_, "added_tokens[" + std::to_string(i) + "].");
+      Added a{t.string("content"), t.integer("id", 0, kMaxId), t.flag("lstrip", false), t.flag("rstrip", false),
+              t.flag("single_word", false), t.flag("normalized", !t.flag("special", false))};
+      max_id_ = std::max(max_id_, a.id);
+      by_id_[a.id] = a.content, added_ids_[a.id] = a.content;
+      added_.push_back(std::move(a));  // an empty one never matches, as in tokenizers (dropped below)
+    }
+  }
+
+  void read_normalizer(const wick::JsonFields& j) {
+    if (!j.has("normalizer") || j.json()["normalizer"].is_null()) return;
+    std::vector<wick::JsonFields> steps;
+    const wick::JsonFields n = j.object("normalizer");
+    if (n.string("type") == "Sequence") {
+      const auto& list = n.array("normalizers");
+      for (std::size_t i = 0; i < list.size(); ++i)
+        steps.emplace_back(list[i], where_, "normalizer.normalizers[" + std::to_string(i) + "].");
+    } else {
+      steps.push_back(n);
+    }
+    for (const auto& s : steps) {
+      const std::string t = s.string("type");
+      if (t == "NFC") norm_.push_back({NormStep::Nfc, "", ""});
+      else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", ""});
+      else if (t == "Prepend") norm_.push_back({NormStep::Prepend, s.string("prepend"), ""});
+      else if (t == "Replace") {
+        const wick::JsonFields pat = s.object("pattern");
+        if (!pat.has("String")) unsupported("a Replace normalizer with a regex pattern");
+        norm_.push_back({NormStep::Replace, pat.string("String"), s.string("content")});
+      } else unsupported("normalizer " + t);
+    }
+  }
+
+  void read_pre_tokenizer(const wick::JsonFields& j) {
+    if (!j.has("pre_tokenizer") || j.json()["pre_tokenizer"].is_null()) return;  // each segment one word
     const wick::JsonFields pt = j.object("pre_tokenizer");
     std::vector<wick::JsonFields> steps;
-    const nlohmann::json* list = nullptr;
     if (pt.string("type") == "Sequence") {
-      list = &pt.array("pretokenizers");
-      for (std::size_t i = 0; i < list->size(); ++i)
-        steps.emplace_back((*list)[i], where, "pre_tokenizer.pretokenizers[" + std::to_string(i) + "].");
+      const auto& list = pt.array("pretokenizers");
+      for (std::size_t i = 0; i < list.size(); ++i)
+        steps.emplace_back(list[i], where_, "pre_tokenizer.pretokenizers[" + std::to_string(i) + "].");
     } else {
       steps.push_back(pt);
     }
     for (const auto& s : steps) {
       const std::string t = s.string("type");
+      PreStep step;
       if (t == "Split") {
         if (s.string("behavior") != "Isolated" || s.flag("invert", false))
           unsupported("Split behaviour " + s.string("behavior") + (s.flag("invert", false) ? " inverted" : ""));
         const wick::JsonFields pattern = s.object("pattern");
         if (!pattern.has("Regex")) unsupported("a Split on a plain string");
-        splits_.push_back(std::make_unique<Regex>(pattern.string("Regex"), "tokenizer " + path));
+        step.kind = PreStep::Split;
+        step.regex = std::make_unique<Regex>(pattern.string("Regex"), where_);
       } else if (t == "ByteLevel") {
+        step.kind = PreStep::ByteLevel;
         byte_level_ = true;
-        prefix_space_ = s.flag("add_prefix_space", false);
-        if (s.flag("use_regex", true)) splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, "tokenizer " + path));
+        step.prefix_space = s.flag("add_prefix_space", false);
+        if (s.flag("use_regex", true)) step.regex = std::make_unique<Regex>(kGpt2Pattern, where_);
+      } else if (t == "Metaspace") {
+        step.kind = PreStep::Metaspace;
+        step.replacement = s.string("replacement");
+        if (chars(step.replacement).size() != 1) throw Error(where_ + ": Metaspace's replacement must be one character");
+        step.prepend = s.has("prepend_scheme") ? s.string("prepend_scheme")
+                                               : (s.flag("add_prefix_space", true) ? "always" : "never");
+        if (step.prepend != "always" && step.prepend != "first" && step.prepend != "never")
+          s.bad("prepend_scheme", "\"always\", \"first\" or \"never\"");
+        step.split = s.flag("split", true);
       } else {
         unsupported("pre-tokenizer " + t);
       }
+      pre_.push_back(std::move(step));
     }
-    if (!byte_level_) unsupported("a pre-tokenizer without ByteLevel");
   }
 
-  std::vector<std::int64_t> encode(const std::string& text) const override {
-    std::vector<std::int64_t> ids;
-    // added and special tokens first: the text between them is tokenized
-    std::size_t pos = 0;
-    while (pos < text.size()) {
-      std::size_t best = std::string::npos;
-      const std::pair<std::string, std::int64_t>* tok = nullptr;
-      for (const auto& a : added_) {  // longest first: the earliest, then longest, match
-        const auto f = text.find(a.first, pos);
-        if (f != std::string::npos && (best == std::string::npos || f < best)) best = f, tok = &a;
+  void read_post_processor(const wick::JsonFields& j) {
+    if (!j.has("post_processor") || j.json()["post_processor"].is_null()) return;
+    std::vector<wick::JsonFields> steps;
+    const wick::JsonFields pp = j.object("post_processor");
+    if (pp.string("type") == "Sequence") {
+      const auto& list = pp.array("processors");
+      for (std::size_t i = 0; i < list.size(); ++i)
+        steps.emplace_back(list[i], where_, "post_processor.processors[" + std::to_string(i) + "].");
+    } else {
+      steps.push_back(pp);
+    }
+    for (const auto& s : steps) {
+      const std::string t = s.string("type");
+      if (t == "ByteLevel") continue;  // offsets only: the ids stay
+      if (t != "TemplateProcessing") unsupported("post-processor " + t);
+      const auto& single = s.array("single");
+      std::map<std::string, std::vector<std::int64_t>> specials;
+      if (s.has("special_tokens")) {
+        const wick::JsonFields sp = s.object("special_tokens");
+        for (auto it = sp.json().begin(); it != sp.json().end(); ++it) {
+          const wick::JsonFields one(it.value(), where_, "post_processor.special_tokens." + it.key() + ".");
+          for (const auto& id : one.array("ids")) {
+            if (!id.is_number_integer() || id.get<std::int64_t>() < 0) one.bad("ids", "a list of token ids");
+            specials[it.key()].push_back(id.get<std::int64_t>());
+          }
+        }
       }
-      encode_plain(text.substr(pos, best == std::string::npos ? std::string::npos : best - pos), ids);
-      if (!tok) break;
-      ids.push_back(tok->second);
-      pos = best + tok->first.size();
+      template_.clear();
+      bool sequence = false;
+      for (std::size_t i = 0; i < single.size(); ++i) {
+        const wick::JsonFields item(single[i], where_, "post_processor.single[" + std::to_string(i) + "].");
+        if (item.has("Sequence")) {
+          const std::string id = item.object("Sequence").string("id");
+          if (id != "A") throw Error(where_ + ": post_processor.single[" + std::to_string(i) + "] is sequence '" + id +
+                                     "', expected A in the template for one sequence");
+          template_.emplace_back();
+          sequence = true;
+        } else if (item.has("SpecialToken")) {
+          const std::string id = item.object("SpecialToken").string("id");
+          auto it = specials.find(id);
+          if (it == specials.end() || it->second.empty())
+            throw Error(where_ + ": post_processor.single[" + std::to_string(i) + "] is special token '" + id +
+                        "', which post_processor.special_tokens does not define");
+          template_.push_back(it->second);
+        } else {
+          throw Error(where_ + ": post_processor.single[" + std::to_string(i) + "] is " + wick::json_brief(single[i]) +
+                      ", expected {\"SpecialToken\": ...} or {\"Sequence\": ...}");
+        }
+      }
+      if (!sequence) throw Error(where_ + ": post_processor.single has no Sequence A: the text's own ids would be lost");
     }
-    return ids;
   }
 
-  std::string decode(const std::vector<std::int64_t>& ids) const override {
+  void read_decoder(const wick::JsonFields& j) {
+    byte_level_decoder_ = byte_level_;  // with no decoder, byte-level text still maps back to bytes
+    if (!j.has("decoder") || j.json()["decoder"].is_null()) {
+      has_decoder_ = byte_level_;
+      return;
+    }
+    has_decoder_ = true;
+    std::vector<wick::JsonFields> steps;
+    const wick::JsonFields d = j.object("decoder");
+    if (d.string("type") == "Sequence") {
+      const auto& list = d.array("decoders");
+      for (std::size_t i = 0; i < list.size(); ++i) steps.emplace_back(list[i], where_, "decoder.decoders[" + std::to_string(i) + "].");
+    } else {
+      steps.push_back(d);
+    }
+    byte_level_decoder_ = steps.size() == 1 && steps[0].string("type") == "ByteLevel";
+    for (const auto& s : steps) {
+      const std::string t = s.string("type");
+      if (t == "ByteLevel") {
+        if (!byte_level_decoder_) unsupported("a ByteLevel decoder inside a sequence of decoders");
+      } else if (t == "Metaspace") {
+        const std::string scheme = s.has("prepend_scheme") ? s.string("prepend_scheme")
+                                                          : (s.flag("add_prefix_space", true) ? "always" : "never");
+        decoder_.push_back({DecodeStep::Metaspace, s.string("replacement"), "", scheme != "never", 0});
+      } else if (t == "Replace") {
+        const wick::JsonFields pat = s.object("pattern");
+        if (!pat.has("String")) unsupported("a Replace decoder with a regex pattern");
+        decoder_.push_back({DecodeStep::Replace, pat.string("String"), s.string("content"), 0, 0});
+      } else if (t == "ByteFallback") {
+        decoder_.push_back({DecodeStep::ByteFallback, "", "", 0, 0});
+      } else if (t == "Fuse") {
+        decoder_.push_back({DecodeStep::Fuse, "", "", 0, 0});
+      } else if (t == "Strip") {
+        decoder_.push_back({DecodeStep::Strip, s.string("content"), "", s.integer("start", 0, 0, 1 << 20),
+                            s.integer("stop", 0, 0, 1 << 20)});
+      } else {
+        unsupported("decoder " + t);
+      }
+    }
+  }
+
+  std::string normalize(std::string s) const {
+    for (const auto& n : norm_) switch (n.kind) {
+        case NormStep::Nfc: s = normal_form(s, false); break;
+        case NormStep::Nfkc: s = normal_form(s, true); break;
+        case NormStep::Prepend: if (!s.empty()) s = n.a + s; break;
+        case NormStep::Replace: replace_all(s, n.a, n.b); break;
+      }
+    return s;
+  }
+
+  // Calls emit(segment, -1, at_start) for text and emit("", id, false) for
+  // the added tokens (those with `normalized` as given) found in `text`:
+  // the earliest match, the longest there; single_word ones only between
+  // non-word characters; lstrip/rstrip ones take the whitespace beside them.
+  template <class F>
+  void split_added(const std::string& text, bool normalized, F&& emit) const {
+    std::size_t pos = 0;
+    bool any = false;
+    for (const auto& a : added_) any = any || a.normalized == normalized;
+    while (pos < text.size() && any) {
+      std::size_t best = std::string::npos;
+      const Added* tok = nullptr;
+      for (const auto& a : added_) {
+        if (a.normalized != normalized) continue;
+        for (std::size_t f = text.find(a.pattern, pos); f != std::string::npos && (best == std::string::npos || f < best);
+             f = text.find(a.pattern, f + 1)) {
+          if (a.single_word) {
+            const std::size_t e = f + a.pattern.size();
+            if ((f > 0 && word_char(code_point(text, char_before(text, f)))) || (e < text.size() && word_char(code_point(text, e))))
+              continue;
+          }
+          best = f, tok = &a;
+          break;
+        }
+      }
+      if (!tok) break;
+      std::size_t b = best, e = best + tok->pattern.size();
+      if (tok->lstrip)
+        while (b > pos && space_char(code_point(text, char_before(text, b)))) b = char_before(text, b);
+      if (tok->rstrip)
+        while (e < text.size() && space_char(code_point(text, e))) e += chars(text.substr(e, 4)).front().size();
+      if (b > pos) emit(text.substr(pos, b - pos), -1, pos == 0);
+      emit(std::string(), tok->id, false);
+      pos = e;
+    }
+    if (pos < text.size()) emit(text.substr(pos), -1, pos == 0);
+  }
+
+  // Pre-tokenizes one normalized segment and runs BPE over each piece.
+  void encode_normalized(const std::string& s, bool at_start, std::vector<std::int64_t>& ids) const {
+    if (s.empty()) return;
+    std::vector<std::pair<std::string, bool>> pieces{{s, at_start}};  // a piece and whether it begins the input
+    for (const auto& step : pre_) {
+      std::vector<std::pair<std::string, bool>> next;
+      for (auto& [p, first] : pieces) {
+        std::string q = p;
+        if (step.kind == PreStep::ByteLevel && step.prefix_space && !q.starts_with(" ")) q = " " + q;
+        if (step.kind == PreStep::Metaspace) {
+          replace_all(q, " ", step.replacement);
+          if ((step.prepend == "always" || (step.prepend == "first" && first)) && !q.starts_with(step.replacement))
+            q = step.replacement + q;
+          if (!step.split) {
+            next.emplace_back(std::move(q), first);
+            continue;
+          }
+          // on the replacement, each one joined to what follows it unless that is one too
+          std::vector<std::string> parts;
+          std::size_t from = 0;
+          for (std::size_t at = q.find(step.replacement); at != std::string::npos; at = q.find(step.replacement, from)) {
+            if (at > from) parts.push_back(q.substr(from, at - from));
+            parts.push_back(step.replacement);
+            from = at + step.replacement.size();
+          }
+          if (from < q.size()) parts.push_back(q.substr(from));
+          std::vector<std::string> merged;
+          for (std::size_t i = parts.size(); i-- > 0;) {
+            const bool delim = parts[i] == step.replacement;
+            const bool next_delim = i + 1 < parts.size() && parts[i + 1] == step.replacement;
+            if (delim && i + 1 < parts.size() && !next_delim && !merged.empty()) merged.back() = parts[i] + merged.back();
+            else merged.push_back(parts[i]);
+          }
+          for (std::size_t i = merged.size(); i-- > 0;) next.emplace_back(std::move(merged[i]), first && i + 1 == merged.size());
+          continue;
+        }
+        if (!step.regex) {
+          next.emplace_back(std::move(q), first);
+          continue;
+        }
+        bool f = first;
+        for (auto& r : step.regex->split(q)) next.emplace_back(std::move(r), std::exchange(f, false));
+      }
+      pieces.swap(next);
+    }
+    for (const auto& [p, first] : pieces) bpe(p, ids);
+  }
+
+  void bpe(const std::string& piece, std::vector<std::int64_t>& ids) const {
+    if (piece.empty()) return;
+    const bool cacheable = piece.size() <= kCachedPieceBytes;
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = cache_.find(piece); it != cache_.end()) {
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    std::string word;
+    if (byte_level_)
+      for (unsigned char c : piece) word += byte_map().to_char[c];
+    else
+      word = piece;
+    std::vector<std::int64_t> out;
+    if (auto whole = vocab_.find(word); ignore_merges_ && whole != vocab_.end()) out.push_back(whole->second);
+    else out = merge(word);
+    ids.insert(ids.end(), out.begin(), out.end());
+    if (!cacheable) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_.size() >= kCacheEntries) cache_.clear();  // bounded: a long run over varied text does not grow it
+    cache_.emplace(piece, std::move(out));
+  }
+
+  // The word's characters as ids (bytes for those outside the vocabulary
+  // with byte fallback, else the unknown token, runs of it fused when
+  // asked), then the lowest-ranked merge first, the leftmost among equals,
+  // until none applies: the tokenizers library's order, in O(n log n).
+  std::vector<std::int64_t> merge(const std::string& word) const {
+    std::vector<std::int64_t> sym;
+    for (const auto& c : chars(word)) {
+      if (auto it = vocab_.find(c); it != vocab_.end()) {
+        sym.push_back(it->second);
+        continue;
+      }
+      bool bytes = byte_fallback_;
+      for (unsigned char b : c) bytes = bytes && byte_ids_[b] >= 0;
+      if (bytes) {
+        for (unsigned char b : c) sym.push_back(byte_ids_[b]);
+        continue;
+      }
+      if (unk_ < 0) {
+        char cp[16];
+        std::snprintf(cp, sizeof cp, "U+%04X", static_cast<unsigned>(std::max(0, code_point(c, 0))));
+        throw Error(where_ + ": the text holds '" + c + "' (" + cp + "), which is not in the vocabulary, and the model "
+                    "has neither byte_fallback nor an unk_token to stand for it (the tokenizers library would drop it "
+                    "without a word)");
+      }
+      if (fuse_unk_ && !sym.empty() && sym.back() == unk_) continue;
+      sym.push_back(unk_);
+    }
+    const std::size_t n = sym.size();
+    std::vector<std::int64_t> prev(n), next(n);
+    for (std::size_t i = 0; i < n; ++i) prev[i] = static_cast<std::int64_t>(i) - 1, next[i] = i + 1 < n ? static_cast<std::int64_t>(i) + 1 : -1;
+    std::vector<bool> gone(n, false);
+    using Item = std::pair<std::int64_t, std::int64_t>;  // rank, position
+    std::priority_queue<Item, std::vector<Item>, std::greater<>> heap;
+    auto push = [&](std::int64_t i) {
+      if (i < 0 || next[i] < 0) return;
+      if (auto m = merges_.find(pair_key(sym[i], sym[next[i]])); m != merges_.end()) heap.emplace(m->second.first, i);
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) push(static_cast<std::int64_t>(i));
+    while (!heap.empty()) {
+      const auto [rank, i] = heap.top();
+      heap.pop();
+      if (gone[i] || next[i] < 0) continue;
+      auto m = merges_.find(pair_key(sym[i], sym[next[i]]));
+      if (m == merges_.end() || m->second.first != rank) continue;  // the pair changed since it was queued
+      const std::int64_t j = next[i];
+      sym[i] = m->second.second;
+      gone[j] = true;
+      next[i] = next[j];
+      if (next[j] >= 0) prev[next[j]] = i;
+      push(prev[i]);
+      push(i);
+    }
+    std::vector<std::int64_t> out;
+    for (std::int64_t i = n ? 0 : -1; i >= 0; i = next[i]) out.push_back(sym[i]);
+    return out;
+  }
+
+  std::string decode_byte_level(const std::vector<std::int64_t>& ids) const {
     std::string out, pending;
     auto flush = [&] {
       for (const auto& c : chars(pending)) {
@@ -295,83 +814,20 @@ class Bpe : public Tokenizer {
     return out;
   }
 
-  std::int64_t vocab_size() const override { return max_id_ + 1; }
-
-  std::int64_t token_id(const std::string& t) const override {
-    for (const auto& a : added_)
-      if (a.first == t) return a.second;
-    auto it = vocab_.find(t);
-    return it == vocab_.end() ? -1 : it->second;
-  }
-
- private:
-  [[noreturn]] void unsupported(const std::string& what) const {
-    throw Error("tokenizer " + path_ + " uses " + what + ", which wick does not support (byte-level BPE only)");
-  }
-
-  void encode_plain(std::string s, std::vector<std::int64_t>& ids) const {
-    if (s.empty()) return;
-    if (nfc_) {
-      utf8proc_uint8_t* n = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
-      if (n) {
-        s = reinterpret_cast<char*>(n);
-        std::free(n);
-      }
-    }
-    if (prefix_space_ && s[0] != ' ') s = " " + s;
-    std::vector<std::string> pieces{s};
-    for (const auto& re : splits_) {
-      std::vector<std::string> next;
-      for (const auto& p : pieces)
-        for (auto& q : re->split(p)) next.push_back(std::move(q));
-      pieces.swap(next);
-    }
-    for (const auto& p : pieces) bpe(p, ids);
-  }
-
-  void bpe(const std::string& piece, std::vector<std::int64_t>& ids) const {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = cache_.find(piece); it != cache_.end()) {
-        ids.insert(ids.end(), it->second.begin(), it->second.end());
-        return;
-      }
-    }
-    std::string mapped;
-    for (unsigned char c : piece) mapped += byte_map().to_char[c];
-    std::vector<std::int64_t> out;
-    if (auto whole = vocab_.find(mapped); ignore_merges_ && whole != vocab_.end()) {
-      out.push_back(whole->second);
-    } else {
-      std::vector<std::string> sym = chars(mapped);
-      while (sym.size() > 1) {  // merge the best-ranked pair, leftmost first
-        std::int64_t best = LLONG_MAX;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto r = ranks_.find(sym[i] + '\x01' + sym[i + 1]);
-          if (r != ranks_.end() && r->second < best) best = r->second, at = i;
-        }
-        if (best == LLONG_MAX) break;
-        sym[at] += sym[at + 1];
-        sym.erase(sym.begin() + static_cast<long>(at) + 1);
-      }
-      for (const auto& t : sym) {
-        auto it = vocab_.find(t);
-        if (it == vocab_.end()) throw Error("tokenizer " + path_ + ": '" + t + "' is not in the vocabulary");
-        out.push_back(it->second);
-      }
-    }
-    ids.insert(ids.end(), out.begin(), out.end());
-    std::lock_guard<std::mutex> lock(mu_);
-    cache_.emplace(piece, std::move(out));
-  }
-
-  std::string path_;
-  std::unordered_map<std::string, std::int64_t> vocab_, ranks_;
+  static constexpr std::size_t kCachedPieceBytes = 256, kCacheEntries = 1 << 16;
+  std::string path_, where_;
+  std::unordered_map<std::string, std::int64_t> vocab_;
+  std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> rank, merged id
   std::unordered_map<std::int64_t, std::string> by_id_, added_ids_;
-  std::vector<std::pair<std::string, std::int64_t>> added_;
-  std::vector<std::unique_ptr<Regex>> splits_;
-  bool nfc_ = false, byte_level_ = false, prefix_space_ = false, ignore_merges_ = false;
+  std::vector<Added> added_;
+  std::vector<NormStep> norm_;
+  std::vector<PreStep> pre_;
+  std::vector<std::vector<std::int64_t>> template_;  // the single template: special ids, {} for the sequence
+  std::int64_t byte_ids_[256];
+  std::int64_t unk_ = -1;
+  bool byte_level_ = false, ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
+  bool byte_level_decoder_ = false, has_decoder_ = false;
+  std::vector<DecodeStep> decoder_;
   std::int64_t max_id_ = -1;
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::vector<std::int64_t>> cache_;
@@ -382,6 +838,12 @@ class Bpe : public Tokenizer {
 std::unique_ptr<Tokenizer> byte_tokenizer(const std::vector<std::string>& specials) {
   return std::make_unique<Bytes>(specials);
 }
+std::string default_eos(const Tokenizer& t) {
+  for (const char* e : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"})
+    if (t.token_id(e) >= 0) return e;
+  return "<|endoftext|>";
+}
+
 std::unique_ptr<Tokenizer> bpe_tokenizer(const std::string& path) { return std::make_unique<Bpe>(path); }
 
 }  // namespace wick::text

@@ -1,7 +1,10 @@
 #pragma once
-// Tokenizers for the text data plugin: UTF-8 bytes, or byte-level BPE read
-// from a Hugging Face tokenizer.json (GPT-2 and Qwen2 style: NFC, a Split
-// pre-tokenizer with its regex, ByteLevel, merges, added and special tokens).
+// Tokenizers for the text data plugin: UTF-8 bytes, or BPE read from a
+// Hugging Face tokenizer.json: byte-level (GPT-2, Qwen2, LLaMA-3: NFC, a Split
+// pre-tokenizer with its regex, ByteLevel) or with byte fallback (LLaMA-2,
+// Mistral, LLaVA-1.5: Prepend and Replace normalizers or Metaspace, <0xXX>
+// tokens, an unknown token), merges, added tokens with their flags, and the
+// post-processor's template (a BOS token).
 
 #include <cstdint>
 #include <map>
@@ -16,7 +19,10 @@ namespace wick::text {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::vector<std::int64_t> encode(const std::string& text) const = 0;
+  /// The ids of `text`; add_special_tokens applies the post-processor's
+  /// template (LLaMA's BOS), as the tokenizers library's encode() does.
+  virtual std::vector<std::int64_t> encode(const std::string& text, bool add_special_tokens) const = 0;
+  std::vector<std::int64_t> encode(const std::string& text) const { return encode(text, true); }
   virtual std::string decode(const std::vector<std::int64_t>& ids) const = 0;
   virtual std::int64_t vocab_size() const = 0;
   /// The id of `token` (an added or special token), or -1.
@@ -28,8 +34,14 @@ class Tokenizer {
 /// their id where the text holds them; vocab_size() is 257 + their number.
 std::unique_ptr<Tokenizer> byte_tokenizer(const std::vector<std::string>& specials = {});
 
-/// Byte-level BPE from a tokenizer.json; errors name the file and what it
-/// holds that is not supported.
+/// The end-of-text token a data set appends when the recipe names none: the
+/// first of <|endoftext|> (GPT-2, Qwen2), </s> (LLaMA-2, Mistral, LLaVA-1.5),
+/// <|end_of_text|> (LLaMA-3) and <eos> (bytes) the tokenizer knows, else
+/// <|endoftext|> (which the caller then reports missing).
+std::string default_eos(const Tokenizer& t);
+
+/// BPE from a tokenizer.json; errors name the file and what it holds that is
+/// not supported.
 std::unique_ptr<Tokenizer> bpe_tokenizer(const std::string& tokenizer_json);
 
 }  // namespace wick::text
