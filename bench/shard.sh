@@ -18,7 +18,7 @@ for n in 2 3; do
   for shard in none optimizer gradients; do
     out=$("$wick" launch --nproc-per-node "$n" "$here/shard.lua" shard=$shard "$@" | sed -n 's/^\(\[rank [0-9]*\] \)\{0,1\}RESULT //p')
     # the rank with the largest gradients + optimizer state
-    read -r _ peak w g o _ sent ms loss < <(echo "$out" | awk '{print $0, $4 + $5}' | sort -k10 -n | tail -1)
+    read -r _ peak w g o _ sent ms loss _ < <(echo "$out" | awk '{print $0, $4 + $5}' | sort -k10 -n | tail -1)
     state=$((g + o))
     base_state=${base_state:-$state}; base_sent=${base_sent:-$sent}; base_ms=${base_ms:-$ms}
     printf "%-6s %-10s %10s %9s %9s %9s %9s %7.3fx %12s %7.3fx %9s %7.2fx %10s\n" "$n" "$shard" "$(mib "$peak")" \

@@ -159,7 +159,10 @@ void GradReducer::finish(std::int64_t step) {
     group_->wait(b.work, what);
     b.work.reset();
     if (sharded()) {
-      b.flat = at::Tensor();  // the chunk holds what this rank needs
+      // the chunk holds what this rank needs; ZeRO-1 drops the local sums
+      // now, ZeRO-2 dropped them as the bucket was copied out
+      b.flat = at::Tensor();
+      for (auto k : b.params) params_[k].mutable_grad() = at::Tensor();
       continue;
     }
     for (std::size_t j = 0; j < b.params.size(); ++j) {

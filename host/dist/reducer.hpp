@@ -61,9 +61,9 @@ class GradReducer {
   void arm();
   /// After the last backward (or with no backward at all on this rank): every
   /// bucket reduced. Unsharded: every parameter's .grad the sum over ranks.
-  /// Sharded: piece_grads() the sums of this rank's pieces; the parameters'
-  /// own .grad are released (gradients) or hold this rank's local sums
-  /// (optimizer) until the next window clears them.
+  /// Sharded: piece_grad() the sums of this rank's pieces; the parameters'
+  /// own .grad are released: as each bucket is copied out during the
+  /// backward (gradients), or here, once every bucket is reduced (optimizer).
   void finish(std::int64_t step);
   std::size_t buckets() const { return buckets_.size(); }
   /// Buckets of the last window launched from gradient hooks, during the backward.
