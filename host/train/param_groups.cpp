@@ -47,10 +47,19 @@ void ParamGroups::check(const NamedTensors& params) const {
 
 void ParamGroups::attach(NamedTensors params) {
   check(params);
-  attach_shard(std::move(params), {});
+  assign(params, {});
+  for (auto& g : groups_) g.optim->attach(g.params);
+  rest_->attach(rest_group_.params);
 }
 
 void ParamGroups::attach_shard(NamedTensors params, const std::vector<std::int64_t>& whole) {
+  const auto wholes = assign(params, whole);
+  for (std::size_t i = 0; i < groups_.size(); ++i) groups_[i].optim->attach_shard(groups_[i].params, wholes[i]);
+  rest_->attach_shard(rest_group_.params, wholes.back());
+}
+
+std::vector<std::vector<std::int64_t>> ParamGroups::assign(const NamedTensors& params,
+                                                            const std::vector<std::int64_t>& whole) {
   for (auto& g : groups_) g.params.clear();
   rest_group_.params.clear();
   std::vector<std::vector<std::int64_t>> wholes(groups_.size() + 1);
@@ -59,8 +68,7 @@ void ParamGroups::attach_shard(NamedTensors params, const std::vector<std::int64
     (i < groups_.size() ? groups_[i] : rest_group_).params.push_back(params[k]);
     wholes[i].push_back(k < whole.size() ? whole[k] : params[k].second.numel());
   }
-  for (std::size_t i = 0; i < groups_.size(); ++i) groups_[i].optim->attach_shard(groups_[i].params, wholes[i]);
-  rest_->attach_shard(rest_group_.params, wholes.back());
+  return wholes;
 }
 
 void ParamGroups::step(double lr) {

@@ -54,6 +54,8 @@ class ParamGroups : public Optimizer {
   const ParamGroup& rest() const { return rest_group_; }
 
  private:
+  /// Puts each parameter in its group; the whole sizes by group (`whole` or each tensor's numel).
+  std::vector<std::vector<std::int64_t>> assign(const NamedTensors& params, const std::vector<std::int64_t>& whole);
   /// Which group (index; groups_.size() for the default) takes `name`.
   std::size_t group_of(const std::string& name) const;
   std::string label_;

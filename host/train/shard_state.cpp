@@ -26,10 +26,20 @@ std::map<std::string, at::Tensor> entries_of(const std::map<std::string, at::Ten
   return out;
 }
 
+// A counter every piece keeps (a step count): 0-dimensional, the same value
+// everywhere. (A one-element 1-D entry is per block: a piece of one block.)
 bool equal_scalars(const std::vector<at::Tensor>& parts) {
   for (const auto& t : parts)
-    if (t.numel() != 1 || !at::equal(t.reshape({}), parts.front().reshape({}))) return false;
+    if (t.dim() != 0 || !at::equal(t, parts.front())) return false;
   return true;
+}
+
+// The block size b (a power of two up to kShardAlign) with ceil(n / b) == m, or 0.
+std::int64_t block_of(std::int64_t n, std::int64_t m) {
+  std::int64_t block = 0;
+  for (std::int64_t b = 1; b <= kShardAlign; b *= 2)
+    if ((n + b - 1) / b == m) block = b;
+  return block;
 }
 
 }  // namespace
@@ -78,8 +88,9 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
       std::int64_t numel = 1;
       for (auto d : sizes) numel *= d;
       const std::int64_t nb = numel * static_cast<std::int64_t>(c10::elementSize(dtype));
+      // a copy first: view(dtype) needs an offset that is a multiple of the wider element
       by_rank[static_cast<std::size_t>(r)][e[0].get<std::string>()] =
-          flat.narrow(0, at_byte, nb).view(dtype).reshape(sizes);
+          flat.narrow(0, at_byte, nb).clone().view(dtype).reshape(sizes);
       at_byte += nb;
     }
   }
@@ -99,13 +110,15 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
     for (const auto& key : keys) {
       std::vector<at::Tensor> parts;
       bool elementwise = true;
+      int holder = -1;  // a rank that keeps this entry
+      for (const auto& [r, p] : ps)
+        if (by_rank[static_cast<std::size_t>(r)].count(name + "." + key)) holder = r;
       for (const auto& [r, p] : ps) {
         auto& st = by_rank[static_cast<std::size_t>(r)];
         auto it = st.find(name + "." + key);
         if (it == st.end())
-          throw Error("shard: the optimizer keeps state '" + name + "." + key + "' on rank " +
-                      std::to_string(ps.front().first) + " but not on rank " + std::to_string(r) +
-                      ", which holds another piece of the same parameter");
+          throw Error("shard: the optimizer keeps state '" + name + "." + key + "' on rank " + std::to_string(holder) +
+                      " but not on rank " + std::to_string(r) + ", which holds another piece of the same parameter");
         parts.push_back(it->second.cpu());
         elementwise = elementwise && it->second.numel() == p.numel;
       }
@@ -120,6 +133,12 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
         std::vector<at::Tensor> flat;
         for (auto& t : parts) flat.push_back(t.reshape({-1}));
         joined = at::cat(flat);  // per block: the pieces' blocks in order
+        if (block_of(param.numel(), joined.numel()) == 0)
+          throw Error("shard: the optimizer's state '" + name + "." + key + "' holds " +
+                      std::to_string(joined.numel()) + " elements over the pieces of a parameter of " +
+                      std::to_string(param.numel()) + ": neither one per element, one per block of a power of two up "
+                      "to " + std::to_string(kShardAlign) + ", nor a counter every piece keeps, so it cannot be "
+                      "joined into one rank's state (this optimizer cannot run sharded)");
       }
       out[name + "." + key] = joined;
       claimed.insert(name + "." + key);
@@ -149,15 +168,13 @@ std::map<std::string, at::Tensor> Trainer::cut_state(const std::map<std::string,
       if (t.numel() == n) {
         cut = t.reshape({-1}).narrow(0, piece.start, piece.numel);
         if (piece.numel == n) cut = cut.view(param.sizes());
-      } else if (piece.numel == n || t.numel() == 1) {
+      } else if (piece.numel == n || t.dim() == 0) {
         cut = t;  // a whole parameter's own, or a counter every piece keeps
       } else {
         // per block of b elements, b a power of two dividing kShardAlign: the
         // one b with ceil(n / b) blocks (unique for n > kShardAlign, which a
         // parameter cut across ranks is)
-        std::int64_t block = 0;
-        for (std::int64_t b = 1; b <= kShardAlign; b *= 2)
-          if ((n + b - 1) / b == t.numel()) block = b;
+        const std::int64_t block = block_of(n, t.numel());
         if (block == 0)
           throw Error(where + ": optimizer state '" + name + "." + key + "' holds " + std::to_string(t.numel()) +
                       " elements for a parameter of " + std::to_string(n) +

@@ -733,7 +733,6 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
-  // fp16: unscale the gradients and look for inf/nan (PyTorch's GradScaler kernels).
   if (group) {
     reducer_->finish(step_ + 1);
     if (sharded()) {
@@ -777,22 +776,25 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     // after, and skips, the same steps.
     std::vector<at::Tensor> parts{loss_sum.reshape({1}), at::full({1}, interrupted() ? 1.0 : 0.0, opts),
                                   found_inf.defined() ? found_inf.to(at::kDouble).reshape({1}) : at::zeros({1}, opts)};
+    // sharded: the squared norm of this rank's pieces, summed into the global one
+    const std::int64_t first_metric = sharded() ? 4 : 3;
+    if (sharded())
+      parts.push_back(local_norm.defined() ? local_norm.to(at::kDouble).square().reshape({1}) : at::zeros({1}, opts));
     for (const auto& k : metric_names_) {
       auto it = metric_sums.find(k);
       parts.push_back(it == metric_sums.end() ? at::zeros({1}, opts) : it->second.reshape({1}));
     }
-    if (sharded())  // the squared norm of this rank's pieces rides along too
-      parts.push_back(local_norm.defined() ? local_norm.to(at::kDouble).square().reshape({1}) : at::zeros({1}, opts));
     std::vector<at::Tensor> packed{at::cat(parts)};
     group->all_reduce(packed, "the loss of step " + std::to_string(step_ + 1));
     loss_sum = packed[0][0];
-    if (sharded()) local_norm = packed[0][-1].sqrt().to(at::kFloat);
+    if (sharded()) local_norm = packed[0][3].sqrt().to(at::kFloat);
     // the stop and overflow flags: one read, which every rank needs now
     const at::Tensor flags = packed[0].slice(0, 1, 3).cpu();
     ++host_reads_;
     s.stop = flags[0].item<double>() > 0;
     s.skipped = flags[1].item<double>() > 0;
-    for (std::size_t k = 0; k < metric_names_.size(); ++k) metric_sums[metric_names_[k]] = packed[0][k + 3];
+    for (std::size_t k = 0; k < metric_names_.size(); ++k)
+      metric_sums[metric_names_[k]] = packed[0][static_cast<std::int64_t>(k) + first_metric];
   } else {
     s.stop = interrupted();
     if (found_inf.defined()) {
@@ -880,9 +882,14 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
     // Written once, by rank 0; no rank goes on until it is complete. Sharded,
     // every rank first sends its pieces' state to rank 0, which joins them.
     fs::path dir = checkpoints_dir / step_dir_name(step_);
-    const auto opt_state = sharded() ? joined_state() : optim_->state();
     std::string error;
-    if (cfg_.group->rank() == 0) {
+    std::map<std::string, at::Tensor> opt_state;
+    try {  // every rank takes part in the join; a failure on rank 0 still reaches the barrier below
+      opt_state = sharded() ? joined_state() : optim_->state();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (cfg_.group->rank() == 0 && error.empty()) {
       try {
         dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state);
       } catch (const std::exception& e) {

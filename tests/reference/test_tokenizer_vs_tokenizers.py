@@ -301,6 +301,10 @@ UNSUPPORTED = {
         _set("post_processor", dict(TEMPLATE_BOS, single=[{"SpecialToken": {"id": "<s>", "type_id": 0}}])),
         r"post_processor\.single has no Sequence A"),
     "a Whitespace pre-tokenizer": (_set("pre_tokenizer", {"type": "Whitespace"}), r"uses pre-tokenizer Whitespace"),
+    "a template with a token after the sequence": (
+        _set("post_processor", dict(TEMPLATE_BOS, single=[{"Sequence": {"id": "A", "type_id": 0}},
+                                                          {"SpecialToken": {"id": "<s>", "type_id": 0}}])),
+        r"uses a post-processor template with tokens after the sequence \(post_processor\.single\[1\]\)"),
     "a CTC decoder": (_set("decoder", {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True}),
                       r"uses decoder CTC"),
 }

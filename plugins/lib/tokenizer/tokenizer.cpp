@@ -202,7 +202,6 @@ bool word_char(std::int32_t cp) {
   }
 }
 
-// Whitespace, for added tokens' lstrip and rstrip.
 bool valid_utf8(const std::string& s) {
   for (std::size_t i = 0; i < s.size();) {
     utf8proc_int32_t cp;
@@ -214,9 +213,12 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// Whitespace, for added tokens' lstrip and rstrip: Unicode's White_Space, as Rust's char::is_whitespace.
 bool space_char(std::int32_t cp) {
-  if (cp == '\t' || cp == '\n' || cp == '\r' || cp == '\v' || cp == '\f') return true;
-  return cp >= 0 && utf8proc_category(cp) == UTF8PROC_CATEGORY_ZS;
+  if ((cp >= 0x09 && cp <= 0x0D) || cp == 0x85) return true;
+  if (cp < 0) return false;
+  const auto c = utf8proc_category(cp);
+  return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
 }
 
 // The start of the UTF-8 character that ends right before s[i].
@@ -347,11 +349,8 @@ class Bpe : public Tokenizer {
         case DecodeStep::Replace:
           for (auto& t : toks) replace_all(t, d.a, d.b);
           break;
-        case DecodeStep::Metaspace:
-          for (std::size_t i = 0; i < toks.size(); ++i) {
-            replace_all(toks[i], d.a, " ");
-            if (i == 0 && d.n > 0 && toks[i].starts_with(" ")) toks[i].erase(0, 1);
-          }
+        case DecodeStep::Metaspace:  // the first token's replacements dropped (unless never prepended), the rest spaces
+          for (std::size_t i = 0; i < toks.size(); ++i) replace_all(toks[i], d.a, i == 0 && d.n > 0 ? "" : " ");
           break;
         case DecodeStep::ByteFallback: {
           std::vector<std::string> out;
@@ -543,7 +542,8 @@ class Bpe : public Tokenizer {
         for (auto it = sp.json().begin(); it != sp.json().end(); ++it) {
           const wick::JsonFields one(it.value(), where_, "post_processor.special_tokens." + it.key() + ".");
           for (const auto& id : one.array("ids")) {
-            if (!id.is_number_integer() || id.get<std::int64_t>() < 0) one.bad("ids", "a list of token ids");
+            if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > max_id_)
+              one.bad("ids", "a list of token ids of the vocabulary (0 to " + std::to_string(max_id_) + ")");
             specials[it.key()].push_back(id.get<std::int64_t>());
           }
         }
@@ -558,6 +558,11 @@ class Bpe : public Tokenizer {
                                      "', expected A in the template for one sequence");
           template_.emplace_back();
           sequence = true;
+        } else if (sequence) {
+          // a data set appends its own end-of-text token after the text: a template's tokens after the
+          // sequence (T5's "$A </s>") would land between a prompt and its completion
+          unsupported("a post-processor template with tokens after the sequence (post_processor.single[" +
+                      std::to_string(i) + "])");
         } else if (item.has("SpecialToken")) {
           const std::string id = item.object("SpecialToken").string("id");
           auto it = specials.find(id);

@@ -149,7 +149,8 @@ class AdamW8bit : public wick::Optimizer {
     std::int64_t n = 0;
     for (const auto& [name, p] : params) {
       const std::int64_t k = p.numel();
-      n += k >= min_8bit_ ? 2 * (k + 4 * ((k + block_ - 1) / block_)) : 2 * 4 * k;
+      const auto whole = whole_.find(name);  // a piece: 8-bit or not as its whole parameter
+      n += (whole != whole_.end() ? whole->second : k) >= min_8bit_ ? 2 * (k + 4 * ((k + block_ - 1) / block_)) : 2 * 4 * k;
     }
     return n;
   }

@@ -20,9 +20,9 @@ from conftest import WICK  # tests/conftest.py
 RECIPE = """
 local wick = require "wick"
 local a = wick.args
-local data = wick.data("synthetic", { size = a.size or 96, inputs = 64, classes = 3, max_items = 3, seed = 4 })
+local data = wick.data("synthetic", { size = a.size or 96, inputs = a.inputs or 64, classes = 3, max_items = 3, seed = 4 })
 wick.seed(5)
-local model = wick.model("mlp", { inputs = 64, hidden = { 128, 96 }, outputs = 3 })
+local model = wick.model("mlp", { inputs = a.inputs or 64, hidden = { a.hidden or 128, 96 }, outputs = 3 })
 local optims = {
   adamw = function() return wick.optim("adamw", { lr = 0.01, weight_decay = 0.05 }) end,
   sgd = function() return wick.optim("sgd", { lr = 0.05, momentum = 0.9 }) end,
@@ -154,15 +154,19 @@ def test_a_sharded_checkpoint_resumes_with_another_rank_count_and_setting(tmp_pa
     assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors")
 
 
-@pytest.mark.parametrize("nproc,shard", [(2, "gradients"), (2, "optimizer")])
+@pytest.mark.parametrize("nproc,shard,shape", [
+    (2, "gradients", []), (2, "optimizer", []),
+    (2, "gradients", ["inputs=65", "hidden=127"]),  # odd element counts: 8-bit codes then fp32 scales in one message
+])
 def test_a_sharded_checkpoint_holds_one_ranks_state_and_is_cut_again_on_resume(tmp_path, recipe, run_wick, nproc,
-                                                                               shard):
+                                                                               shard, shape):
     """adamw8bit (8-bit codes and per-block scales, fp32 moments below 4096
     elements, a step count): the joined state equals, entry for entry, what
     the same ranks unsharded keep; resumed sharded, it continues as the
     unsharded resume does. Two ranks and no clipping: the reduced gradients are
     the same bits either way (a + b), so the codes must be too."""
-    common = ["--nproc-per-node", nproc, recipe, "micro=2", "acc=2", "optim=adamw8bit", "clip=0", "schedule=constant"]
+    common = ["--nproc-per-node", nproc, recipe, "micro=2", "acc=2", "optim=adamw8bit", "clip=0", "schedule=constant",
+              *shape]
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
     run_wick("launch", *common, f"shard={shard}", "max_steps=5", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
     run_wick("launch", *common, "max_steps=5", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
