@@ -121,7 +121,11 @@ void ProgressObserver::on_end(const nlohmann::json& run) {
             ev.c_str(), fmt_bytes(num(run, "peak_memory")).c_str()));
   const auto& m = run["memory"];
   const bool cuda = m.value("device", "").rfind("cuda", 0) == 0;
-  note("wick: memory on " + m.value("device", "") + ": peak " + fmt_bytes(num(m, "peak")) + " held by tensors = weights " +
+  const std::string who =
+      num(m, "ranks", 1) > 1 ? strf("of rank %lld of %lld (shard = %s) ", static_cast<long long>(num(m, "rank")),
+                                    static_cast<long long>(num(m, "ranks")), run.value("shard", "none").c_str())
+                             : "";
+  note("wick: memory " + who + "on " + m.value("device", "") + ": peak " + fmt_bytes(num(m, "peak")) + " held by tensors = weights " +
        fmt_bytes(num(m, "weights")) + " + gradients " + fmt_bytes(num(m, "gradients")) + " + optimizer " +
        fmt_bytes(num(m, "optimizer")) + " + " + (cuda ? "" : "data buffers " + fmt_bytes(num(m, "data")) + " + ") +
        "activations " + fmt_bytes(num(m, "activations")) + " + other " + fmt_bytes(num(m, "other")) +

@@ -970,7 +970,10 @@ nlohmann::json run_training(const RunRequest& req) {
                      {"weights", bd.at("weights")},  {"gradients", bd.at("gradients")},
                      {"optimizer", bd.at("optimizer")}, {"data", data_bytes},
                      {"other", held_before},         {"activations", std::max<std::int64_t>(0, step_peak - held)},
-                     {"resident_peak", m["peak_resident"]}};
+                     {"resident_peak", m["peak_resident"]},
+                     // one rank's own figures: with shard, its part of the optimizer state and gradients
+                     {"rank", group ? group->rank() : 0},
+                     {"ranks", group ? group->size() : 1}};
   }
   // media data sets count the files they skipped (each named once when it
   // happened), the text data set the documents with nothing to learn from

@@ -32,7 +32,7 @@ local optims = {
 local run = wick.train { model = model, data = data, optim = optims[a.optim or "adamw"](),
   schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc, epochs = a.epochs or 2,
   max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = a.clip or 0.5, clip_grad_value = a.clip_value or 0,
-  quiet = true, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
+  quiet = not a.loud, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
   save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32" }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
@@ -134,6 +134,13 @@ def layout(opts):
     """(wick's verb and its first arguments, the rest, the rank count) of ["--nproc-per-node", N, ...] or [...]"""
     n = int(opts[1]) if opts and opts[0] == "--nproc-per-node" else 1
     return (["launch", *opts[:2]] if n > 1 else ["run"]), list(opts[2 if n > 1 else 0:]), n
+
+
+def test_the_end_of_run_summary_says_whose_memory_it_is(tmp_path, recipe, run_wick):
+    p = run_wick("launch", "--nproc-per-node", 2, recipe, "micro=2", "acc=2", "epochs=1", "shard=gradients", "loud=true",
+                 f"result={tmp_path / 'x.safetensors'}")
+    line = next(l for l in (p.stdout + p.stderr).splitlines() if "held by tensors" in l)
+    assert line.startswith("wick: memory of rank 0 of 2 (shard = gradients) on cpu: peak "), line
 
 
 @pytest.mark.parametrize("first,then", [
