@@ -440,6 +440,18 @@ class Bpe : public Tokenizer {
     return (static_cast<std::uint64_t>(a) << 32) | static_cast<std::uint64_t>(b);
   }
 
+  // A pipeline stage (normalizer, pre_tokenizer, ...): the steps of its
+  // Sequence (under `list`), or the one step it is; errors name the key.
+  std::vector<wick::JsonFields> steps_of(const wick::JsonFields& j, const std::string& key, const std::string& list) const {
+    const wick::JsonFields stage = j.object(key);
+    if (stage.string("type") != "Sequence") return {stage};
+    std::vector<wick::JsonFields> steps;
+    const auto& items = stage.array(list);
+    for (std::size_t i = 0; i < items.size(); ++i)
+      steps.emplace_back(items[i], where_, key + "." + list + "[" + std::to_string(i) + "].");
+    return steps;
+  }
+
   void read_added(const wick::JsonFields& j) {
     if (!j.has("added_tokens")) return;
     constexpr std::int64_t kMaxId = 0xFFFFFFFFLL;
@@ -456,16 +468,7 @@ class Bpe : public Tokenizer {
 
   void read_normalizer(const wick::JsonFields& j) {
     if (!j.has("normalizer") || j.json()["normalizer"].is_null()) return;
-    std::vector<wick::JsonFields> steps;
-    const wick::JsonFields n = j.object("normalizer");
-    if (n.string("type") == "Sequence") {
-      const auto& list = n.array("normalizers");
-      for (std::size_t i = 0; i < list.size(); ++i)
-        steps.emplace_back(list[i], where_, "normalizer.normalizers[" + std::to_string(i) + "].");
-    } else {
-      steps.push_back(n);
-    }
-    for (const auto& s : steps) {
+    for (const auto& s : steps_of(j, "normalizer", "normalizers")) {
       const std::string t = s.string("type");
       if (t == "NFC") norm_.push_back({NormStep::Nfc, "", ""});
       else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", ""});
@@ -480,16 +483,7 @@ class Bpe : public Tokenizer {
 
   void read_pre_tokenizer(const wick::JsonFields& j) {
     if (!j.has("pre_tokenizer") || j.json()["pre_tokenizer"].is_null()) return;  // each segment one word
-    const wick::JsonFields pt = j.object("pre_tokenizer");
-    std::vector<wick::JsonFields> steps;
-    if (pt.string("type") == "Sequence") {
-      const auto& list = pt.array("pretokenizers");
-      for (std::size_t i = 0; i < list.size(); ++i)
-        steps.emplace_back(list[i], where_, "pre_tokenizer.pretokenizers[" + std::to_string(i) + "].");
-    } else {
-      steps.push_back(pt);
-    }
-    for (const auto& s : steps) {
+    for (const auto& s : steps_of(j, "pre_tokenizer", "pretokenizers")) {
       const std::string t = s.string("type");
       PreStep step;
       if (t == "Split") {
@@ -522,16 +516,7 @@ class Bpe : public Tokenizer {
 
   void read_post_processor(const wick::JsonFields& j) {
     if (!j.has("post_processor") || j.json()["post_processor"].is_null()) return;
-    std::vector<wick::JsonFields> steps;
-    const wick::JsonFields pp = j.object("post_processor");
-    if (pp.string("type") == "Sequence") {
-      const auto& list = pp.array("processors");
-      for (std::size_t i = 0; i < list.size(); ++i)
-        steps.emplace_back(list[i], where_, "post_processor.processors[" + std::to_string(i) + "].");
-    } else {
-      steps.push_back(pp);
-    }
-    for (const auto& s : steps) {
+    for (const auto& s : steps_of(j, "post_processor", "processors")) {
       const std::string t = s.string("type");
       if (t == "ByteLevel") continue;  // offsets only: the ids stay
       if (t != "TemplateProcessing") unsupported("post-processor " + t);
@@ -586,14 +571,7 @@ class Bpe : public Tokenizer {
       return;
     }
     has_decoder_ = true;
-    std::vector<wick::JsonFields> steps;
-    const wick::JsonFields d = j.object("decoder");
-    if (d.string("type") == "Sequence") {
-      const auto& list = d.array("decoders");
-      for (std::size_t i = 0; i < list.size(); ++i) steps.emplace_back(list[i], where_, "decoder.decoders[" + std::to_string(i) + "].");
-    } else {
-      steps.push_back(d);
-    }
+    const auto steps = steps_of(j, "decoder", "decoders");
     byte_level_decoder_ = steps.size() == 1 && steps[0].string("type") == "ByteLevel";
     for (const auto& s : steps) {
       const std::string t = s.string("type");
