@@ -195,9 +195,6 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   if (cfg_.master_weights && !true_mode)
     throw Error("master_weights: only with precision = \"bf16-true\" or \"fp16-true\" (" + to_string(cfg_.precision) +
                 (cfg_.precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
-  if (cfg_.shard != ShardMode::None && cfg_.master_weights)
-    throw Error("shard = \"" + to_string(cfg_.shard) + "\" with master_weights is not supported yet: the fp32 copies "
-                "would be kept whole on every rank; use precision = \"bf16-mixed\" or shard = \"none\"");
   if (cfg_.shard != ShardMode::None && cfg_.sync_every_micro_batch)
     throw Error("shard = \"" + to_string(cfg_.shard) + "\": gradients are reduce-scattered once per window, with the "
                 "last backward; sync = \"micro_batch\" cannot be used with it");

@@ -33,7 +33,8 @@ local run = wick.train { model = model, data = data, optim = optims[a.optim or "
   schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc, epochs = a.epochs or 2,
   max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = a.clip or 0.5, clip_grad_value = a.clip_value or 0,
   quiet = not a.loud, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
-  save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32" }
+  save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32",
+  master_weights = a.masters or false }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
 print("RESULT " .. wick.rank .. " " .. string.format("%d %d %d %d", run.memory.optimizer, run.memory.gradients,
@@ -215,6 +216,19 @@ def test_fp16_loss_scaling_with_sharded_gradients_gives_the_unsharded_ranks_weig
     assert p.stdout.split("rank 0 steps ")[1].split()[0] == q.stdout.split("rank 0 steps ")[1].split()[0]
 
 
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+def test_master_weights_sharded_give_the_unsharded_ranks_weights(tmp_path, recipe, run_wick, shard):
+    """bf16-true with fp32 master weights: the fp32 gradients summed over the
+    window are reduce-scattered, each rank steps its pieces of the masters,
+    the masters are all-gathered and rounded into the bf16 weights. Without
+    clipping the same bits as the unsharded ranks."""
+    many, plain = tmp_path / "many.safetensors", tmp_path / "plain.safetensors"
+    common = ["--nproc-per-node", 2, recipe, "micro=2", "acc=4", "precision=bf16-true", "masters=true", "clip=0"]
+    run_wick("launch", *common, f"shard={shard}", f"result={many}")
+    run_wick("launch", *common, f"result={plain}")
+    assert_same_weights(many, plain, rtol=1e-7)
+
+
 DIE = """
 local wick = require "wick"
 local data = wick.data("synthetic", { size = 100000, inputs = 64, classes = 3 })
@@ -243,7 +257,6 @@ def test_a_rank_that_dies_in_a_sharded_run_ends_every_rank_naming_it(tmp_path, s
 @pytest.mark.parametrize("args,expect", [
     (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients)"),
     (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
-    (["shard=optimizer", "precision=bf16-true", "master_weights=true"], "with master_weights is not supported yet"),
 ])
 def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, run_wick, args, expect):
     p = run_wick("launch", "--nproc-per-node", 2, recipe, "micro=2", "acc=2", *args,
