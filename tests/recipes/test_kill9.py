@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 import json
+import math
 from pathlib import Path
 
 from safetensors.numpy import load_file
@@ -67,8 +68,14 @@ def test_kill9_leaves_complete_checkpoints_and_resumes_to_the_unbroken_weights(t
     recipe = tmp_path / "recipe.lua"
     recipe.write_text(RECIPE)
     kills = int(os.environ.get("WICK_KILLS", "12"))
-    # the run is as long as the kills asked need (each restart lives 0.4-1.6 s): 5 epochs a kill
-    epochs = f"epochs={5 * max(kills, 12)}"
+    # the run is as long as the kills asked need, at this machine's speed now:
+    # each restart lives at most 1.6 s, so the run trains for at least three
+    # times kills x 1.6 s (a fixed length ended before the last kill on an idle machine)
+    t0 = time.monotonic()
+    subprocess.run([WICK, "run", recipe, f"out={tmp_path / 'probe'}", "epochs=5"], check=True, capture_output=True,
+                   timeout=600)
+    per_epoch = (time.monotonic() - t0) / 5
+    epochs = f"epochs={max(5 * max(kills, 12), math.ceil(3 * kills * 1.6 / per_epoch))}"
     subprocess.run([WICK, "run", recipe, f"out={tmp_path / 'plain'}", epochs], check=True, capture_output=True,
                    timeout=600 * max(1, kills // 12))
     unbroken = load_file(str(tmp_path / "plain" / "final.safetensors"))
