@@ -73,6 +73,16 @@ wick.core.write_file(wick.args.result, wick.json(out))
 """
 
 
+def encode_decode_with_wick(tmp_path, run_wick, docs):
+    """wick's ids and decoded text of each doc, with tmp_path/tokenizer.json."""
+    (tmp_path / "docs.json").write_text(json.dumps(docs))
+    (tmp_path / "probe.txt").write_text("x")
+    (tmp_path / "r.lua").write_text(RECIPE)
+    run_wick("run", tmp_path / "r.lua", f"tokenizer={tmp_path / 'tokenizer.json'}", f"docs={tmp_path / 'docs.json'}",
+             f"probe={tmp_path / 'probe.txt'}", f"result={tmp_path / 'out.json'}")
+    return json.loads((tmp_path / "out.json").read_text())
+
+
 @pytest.mark.parametrize("style", ["gpt2", "qwen2"])
 def test_ids_equal_the_tokenizers_library(tmp_path, run_wick, style):
     texts = corpus()
@@ -80,12 +90,7 @@ def test_ids_equal_the_tokenizers_library(tmp_path, run_wick, style):
     tok = build(style, texts)
     tok.save(str(tmp_path / "tokenizer.json"))
     docs = texts + ["<|im_start|>user\nHallo Welt 🙂<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|endoftext|>"]
-    (tmp_path / "docs.json").write_text(json.dumps(docs))
-    (tmp_path / "probe.txt").write_text("x")
-    (tmp_path / "r.lua").write_text(RECIPE)
-    run_wick("run", tmp_path / "r.lua", f"tokenizer={tmp_path / 'tokenizer.json'}", f"docs={tmp_path / 'docs.json'}",
-             f"probe={tmp_path / 'probe.txt'}", f"result={tmp_path / 'out.json'}")
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = encode_decode_with_wick(tmp_path, run_wick, docs)
     total = 0
     for text, g in zip(docs, got):
         want = tok.encode(text).ids
@@ -175,12 +180,7 @@ def test_ids_of_the_tokenizers_users_bring_equal_the_tokenizers_library(tmp_path
     tok = build_llama3(texts) if style == "llama3" else build_byte_fallback(style, texts)
     tok.save(str(tmp_path / "tokenizer.json"))
     docs = texts + TRICKY
-    (tmp_path / "docs.json").write_text(json.dumps(docs))
-    (tmp_path / "probe.txt").write_text("x")
-    (tmp_path / "r.lua").write_text(RECIPE)
-    run_wick("run", tmp_path / "r.lua", f"tokenizer={tmp_path / 'tokenizer.json'}", f"docs={tmp_path / 'docs.json'}",
-             f"probe={tmp_path / 'probe.txt'}", f"result={tmp_path / 'out.json'}")
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = encode_decode_with_wick(tmp_path, run_wick, docs)
     total, fallback = 0, 0
     byte_ids = {tok.token_to_id(b) for b in BYTE_TOKENS} - {None}
     for text, g in zip(docs, got):
