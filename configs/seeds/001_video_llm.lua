@@ -7,9 +7,15 @@
 -- frame's 16x16 patch grid is pooled to 4x4 tokens, so 100 frames are 1,600
 -- visual tokens; the language model (LLaMA-style, 1.9 B: hidden 2048, 24
 -- layers, 92,544-token vocabulary, untied head) learns through rank-16 LoRA
--- on every linear layer, the projector trained in full.
---   wick make-clips clips --per-class 16 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images
---   wick run configs/seeds/001_video_llm.lua [clips=clips] [shape=small|real] [epochs=N]
+-- on every linear layer, the projector trained in full. The small shape keeps
+-- these settings (bf16 weights, bf16-mixed, 100 frames, 4 x 8) and trains
+-- the tower, the final norm and the head too: its weights are random, and a
+-- frozen random tower or head carries nothing a pretrained one would. With
+-- heldout=DIR it reports whether the model reads the clips: the held-out loss
+-- with each clip's own caption against the same captions on other clips.
+--   wick make-clips clips --per-class 48 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images
+--   wick make-clips held --seed 7 --per-class 8 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images
+--   wick run configs/seeds/001_video_llm.lua [clips=clips] [heldout=held] [shape=small|real] [epochs=N]
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 return dofile(here .. "/lib.lua").main {
   name = "001", title = "video LLM: CLIP ViT-L/14 + 1.9 B decoder, 100 frames, 8-16 GB",
@@ -19,7 +25,7 @@ return dofile(here .. "/lib.lua").main {
     common = { freeze_vision = true, projector = "mlp2x_gelu", vision_style = "clip", frame_chunk = 20 },
     small = { image_size = 32, patch_size = 8, vision_hidden_size = 48, vision_intermediate_size = 96,
       vision_layers = 2, vision_heads = 4, hidden_size = 64, intermediate_size = 128, layers = 2, heads = 4,
-      frame_tokens = 4 },
+      frame_tokens = 4, dtype = "bf16" },
     real = { image_size = 224, patch_size = 14, vision_hidden_size = 1024, vision_intermediate_size = 4096,
       vision_layers = 24, vision_heads = 16, family = "llama", vocab_size = 92544, hidden_size = 2048,
       intermediate_size = 8192, layers = 24, heads = 16, kv_heads = 8, tie_embeddings = false, rope_theta = 1000000,
@@ -32,13 +38,13 @@ return dofile(here .. "/lib.lua").main {
   depth = { "layers", "vision_layers" },  -- the options holding layer counts (bench/seeds.lua)
   transform = { "lora", { r = 16, alpha = 32, dropout = 0.05, target_modules = { "all-linear" },
     modules_to_save = { "multi_modal_projector" } } },
-  data = { kind = "clips", make = { small = "--per-class 16 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images",
+  unfreeze = { small = { "model.vision_tower", "model.language_model.norm", "lm_head" } },
+  data = { kind = "clips", make = { small = "--per-class 48 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images",
       real = "--per-class 16 --seconds 4 --fps 25 --size 224x224 --no-extras --no-images" },
     common = { max_frames = 100, resize = "exact", tokenizer = "bytes", prompt = "<image>", text_length = 64 },
     small = { image_size = 32 }, real = { image_size = 224 } },
   optim = { "adamw", { lr = 2e-4, weight_decay = 0 }, small = { lr = 3e-3 } },
   train = { micro_batch = 4, accumulate = 8, checkpointing = true, clip_grad_norm = 1.0, precision = "bf16-mixed",
     seed = 1 },
-  train_at = { small = { precision = "fp32", accumulate = 2 } },
-  epochs = { small = 3, real = 1 },
+  epochs = { small = 30, real = 1 },
 }

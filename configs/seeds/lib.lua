@@ -4,7 +4,7 @@
 -- clipping, empty-cache cadence), its model at two shapes (small: trains here
 -- in seconds; real: the architecture the seed's project runs, with random
 -- weights), and the seed's own memory figure. Running a recipe trains it:
---   wick run configs/seeds/000_microvlm.lua [clips=DIR] [shape=small|real] [epochs=N] [out=DIR]
+--   wick run configs/seeds/000_microvlm.lua [clips=DIR] [shape=small|real] [epochs=N] [out=DIR] [heldout=DIR]
 -- bench/seeds.lua measures each at its real shapes (one optimizer step).
 local wick = require "wick"
 local M = {}
@@ -67,6 +67,10 @@ function M.train_table(recipe, shape, clips, extra, depth)
     local t = wick.optim(recipe.transform[1], recipe.transform[2])
     t:apply(model)
   end
+  -- what a shape trains beyond the seed's own choice (the small shapes'
+  -- weights are random: a frozen random tower or head carries nothing a
+  -- pretrained one would)
+  for _, name in ipairs(recipe.unfreeze and recipe.unfreeze[shape] or {}) do model:unfreeze(name) end
   local oo = {}
   for k, v in pairs(recipe.optim[2]) do oo[k] = v end
   for k, v in pairs(recipe.optim[shape] or {}) do oo[k] = v end
@@ -77,12 +81,68 @@ function M.train_table(recipe, shape, clips, extra, depth)
   return t
 end
 
+-- Does the model read the pictures? The loss on held-out media (`wick
+-- make-clips` output in dir) with their own captions, and with the same
+-- captions handed to other clips (rotated by half the list, so each lands on
+-- another clip; the captions as a whole are the same). A model that ignores
+-- the pictures scores both alike; the gap is what it reads from them, in nats
+-- per token.
+function M.heldout_manifests(recipe, dir)
+  local d = recipe.data
+  if d.kind == "text" then error("heldout=: seed " .. recipe.name .. " trains on text; it has no pictures to hold out", 0) end
+  local manifest = dir .. (d.kind == "clips" and "/manifest.csv" or "/images/manifest.csv")
+  local f = io.open(manifest)
+  if not f then
+    error("heldout=" .. dir .. ": no " .. manifest .. " (make held-out media with `wick make-clips " .. dir ..
+      " --seed 7 " .. (d.make and d.make.small or "") .. "`)", 0)
+  end
+  local header = f:read("*l")
+  local rows = {}
+  for line in f:lines() do
+    local path, label, text = line:match("^([^,]*),([^,]*),([^,]*)$")
+    if not path then
+      f:close()
+      error(manifest .. ": expected rows of path,label,text, got '" .. line .. "'", 0)
+    end
+    rows[#rows + 1] = { path, label, text }
+  end
+  f:close()
+  if header ~= "path,label,text" or #rows < 2 then
+    error(manifest .. ": expected a path,label,text header and at least two rows", 0)
+  end
+  local out = { header }
+  local half = math.floor(#rows / 2)
+  for i, r in ipairs(rows) do out[#out + 1] = r[1] .. "," .. r[2] .. "," .. rows[(i - 1 + half) % #rows + 1][3] end
+  local mismatched = manifest:match("^(.*)/[^/]*$") .. "/mismatched.csv"
+  wick.core.write_file(mismatched, table.concat(out, "\n") .. "\n")
+  return manifest, mismatched, #rows
+end
+
+function M.heldout(recipe, shape, dir, model)
+  local d = recipe.data
+  local manifest, mismatched, n = M.heldout_manifests(recipe, dir)
+  local function eval(m)
+    local o = {}
+    for k, v in pairs(d.common or {}) do o[k] = v end
+    for k, v in pairs(d[shape] or {}) do o[k] = v end
+    o.manifest = m
+    return wick.evaluate(model, wick.data(d.kind == "clips" and "video_folder" or "image_folder", o),
+      { micro_batch = recipe.train.micro_batch }).loss
+  end
+  local own, other = eval(manifest), eval(mismatched)
+  print(string.format("seed %s: held-out loss %.4f with their own captions, %.4f with others' (%d %s; the pictures are worth %.4f nats per token)",
+    recipe.name, own, other, n, d.kind, other - own))
+  return own, other
+end
+
 -- Running a recipe: bench/seeds.lua collects the table instead.
 function M.main(recipe)
   local collect = rawget(_G, "wick_seed_collect")
   if collect then return collect(recipe) end
   local a = wick.args
   local shape = a.shape or "small"
+  local heldout = a.heldout
+  if heldout then M.heldout_manifests(recipe, heldout) end  -- refused now, not after the training
   if shape ~= "small" and shape ~= "real" then error("shape=" .. tostring(shape) .. ": expected small or real", 0) end
   local t = M.train_table(recipe, shape, a.clips or "clips",
     { out = a.out or ("runs/seeds/" .. recipe.name), epochs = recipe.epochs and recipe.epochs[shape] or 1 })
@@ -92,6 +152,7 @@ function M.main(recipe)
   local run = wick.train(t)
   print(string.format("seed %s: %d steps, first loss %.4f, final loss %.4f", recipe.name, run.steps,
     run.history[1] and run.history[1].loss or 0 / 0, run.final_loss or 0 / 0))
+  if heldout then M.heldout(recipe, shape, heldout, t.model) end
   if recipe.check then recipe.check(t.model, t.data, run) end
   return run
 end

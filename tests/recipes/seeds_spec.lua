@@ -39,6 +39,36 @@ describe("seed recipes, small shapes", function()
     end)
   end
 
+  it("001 learns the clips at 100 frames: held-out captions fit their own clips better than others'", function()
+    -- the recipe's own settings: bf16 weights, bf16-mixed, micro 4 x 8,
+    -- checkpointing, 100 frames (4-second clips at 25 fps), its 30 epochs
+    for _, c in ipairs { { "learn", "--per-class 48" }, { "held", "--seed 7 --per-class 8" } } do
+      local code, _, err = H.run("make-clips " .. dir .. "/" .. c[1] .. " " .. c[2] ..
+        " --seconds 4 --fps 25 --size 64x64 --no-extras --no-images")
+      assert.are.equal(0, code, err)
+    end
+    local code, out, err = H.run("run " .. H.source .. "/configs/seeds/001_video_llm.lua clips=" .. dir .. "/learn heldout=" ..
+      dir .. "/held out=" .. dir .. "/learn001", "OMP_NUM_THREADS=1")
+    assert.are.equal(0, code, err)
+    local own, other = out:match("seed 001: held%-out loss ([%d.]+) with their own captions, ([%d.]+) with others'")
+    own, other = tonumber(own), tonumber(other)
+    assert.truthy(own and other, out)
+    -- a model blind to the clips scores the same captions alike on any clips
+    assert.is_true(other - own > 0.03, string.format("held-out loss %.4f (own captions) vs %.4f (others')", own, other))
+  end)
+
+  it("heldout= is refused before training when there is nothing to hold out", function()
+    local code, _, err = H.run("run " .. H.source .. "/configs/seeds/001_video_llm.lua clips=" .. dir .. "/clips heldout=" ..
+      dir .. "/nowhere out=" .. dir .. "/bad")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("heldout=" .. dir .. "/nowhere: no " .. dir .. "/nowhere/manifest.csv", 1, true), err)
+    assert.falsy(err:find("step 1", 1, true), err)
+    code, _, err = H.run("run " .. H.source .. "/configs/seeds/004_gearhead_lm.lua clips=" .. dir .. "/clips heldout=" ..
+      dir .. "/clips out=" .. dir .. "/bad")
+    assert.are_not.equal(0, code)
+    assert.truthy(err:find("seed 004 trains on text; it has no pictures to hold out", 1, true), err)
+  end)
+
   it("shape= other than small or real is refused by name", function()
     local code, _, err = H.run("run " .. H.source .. "/configs/seeds/004_gearhead_lm.lua clips=" .. dir ..
       "/clips shape=huge out=" .. dir .. "/bad")
