@@ -97,6 +97,10 @@ function M.heldout_manifests(recipe, dir)
       " --seed 7 " .. (d.make and d.make.small or "") .. "`)", 0)
   end
   local header = f:read("*l")
+  if header ~= "path,label,text" then
+    f:close()
+    error(manifest .. ": expected the header path,label,text (wick make-clips' manifest), got " .. (header and ("'" .. header .. "'") or "an empty file"), 0)
+  end
   local rows = {}
   for line in f:lines() do
     local path, label, text = line:match("^([^,]*),([^,]*),([^,]*)$")
@@ -107,9 +111,7 @@ function M.heldout_manifests(recipe, dir)
     rows[#rows + 1] = { path, label, text }
   end
   f:close()
-  if header ~= "path,label,text" or #rows < 2 then
-    error(manifest .. ": expected a path,label,text header and at least two rows", 0)
-  end
+  if #rows < 2 then error(manifest .. ": expected at least two clips to hand each other's captions, got " .. #rows, 0) end
   local out = { header }
   local half = math.floor(#rows / 2)
   for i, r in ipairs(rows) do out[#out + 1] = r[1] .. "," .. r[2] .. "," .. rows[(i - 1 + half) % #rows + 1][3] end

@@ -67,6 +67,23 @@ describe("seed recipes, small shapes", function()
       dir .. "/clips out=" .. dir .. "/bad")
     assert.are_not.equal(0, code)
     assert.truthy(err:find("seed 004 trains on text; it has no pictures to hold out", 1, true), err)
+    -- a manifest that is not wick make-clips' path,label,text rows
+    os.execute("mkdir -p " .. dir .. "/badheld")
+    for _, c in ipairs {
+      { "path,label\nvideos/a.mp4,0\nvideos/b.mp4,1\n",
+        "expected the header path,label,text (wick make-clips' manifest), got 'path,label'" },
+      { "", "expected the header path,label,text (wick make-clips' manifest), got an empty file" },
+      { "path,label,text\nvideos/a.mp4,0,a red circle\n", "expected at least two clips to hand each other's captions, got 1" },
+      { "path,label,text\nvideos/a.mp4,0,\"a red, circle\"\nvideos/b.mp4,1,x\n",
+        "expected rows of path,label,text, got 'videos/a.mp4,0,\"a red, circle\"'" },
+    } do
+      H.write(dir .. "/badheld/manifest.csv", c[1])
+      code, _, err = H.run("run " .. H.source .. "/configs/seeds/001_video_llm.lua clips=" .. dir .. "/clips heldout=" ..
+        dir .. "/badheld out=" .. dir .. "/bad")
+      assert.are_not.equal(0, code)
+      assert.truthy(err:find(dir .. "/badheld/manifest.csv: " .. c[2], 1, true), err)
+      assert.falsy(err:find("step 1", 1, true), err)
+    end
   end)
 
   it("shape= other than small or real is refused by name", function()
