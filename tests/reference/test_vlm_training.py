@@ -78,3 +78,63 @@ def test_vlm_learns_captions_and_names_held_out_shapes(tmp_path):
         assert len(words) == 3 and words[0] in ("a", "an") and words[1] in colours and words[2] in shapes, captions[i]
         right += words[2] == r["text"].split()[-1]
     assert right >= len(held) // 2, (right, len(held), captions, [r["text"] for r in held])
+
+
+ALL_FRAMES = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("video_folder", { manifest = a.manifest, max_frames = 0, sampling = "stride", fps = 3,
+  image_size = 32, resize = "exact", tokenizer = "bytes", prompt = "<image>", text_length = 24 })
+wick.seed(1)
+local m = wick.model("vlm", { image_token_id = data.image_token_id, vocab_size = data.vocab_size, image_size = 32,
+  patch_size = 8, vision_hidden_size = 32, vision_intermediate_size = 64, vision_layers = 1, vision_heads = 2,
+  vision_feature_layer = -1, hidden_size = 32, intermediate_size = 64, layers = 1, heads = 2, freeze_vision = false,
+  frame_tokens = 4,
+  time_pool = 2, frame_chunk = 16 })
+m:save(a.init)
+wick.train { model = m, data = data, optim = wick.optim("sgd", { lr = 0.5, momentum = 0.9 }),
+  micro_batch = tonumber(a.micro), accumulate = tonumber(a.acc), max_steps = 2, shuffle = false, quiet = true, seed = 1,
+  checkpointing = a.ck == "true" }
+m:save(a.weights)
+local ids = m:generate(data:window(1, 1), { max_new_tokens = 4, eos_id = data.eos_id })
+print("generated", #ids)
+"""
+
+
+def test_clips_of_all_their_frames_accumulate_to_the_large_batch(tmp_path):
+    """video_folder with max_frames = 0 and captions (clips of 1, 3, 6 and 180
+    frames at 3 fps, so 4 to 360 visual tokens each) trains the vlm, tower
+    included, to the same weights as one micro-batch of 4 whether the window
+    is 2 x 2 or 4 x 1 with checkpointing; generation from a padded clip runs.
+    (SGD: with AdamW the tower's position table ended 4e-5 apart relative to
+    its norm, the rounding of sums taken in another order, which Adam's
+    division by each gradient's own size enlarges.)"""
+    import torch
+    from safetensors.torch import load_file
+    d = tmp_path / "clips"
+    subprocess.run([WICK, "make-clips", d, "--classes", "1", "--per-class", "1", "--seconds", "2", "--no-images"],
+                   check=True, capture_output=True, timeout=600)
+    man = tmp_path / "m.csv"
+    rows = [("short.mp4", "three frames"), ("vfr.mp4", "a clip of changing pace"), ("bframes.mp4", "two seconds"),
+            ("long.mp4", "one minute of shapes")]
+    man.write_text("path,label,text\n" + "".join(f"{d / 'extras' / f},0,{t}\n" for f, t in rows))
+    (tmp_path / "r.lua").write_text(ALL_FRAMES)
+    weights = {}
+    for micro, acc, ck in ((4, 1, "false"), (2, 2, "false"), (1, 4, "true")):
+        out = tmp_path / f"w{micro}.safetensors"
+        p = subprocess.run([WICK, "run", tmp_path / "r.lua", f"manifest={man}", f"micro={micro}", f"acc={acc}", f"ck={ck}",
+                            f"weights={out}", f"init={tmp_path / 'init.safetensors'}"],
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        assert re.search(r"generated\s+\d+", p.stdout), p.stdout
+        weights[micro] = load_file(out)
+    init = load_file(tmp_path / "init.safetensors")
+    moved = 0
+    for name, w in weights[4].items():
+        moved += int((w - init[name]).abs().max().item() > 1e-5)
+        for micro in (2, 1):
+            o = weights[micro][name]
+            assert (w - o).norm().item() <= 1e-5 * max(w.norm().item(), 1e-12) + 1e-7, (name, micro, (w - o).norm().item(), (w - init[name]).norm().item())
+    assert moved > 30, (moved, len(weights[4]))
+    tower = [n for n in weights[4] if n.startswith("model.vision_tower.")]
+    assert any((weights[4][n] - init[n]).abs().max().item() > 1e-4 for n in tower)

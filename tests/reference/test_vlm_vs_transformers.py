@@ -236,3 +236,73 @@ def test_pooled_frames_in_chunks_equal_a_written_out_reference(tmp_path, run_wic
         checked += 1
     assert checked > 20
     assert any(k.startswith("grad.model.vision_tower.") for k in g) != freeze
+
+
+def test_clips_of_different_lengths_equal_each_clip_alone(tmp_path, run_wick):
+    """A batch of clips of 3 and 1 frames, padded to 3 with noise that
+    frame_mask marks as padding (video_folder's max_frames = 0): each row's
+    logits are transformers' on that clip alone (its own frames pooled, its
+    own visual token count, no padding), and the loss and every gradient are
+    those of the rows' summed token losses over all their answer tokens."""
+    torch.manual_seed(5)
+    ref = tiny(-2, "default")
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    B, T, L = 2, 3, 7
+    counts = [3, 1]
+    ids = torch.randint(0, IMAGE, (B, L))
+    ids[0, 2] = IMAGE
+    ids[1, 0] = IMAGE
+    labels = ids.clone()
+    labels[ids == IMAGE] = -100
+    video = torch.randn(B, T, 3, 32, 32)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    save_file({"input_ids": ids, "labels": labels, "video": video, "frame_mask": mask}, tmp_path / "batch.safetensors")
+    run_recipe(tmp_path, run_wick, "frame_tokens=4", "frame_chunk=2", "time_pool=2")
+
+    total, items, lengths, want = 0.0, 0, [], []
+    for r in range(B):
+        n = counts[r]
+        hs = ref.model.vision_tower(video[r, :n], output_hidden_states=True).hidden_states[-2]
+        grid = hs[:, 1:].reshape(n, 4, 4, -1)
+        pooled = ((grid[:, 0::2, 0::2] + grid[:, 1::2, 0::2] + grid[:, 0::2, 1::2] + grid[:, 1::2, 1::2]) / 4).reshape(n, 4, -1)
+        groups = [pooled[t:t + 2].mean(0) for t in range(0, n, 2)]
+        feats = ref.model.multi_modal_projector(torch.cat(groups, 0))
+        emb = ref.model.get_input_embeddings()(ids[r:r + 1].masked_fill(ids[r:r + 1] == IMAGE, 0))[0]
+        p = int((ids[r] == IMAGE).nonzero())
+        row = torch.cat([emb[:p], feats, emb[p + 1:]])
+        lab = torch.cat([labels[r, :p], torch.full((feats.shape[0],), -100), labels[r, p + 1:]])
+        out = ref.lm_head(ref.model.language_model(inputs_embeds=row[None]).last_hidden_state)[0]
+        total = total + torch.nn.functional.cross_entropy(out[:-1], lab[1:], ignore_index=-100, reduction="sum")
+        items += int((lab[1:] != -100).sum())
+        lengths.append(row.shape[0])
+        want.append(out.detach())
+    assert lengths == [L - 1 + 8, L - 1 + 4]
+    loss = total / items
+    loss.backward()
+
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert logits.shape == (B, max(lengths), VOCAB)
+    for r in range(B):
+        assert (logits[r, :lengths[r]] - want[r]).abs().max().item() < 1e-4, r
+    g = load_file(tmp_path / "grads.safetensors")
+    assert int(g["items"]) == items
+    assert abs(g["loss"].item() - loss.item()) < 1e-5
+    checked = 0
+    for n, p in ref.named_parameters():
+        if p.grad is None or p.grad.abs().max() == 0:
+            continue
+        torch.testing.assert_close(g["grad." + n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        checked += 1
+    assert checked > 20
+
+    # a mask that is not [B, T] 0/1 with a frame in every clip is refused by name
+    for bad, says in ((torch.tensor([[1, 1, 1]]), "frame_mask must be [N, T] = [2, 3]"),
+                      (torch.tensor([[1, 2, 0], [1, 0, 0]]), "values other than 0 and 1"),
+                      (torch.tensor([[1, 1, 1], [0, 0, 0]]), "clip 1 of the batch has no frame"),
+                      (torch.tensor([[1.0, 1, 1], [1, 0, 0]]), "must hold integers or booleans")):
+        save_file({"input_ids": ids, "labels": labels, "video": video, "frame_mask": bad}, tmp_path / "batch.safetensors")
+        p = run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+                     f"logits={tmp_path / 'l2.safetensors'}", f"grads={tmp_path / 'g2.safetensors'}",
+                     f"saved={tmp_path / 's2.safetensors'}", check=False)
+        assert p.returncode != 0 and says in p.stderr and "vlm:" in p.stderr, p.stderr
+        assert not (tmp_path / "l2.safetensors").exists()

@@ -414,11 +414,31 @@ double to_seconds(std::int64_t ts, AVRational tb) { return static_cast<double>(t
 
 std::vector<double> sample_times(const Request& req, double start, double duration, double frame_rate,
                                  std::mt19937_64& rng) {
-  const int T = req.max_frames;
-  std::vector<double> t(static_cast<std::size_t>(T));
   if (duration <= 0) duration = 1.0 / std::max(frame_rate, 1.0);
   const double fr = frame_rate > 0 ? frame_rate : 25.0;
   const double n_frames = std::max(1.0, std::floor(duration * fr + 0.5));
+  if (req.max_frames == 0) {
+    // every stride-th frame at `fps` to the end: as many as the clip holds
+    if (req.sampling != Sampling::Stride)
+      throw std::runtime_error("max_frames = 0 (every frame at the stride) needs sampling = stride");
+    const double rate = req.fps > 0 ? req.fps : fr;
+    const double step = req.stride / rate;
+    // half a sample short of the end counts as the end: headers round durations
+    const double usable = duration - 0.5 / std::max(fr, rate);
+    double t0 = 0;
+    const double reach = std::min(step, usable);  // a random start within the first stride
+    if (req.random_start && reach > 0) t0 = std::uniform_real_distribution<double>(0.0, reach)(rng);
+    const double count = usable > t0 ? std::floor((usable - t0) / step + 1e-9) + 1 : 1;
+    if (count > kMaxAllFrames)
+      throw std::runtime_error("holds " + std::to_string(static_cast<long long>(count)) + " frames at stride " +
+                               std::to_string(req.stride) + " (max_frames = 0 takes at most " +
+                               std::to_string(kMaxAllFrames) + "; raise stride, lower fps or set max_frames)");
+    std::vector<double> t(static_cast<std::size_t>(count));
+    for (std::size_t k = 0; k < t.size(); ++k) t[k] = start + t0 + static_cast<double>(k) * step;
+    return t;
+  }
+  const int T = req.max_frames;
+  std::vector<double> t(static_cast<std::size_t>(T));
   if (req.sampling == Sampling::Stride) {
     const double rate = req.fps > 0 ? req.fps : fr;
     const double step = req.stride / rate;
@@ -453,7 +473,7 @@ std::vector<double> sample_times(const Request& req, double start, double durati
 }
 
 Frames decode_video(const std::string& path, const Request& req, std::mt19937_64& rng) {
-  if (req.max_frames < 1) fail(path, "max_frames must be >= 1");
+  if (req.max_frames < 0) fail(path, "max_frames must be >= 0");
   Source s;
   s.path = path;
   s.open(req);
@@ -465,7 +485,12 @@ Frames decode_video(const std::string& path, const Request& req, std::mt19937_64
   AVRational fr = s.st->avg_frame_rate.num > 0 ? s.st->avg_frame_rate : s.st->r_frame_rate;
   const double rate = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 25.0;
   const double start = to_seconds(start_ts, tb);
-  std::vector<double> want = sample_times(req, start, duration, rate, rng);
+  std::vector<double> want;
+  try {
+    want = sample_times(req, start, duration, rate, rng);
+  } catch (const std::runtime_error& e) {
+    fail(path, e.what());
+  }
 
   // geometry from the displayed size
   const int sw = s.st->codecpar->width, sh = s.st->codecpar->height;
@@ -474,7 +499,7 @@ Frames decode_video(const std::string& path, const Request& req, std::mt19937_64
   bool flip = req.flip;
 
   Frames out;
-  out.t = req.max_frames;
+  out.t = static_cast<int>(want.size());
   out.h = plan.out_h;
   out.w = plan.out_w;
   out.rotation = rotation;

@@ -23,9 +23,13 @@ enum class Pad { Repeat, Loop };
 enum class Resize { ShorterSide, Exact, Letterbox };
 enum class Crop { Center, RandomResized, None };
 
+/// With max_frames = 0, a clip longer than this many frames at the stride is
+/// refused (its name and count in the message), not decoded.
+constexpr int kMaxAllFrames = 4096;
+
 struct Request {
   // video
-  int max_frames = 16;
+  int max_frames = 16;  // 0: every frame at the stride (Stride only), at most kMaxAllFrames
   Sampling sampling = Sampling::Uniform;
   int stride = 1;      // Stride: every stride-th frame at `fps`
   double fps = 0;      // Stride: resample to this rate first (0: the clip's own)
@@ -65,7 +69,9 @@ Frames decode_image(const std::string& path, const Request& req, std::mt19937_64
 
 /// The frame times `sampling` picks in a clip [start, start + duration) with
 /// `frame_rate` frames per second (for Stride and short clips), max_frames of
-/// them. Exposed for tests.
+/// them; with max_frames = 0 (Stride only), every stride-th frame at `fps`
+/// from the start (or a random_start within the first stride) to the end.
+/// Exposed for tests.
 std::vector<double> sample_times(const Request& req, double start, double duration, double frame_rate,
                                  std::mt19937_64& rng);
 

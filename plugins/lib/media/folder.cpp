@@ -124,6 +124,9 @@ class MediaFolder : public wick::Dataset {
       req_.fps = o.get_double("fps");
       req_.random_start = o.get_bool("random_start");
       req_.pad = o.get_string("pad") == "loop" ? wick::media::Pad::Loop : wick::media::Pad::Repeat;
+      if (req_.max_frames == 0 && req_.sampling != wick::media::Sampling::Stride)
+        throw wick::Error(std::string(name_) + ": max_frames = 0 takes every stride-th frame of each clip, which "
+                          "needs sampling = \"stride\" (got sampling = \"" + s + "\"); or give max_frames >= 1");
     }
     std::vector<std::string> exts;
     for (const auto& v : o.at("extensions").as_list()) {
@@ -170,14 +173,44 @@ class MediaFolder : public wick::Dataset {
     throw wick::Error(std::string(name_) + ": no file could be decoded (first error: " + first_error + ")");
   }
 
-  wick::Batch collate(const std::vector<wick::Sample>& samples) const override {
-    if (variable_size_ && samples.size() > 1) {
-      const auto& s0 = samples.front().at(key_).sizes();
-      for (const auto& s : samples)
-        if (s.at(key_).sizes() != s0)
+  wick::Batch collate(const std::vector<wick::Sample>& in) const override {
+    if (variable_size_ && in.size() > 1) {
+      // frames (max_frames = 0) may differ in number, pictures must not differ in size
+      const auto last3 = [&](const wick::Sample& s) { return s.at(key_).sizes().slice(s.at(key_).dim() - 3); };
+      for (const auto& s : in)
+        if (last3(s) != last3(in.front()))
           throw wick::Error(std::string(name_) + ": resize = 'shorter_side' with crop = 'none' gives pictures of "
                             "different shapes that do not stack into a batch; use crop = 'center' or micro_batch = 1");
     }
+    // max_frames = 0: clips hold different frame counts; each is padded with
+    // black frames to the longest of the batch (frame_times -1 there) and
+    // frame_mask [B, T] (int64, 1 = a real frame) says which frames are real
+    std::vector<wick::Sample> padded;
+    at::Tensor frame_mask;
+    if (video_ && req_.max_frames == 0) {
+      std::int64_t T = 0;
+      for (const auto& s : in) T = std::max(T, s.at(key_).size(0));
+      frame_mask = at::zeros({static_cast<std::int64_t>(in.size()), T}, at::kLong);
+      for (std::size_t b = 0; b < in.size(); ++b) {
+        wick::Sample s = in[b];
+        const auto n = s.at(key_).size(0);
+        frame_mask[static_cast<std::int64_t>(b)].narrow(0, 0, n).fill_(1);
+        if (n < T) {
+          auto shape = s.at(key_).sizes().vec();
+          shape[0] = T - n;
+          s[key_] = at::cat({s.at(key_), at::zeros(shape, s.at(key_).options())});
+          s["frame_times"] = at::cat({s.at("frame_times"), at::full({T - n}, -1.0, at::kDouble)});
+        }
+        padded.push_back(std::move(s));
+      }
+    }
+    const std::vector<wick::Sample>& samples = frame_mask.defined() ? padded : in;
+    wick::Batch out = collate_tokens(samples);
+    if (frame_mask.defined()) out["frame_mask"] = frame_mask;
+    return out;
+  }
+
+  wick::Batch collate_tokens(const std::vector<wick::Sample>& samples) const {
     if (!tokenizer_) return Dataset::collate(samples);
     // the token columns: padded to the longest of the batch
     std::vector<wick::Sample> rest;
@@ -228,6 +261,8 @@ class MediaFolder : public wick::Dataset {
             {"seeks", static_cast<std::int64_t>(seeks_.load())},
             {"image_size", static_cast<std::int64_t>(req_.height)},
             {"max_frames", static_cast<std::int64_t>(req_.max_frames)},
+            // max_frames = 0: a clip's bytes are frame_bytes x its frame count
+            {"frame_bytes", static_cast<std::int64_t>(3LL * req_.height * req_.width)},
             {"sample_bytes", static_cast<std::int64_t>(3LL * req_.max_frames * req_.height * req_.width)}};
   }
 
@@ -449,7 +484,10 @@ wick::OptionSchema folder_options(Kind kind) {
       wick::opt_string("eos_token", wick::Value(), "end-of-text token (default: <eos> for bytes; for a tokenizer.json the first of <|endoftext|>, </s>, <|end_of_text|> it holds)").optional(),
   };
   if (video) {
-    s.push_back(wick::opt_int("max_frames", 16, "frames per clip (T)").range(1, 4096));
+    s.push_back(wick::opt_int("max_frames", 16,
+                              "frames per clip (T); 0: every stride-th frame of each clip (sampling = stride; at "
+                              "most 4096), padded per batch with frame_mask saying which are real")
+                    .range(0, wick::media::kMaxAllFrames));
     s.push_back(wick::opt_string("sampling", "uniform",
                                  "uniform (over the clip), random_segment (one random frame per equal segment), "
                                  "stride (every stride-th frame at fps)")

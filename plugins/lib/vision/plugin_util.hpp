@@ -28,6 +28,32 @@ inline const at::Tensor& batch_tensor(const wick::Batch& b, const std::string& k
   return it->second;
 }
 
+/// The batch's frame_mask (video_folder with max_frames = 0: clips padded to
+/// the longest of the batch, 1 = a real frame) checked against video [N, T,
+/// ...]: a bool [N, T] on video's device, or undefined when the batch has no
+/// mask or every frame is real. An error names the plugin and what is wrong:
+/// another shape, a value other than 0 and 1, a clip without a frame.
+inline at::Tensor frame_mask(const wick::Batch& b, const at::Tensor& video, const std::string& who) {
+  auto it = b.find("frame_mask");
+  if (it == b.end()) return {};
+  const at::Tensor& m = it->second;
+  if (m.dim() != 2 || m.size(0) != video.size(0) || m.size(1) != video.size(1))
+    throw wick::Error(who + ": frame_mask must be [N, T] = [" + std::to_string(video.size(0)) + ", " +
+                      std::to_string(video.size(1)) + "] like video's first two dimensions, got " + c10::str(m.sizes()));
+  if (m.is_floating_point() || m.is_complex())
+    throw wick::Error(who + ": frame_mask must hold integers or booleans (1 = a real frame), got " +
+                      std::string(c10::toString(m.scalar_type())));
+  const at::Tensor c = m.to(at::kCPU, at::kLong);
+  if (c.numel() > 0 && (c.min().item<std::int64_t>() < 0 || c.max().item<std::int64_t>() > 1))
+    throw wick::Error(who + ": frame_mask holds values other than 0 and 1 (1 = a real frame, 0 = padding)");
+  const at::Tensor per_clip = c.sum(1);
+  for (std::int64_t r = 0; r < per_clip.size(0); ++r)
+    if (per_clip[r].item<std::int64_t>() == 0)
+      throw wick::Error(who + ": clip " + std::to_string(r) + " of the batch has no frame (its frame_mask row is all 0)");
+  if (per_clip.min().item<std::int64_t>() == video.size(1)) return {};
+  return c.to(at::kBool).to(video.device());
+}
+
 /// Class labels [N] checked against the head's size (an out-of-range label,
 /// such as the -1 of a manifest row without one, is an error naming the plugin).
 inline at::Tensor checked_labels(const wick::Batch& b, std::int64_t classes, const std::string& who) {

@@ -2,7 +2,11 @@
 // encoder, pooled per frame) and a temporal module over the T frames (mean,
 // or a small pre-norm transformer with learned temporal positions), then a
 // linear head. Batches: `video` uint8 [N, T, 3, H, W] as video_folder gives
-// them (or `image` [N, 3, H, W]: one frame), `label` [N]. Items are samples.
+// them (or `image` [N, 3, H, W]: one frame), `label` [N], and with clips of
+// different lengths (max_frames = 0) `frame_mask` [N, T] (1 = a real frame):
+// padded frames skip the encoder, no frame attends to them and the mean is
+// over real frames, so each clip's logits are those of the clip alone.
+// Items are samples.
 //
 // The frame encoder runs on all N x T frames at once, so activation memory
 // grows linearly with T (the data's max_frames); its blocks and the temporal
@@ -75,8 +79,10 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     if (dtype_ != at::kFloat) to(dtype_);  // the small parts; the encoder was built in dtype_
   }
 
-  // [N, T, D]: the pooled features of every frame
-  at::Tensor frame_features(const wick::Batch& b) {
+  // [N, T, D]: the pooled features of every frame. With a frame_mask
+  // (clips of different lengths, padded), `valid` [N, T] gets the real
+  // frames; only they go through the encoder, the padding's features are 0.
+  at::Tensor frame_features(const wick::Batch& b, at::Tensor& valid) {
     at::Tensor video;
     if (auto it = b.find("video"); it != b.end()) {
       video = it->second;
@@ -87,11 +93,19 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     } else {
       batch_tensor(b, "video", "video_classifier", "clips [N, T, 3, H, W] from video_folder");
     }
+    valid = frame_mask(b, video, "video_classifier");
+    if (valid.defined()) {  // up to the last real frame of any clip (a re-split batch may hold only padding past it)
+      const auto last = valid.any(0).nonzero().max().item<std::int64_t>() + 1;
+      video = video.narrow(1, 0, last);
+      valid = valid.narrow(1, 0, last);
+    }
     const auto N = video.size(0), T = video.size(1);
     if (temporal_ == "transformer" && T > max_frames_)
       throw wick::Error("video_classifier: clips have " + std::to_string(T) + " frames, the temporal positions cover " +
                         std::to_string(max_frames_) + " (set the model's max_frames to at least the data's)");
-    at::Tensor frames = normalize_pixels(video.flatten(0, 1), stats_.mean, stats_.std, dtype_);
+    at::Tensor flat = video.flatten(0, 1);
+    if (valid.defined()) flat = flat.index({valid.flatten()});
+    at::Tensor frames = normalize_pixels(flat, stats_.mean, stats_.std, dtype_);
     at::Tensor pooled;
     // frozen now (freeze_vision, or model:freeze later): the encoder keeps no activations for backward
     bool trains = false;
@@ -102,20 +116,30 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     } else {
       pooled = vit_->pool(vit_->forward(frames, this, prefix_));
     }
+    if (valid.defined())
+      pooled = at::zeros({N * T, pooled.size(-1)}, pooled.options()).index_put({valid.flatten()}, pooled);
     return pooled.view({N, T, -1});
   }
 
   at::Tensor logits(const wick::Batch& b) {
-    at::Tensor h = frame_features(b);
+    at::Tensor valid;
+    at::Tensor h = frame_features(b, valid);
     if (temporal_ == "transformer") {
       h = h + temporal_pos_.narrow(1, 0, h.size(1)).to(h.scalar_type());
+      // padded frames are keys no frame attends to
+      at::Tensor attend;
+      if (valid.defined()) attend = valid.view({h.size(0), 1, 1, h.size(1)}).expand({h.size(0), 1, h.size(1), h.size(1)});
       for (std::size_t i = 0; i < temporal_blocks_.size(); ++i) {
         VitBlock blk = temporal_blocks_[i];
-        h = run_block("temporal.layers." + std::to_string(i), [blk](const at::Tensor& x) mutable { return blk->forward(x); }, h);
+        h = run_block("temporal.layers." + std::to_string(i),
+                      [blk, attend](const at::Tensor& x) mutable { return blk->forward(x, attend); }, h);
       }
       h = temporal_norm_->forward(h);
     }
-    return classifier_->forward(h.mean(1));
+    if (!valid.defined()) return classifier_->forward(h.mean(1));
+    // the mean over each clip's real frames
+    const at::Tensor w = valid.to(h.scalar_type()).unsqueeze(-1);
+    return classifier_->forward((h * w).sum(1) / w.sum(1));
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {

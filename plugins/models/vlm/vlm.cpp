@@ -12,7 +12,12 @@
 // frame's tokens become visual tokens, frame after frame), or pixel_values
 // (floating, already normalised). The image token is replaced by the
 // projected visual tokens; their positions carry no loss. Items are the
-// answer tokens (labels other than -100).
+// answer tokens (labels other than -100). Clips of different lengths
+// (video_folder's max_frames = 0) come padded with a frame_mask [B, T] (1 = a
+// real frame): only real frames are encoded, row r gets its own clip's
+// visual tokens and the rows are right-padded to the longest merged sequence
+// (ignored positions a causal model's real ones never see), so each row's
+// logits and loss are those of its clip alone.
 //
 // Frames, memory bounded: the tower sees `frame_chunk` frames at a time (a
 // frozen tower keeps nothing of a chunk once its tokens are out), each
@@ -27,6 +32,7 @@
 #include <wick/kit/json_fields.hpp>
 
 #include "lib/decoder/decoder.hpp"
+#include "lib/vision/plugin_util.hpp"
 #include "lib/vision/vit.hpp"
 
 #include <ATen/ATen.h>
@@ -289,16 +295,19 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return cls.defined() ? at::cat({cls, f}, 1) : f;
   }
 
-  // [N, visual tokens, text hidden] for the batch's pictures.
-  at::Tensor visual_tokens(const wick::Batch& b) {
-    at::Tensor raw;  // [N * T, 3, H, W]: uint8 to be normalised, or floating pixels
-    std::int64_t frames = 1;
+  // Each picture's visual tokens [V_r, text hidden], r over the batch. A
+  // video with a frame_mask (clips of different lengths, padded: max_frames =
+  // 0) sends only real frames through the tower, so V_r follows clip r's own
+  // frame count.
+  std::vector<at::Tensor> visual_tokens(const wick::Batch& b) {
+    at::Tensor raw;  // [frames, 3, H, W]: uint8 to be normalised, or floating pixels
+    std::vector<std::int64_t> frames = frame_counts(b);
     bool normalised = false;
     if (auto it = b.find("video"); it != b.end()) {
       const auto& v = it->second;
-      if (v.dim() != 5) throw wick::Error(std::string(kWho) + ": video must be [N, T, 3, H, W], got " + c10::str(v.sizes()));
-      frames = v.size(1);
       raw = v.flatten(0, 1);
+      const at::Tensor valid = vis::frame_mask(b, v, kWho);
+      if (valid.defined()) raw = raw.index({valid.flatten()});
     } else if (auto it = b.find("image"); it != b.end()) {
       raw = it->second;
     } else if (auto it = b.find("pixel_values"); it != b.end()) {
@@ -323,18 +332,41 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       if (!vision_trains) guard = std::make_unique<at::NoGradGuard>();
       parts.push_back(frame_features(pix));
     }
-    at::Tensor feats = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [N * T, tokens, D]
+    at::Tensor feats = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [frames, tokens, D]
     parts.clear();
-    const auto N = feats.size(0) / frames, P = feats.size(1), D = feats.size(2);
-    feats = feats.view({N, frames, P, D});
-    if (time_pool_ > 1 && frames > 1) {  // consecutive frames averaged, the last group maybe shorter
-      std::vector<at::Tensor> groups;
-      for (std::int64_t t = 0; t < frames; t += time_pool_)
-        groups.push_back(feats.narrow(1, t, std::min(time_pool_, frames - t)).mean(1));
-      feats = at::stack(groups, 1);
+    // each picture's frames; consecutive ones averaged, the last group maybe shorter
+    std::vector<at::Tensor> rows;
+    std::int64_t at_frame = 0;
+    for (const auto T : frames) {
+      at::Tensor f = feats.narrow(0, at_frame, T);  // [T, P, D]
+      at_frame += T;
+      if (time_pool_ > 1 && T > 1) {
+        std::vector<at::Tensor> groups;
+        for (std::int64_t t = 0; t < T; t += time_pool_) groups.push_back(f.narrow(0, t, std::min(time_pool_, T - t)).mean(0));
+        f = at::stack(groups, 0);
+      }
+      rows.push_back(f.flatten(0, 1));
     }
-    feats = feats.reshape({N, feats.size(1) * P, D});
-    return projector_->forward(feats.to(dtype));
+    feats = projector_->forward(at::cat(rows, 0).to(dtype));
+    std::vector<std::int64_t> sizes;
+    for (const auto& r : rows) sizes.push_back(r.size(0));
+    return feats.split_with_sizes(sizes, 0);
+  }
+
+  // The frame count of each picture of the batch: video's T, or each clip's
+  // real frames under a frame_mask; 1 for images.
+  std::vector<std::int64_t> frame_counts(const wick::Batch& b) const {
+    if (auto it = b.find("video"); it != b.end()) {
+      const auto& v = it->second;
+      if (v.dim() != 5) throw wick::Error(std::string(kWho) + ": video must be [N, T, 3, H, W], got " + c10::str(v.sizes()));
+      const at::Tensor valid = vis::frame_mask(b, v, kWho);
+      if (!valid.defined()) return std::vector<std::int64_t>(static_cast<std::size_t>(v.size(0)), v.size(1));
+      const at::Tensor n = valid.sum(1).cpu();
+      return std::vector<std::int64_t>(n.data_ptr<std::int64_t>(), n.data_ptr<std::int64_t>() + n.numel());
+    }
+    for (const char* k : {"image", "pixel_values"})
+      if (auto it = b.find(k); it != b.end()) return std::vector<std::int64_t>(static_cast<std::size_t>(it->second.size(0)), 1);
+    throw wick::Error(std::string(kWho) + ": the batch has no image, video or pixel_values");
   }
 
   // The position of each row's image token; exactly one per row.
@@ -352,16 +384,34 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return out;
   }
 
-  // Labels with the image token widened to V ignored positions.
-  static at::Tensor expand_labels(const at::Tensor& labels, const std::vector<std::int64_t>& pos, std::int64_t V) {
+  // Row r with its image token replaced by fill[r]; rows
+  // shorter than the longest padded at the end with `pad` (right padding: a
+  // causal model's real positions never see it).
+  static at::Tensor widen(const at::Tensor& x, const std::vector<std::int64_t>& pos, const std::vector<at::Tensor>& fill,
+                          const at::Tensor& pad) {
     std::vector<at::Tensor> rows;
-    for (std::int64_t r = 0; r < labels.size(0); ++r) {
+    std::int64_t longest = 0;
+    const auto L = x.size(1);
+    for (std::int64_t r = 0; r < x.size(0); ++r) {
       const auto p = pos[static_cast<std::size_t>(r)];
-      const auto L = labels.size(1);
-      rows.push_back(at::cat({labels[r].narrow(0, 0, p), at::full({V}, dec::kIgnore, labels.options()),
-                              labels[r].narrow(0, p + 1, L - p - 1)}));
+      rows.push_back(at::cat({x[r].narrow(0, 0, p), fill[static_cast<std::size_t>(r)], x[r].narrow(0, p + 1, L - p - 1)}));
+      longest = std::max(longest, rows.back().size(0));
     }
+    for (auto& row : rows)
+      if (row.size(0) < longest) {
+        auto shape = row.sizes().vec();
+        shape[0] = longest - row.size(0);
+        row = at::cat({row, pad.expand(shape)});
+      }
     return at::stack(rows);
+  }
+
+  // Labels with each row's image token widened to V[r] ignored positions.
+  static at::Tensor expand_labels(const at::Tensor& labels, const std::vector<std::int64_t>& pos,
+                                  const std::vector<std::int64_t>& V) {
+    std::vector<at::Tensor> fill;
+    for (const auto v : V) fill.push_back(at::full({v}, dec::kIgnore, labels.options()));
+    return widen(labels, pos, fill, at::full({1}, dec::kIgnore, labels.options()));
   }
 
   // Visual tokens of one frame (frame_tokens, or every patch; with the class token for select full).
@@ -369,22 +419,19 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return (pool_grid_ > 0 ? pool_grid_ * pool_grid_ : vit_->num_patches()) + (select_ == "full" ? 1 : 0);
   }
 
-  std::int64_t tokens_per_picture(const wick::Batch& b) const {
-    std::int64_t V = tokens_per_frame();
-    if (auto it = b.find("video"); it != b.end()) V *= (it->second.size(1) + time_pool_ - 1) / time_pool_;
+  // Each picture's visual token count.
+  std::vector<std::int64_t> tokens_per_picture(const wick::Batch& b) const {
+    std::vector<std::int64_t> V;
+    for (const auto T : frame_counts(b)) V.push_back(tokens_per_frame() * ((T + time_pool_ - 1) / time_pool_));
     return V;
   }
 
   // Input embeddings with the visual tokens in place of the image token.
-  at::Tensor merged_embeds(const at::Tensor& ids, const std::vector<std::int64_t>& pos, const at::Tensor& feats) {
+  at::Tensor merged_embeds(const at::Tensor& ids, const std::vector<std::int64_t>& pos, const std::vector<at::Tensor>& feats) {
     at::Tensor emb = dec_->embed(ids.masked_fill(ids.eq(image_token_id_), 0));
-    std::vector<at::Tensor> rows;
-    const auto L = ids.size(1);
-    for (std::int64_t r = 0; r < ids.size(0); ++r) {
-      const auto p = pos[static_cast<std::size_t>(r)];
-      rows.push_back(at::cat({emb[r].narrow(0, 0, p), feats[r].to(emb.scalar_type()), emb[r].narrow(0, p + 1, L - p - 1)}));
-    }
-    return at::stack(rows);
+    std::vector<at::Tensor> fill;
+    for (const auto& f : feats) fill.push_back(f.to(emb.scalar_type()));
+    return widen(emb, pos, fill, at::zeros({1, emb.size(2)}, emb.options()));
   }
 
   static at::Tensor labels_of(const wick::Batch& b) {
@@ -398,26 +445,30 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     return l.narrow(1, 1, l.size(1) - 1).ne(dec::kIgnore).sum().item<std::int64_t>();
   }
 
-  // The language model's final hidden states over the merged sequence.
-  at::Tensor hidden_states(const wick::Batch& b, std::vector<std::int64_t>* pos_out = nullptr) {
+  // The language model's final hidden states over the merged sequence; pos
+  // and V: each row's image token position and visual token count.
+  at::Tensor hidden_states(const wick::Batch& b, std::vector<std::int64_t>& pos, std::vector<std::int64_t>& V) {
     const at::Tensor& ids = b.at("input_ids");
-    auto pos = image_positions(ids);
-    at::Tensor feats = visual_tokens(b);
-    if (feats.size(0) != ids.size(0))
-      throw wick::Error(std::string(kWho) + ": " + str(feats.size(0)) + " pictures for " + str(ids.size(0)) +
-                        " token rows");
-    if (pos_out) *pos_out = pos;
+    pos = image_positions(ids);
+    const std::vector<at::Tensor> feats = visual_tokens(b);
+    if (static_cast<std::int64_t>(feats.size()) != ids.size(0))
+      throw wick::Error(std::string(kWho) + ": " + str(static_cast<std::int64_t>(feats.size())) + " pictures for " +
+                        str(ids.size(0)) + " token rows");
+    V.clear();
+    for (const auto& f : feats) V.push_back(f.size(0));
     return dec_->hidden(merged_embeds(ids, pos, feats), this);
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
-    std::vector<std::int64_t> pos;
-    at::Tensor h = hidden_states(b, &pos);
-    const auto V = h.size(1) - b.at("input_ids").size(1) + 1;
+    std::vector<std::int64_t> pos, V;
+    at::Tensor h = hidden_states(b, pos, V);
     return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V));
   }
 
-  at::Tensor predict(const wick::Batch& b) override { return dec_->head(hidden_states(b)); }
+  at::Tensor predict(const wick::Batch& b) override {
+    std::vector<std::int64_t> pos, V;
+    return dec_->head(hidden_states(b, pos, V));
+  }
 
   // Text-only generation: the language model alone.
   std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g) override {

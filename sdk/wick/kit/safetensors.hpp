@@ -106,6 +106,8 @@ inline void fsync_path(const std::filesystem::path& p, bool dir) {
 inline void write_file_atomic(const std::filesystem::path& file, const std::function<void(std::ostream&)>& fill) {
   const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
   std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))  // rename would fail after the whole file was written
+    throw Error("cannot write " + file.string() + ": it is a folder, expected a file path (a run's `out` folder?)");
   std::filesystem::create_directories(dir, ec);
   std::random_device rd;
   const std::filesystem::path tmp = dir / ("." + file.filename().string() + ".tmp" + std::to_string(rd()));

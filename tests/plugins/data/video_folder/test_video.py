@@ -225,3 +225,65 @@ end
             seen[rank] += [int(x) for k, v in load_file(f).items() if k.endswith(".index") for x in v.ravel()]
         assert sorted(seen[0] + seen[1]) == list(range(6)), seen
         assert len(seen[0]) == len(seen[1]) == 3
+
+
+def test_all_frames_at_the_stride(clips, tmp_path):
+    """max_frames = 0: every stride-th frame of each clip, as many as it holds
+    (the frames ffprobe lists, at the clip's rate or resampled to fps); a
+    batch pads the shorter clips with black frames (frame_times -1) to the
+    longest and frame_mask marks the real ones; the pixels are ffmpeg's."""
+    ex = clips / "extras"
+    files = [ex / "short.mp4", ex / "bframes.mp4", ex / "vfr.mp4"]
+    man = manifest_of(tmp_path, files)
+    out = tmp_path / "w.safetensors"
+    opts = f'{{ manifest = "{man}", max_frames = 0, sampling = "stride", image_size = 48, resize = "exact" }}'
+    run_lua(tmp_path, f'local d = wick.data("video_folder", {opts})\nd:window(0, 3, 3):save("{out}")\n')
+    w = load_file(out)
+    probes = [probe(f) for f in files]
+    counts = [len(pts) for _, _, pts in probes]  # constant-rate clips: every frame
+    assert counts[:2] == [3, 50]
+    mask = w["0.frame_mask"]
+    T = mask.shape[1]
+    assert w["0.video"].shape == (3, T, 3, 48, 48) and w["0.frame_times"].shape == (3, T)
+    for r in range(2):  # short.mp4 and bframes.mp4: each of their frames, in order
+        n = counts[r]
+        assert mask[r].tolist() == [1] * n + [0] * (T - n)
+        np.testing.assert_allclose(w["0.frame_times"][r, :n], probes[r][2], atol=1e-6)
+        assert (w["0.video"][r, n:] == 0).all() and (w["0.frame_times"][r, n:] == -1).all()
+    for k in (0, 2):
+        close(w["0.video"][0, k], ffmpeg_frame(files[0], w["0.frame_times"][0, k], "scale=48:48:flags=bilinear", 48, 48),
+              f"short.mp4 frame {k}")
+    close(w["0.video"][1, 37], ffmpeg_frame(files[1], w["0.frame_times"][1, 37], "scale=48:48:flags=bilinear", 48, 48),
+          "bframes.mp4 frame 37")
+    n = int(mask[2].sum())
+    assert 0 < n <= T and T == max(counts[1], n)
+
+    # the variable-rate clip resampled: every 3rd frame at 10 fps, k x 0.3 s up to its end, the frame on screen
+    s = samples(tmp_path, f'{{ manifest = "{manifest_of(tmp_path, [files[2]])}", max_frames = 0, image_size = 48, '
+                          f'sampling = "stride", stride = 3, fps = 10 }}')
+    start, dur, pts = probes[2]
+    want = [[p for p in pts if p <= start + k * 0.3 + 1e-9][-1] for k in range(100) if k * 0.3 < dur]
+    np.testing.assert_allclose(s["0.frame_times"], want, atol=1e-6)
+    # random_start: a seeded start within the first stride, then the same step
+    man = manifest_of(tmp_path, files)
+    o = f'{{ manifest = "{man}", max_frames = 0, image_size = 32, sampling = "stride", stride = 5, random_start = true }}'
+    a, b = samples(tmp_path, o, (1,), epoch=0), samples(tmp_path, o, (1,), epoch=0)
+    np.testing.assert_array_equal(a["1.frame_times"], b["1.frame_times"])
+    starts = {float(samples(tmp_path, o, (1,), epoch=e)["1.frame_times"][0]) for e in range(4)}
+    assert len(starts) > 1 and all(t < 5 / 25 + 1e-9 for t in starts)
+
+
+def test_all_frames_refusals(clips, tmp_path):
+    """max_frames = 0 without stride sampling is refused when the data is
+    made; a clip with more than 4096 frames at the stride is named."""
+    man = manifest_of(tmp_path, [clips / "extras" / "long.mp4"])
+    p = run_lua(tmp_path, f'wick.data("video_folder", {{ manifest = "{man}", max_frames = 0 }})', check=False)
+    assert p.returncode != 0 and "max_frames = 0" in p.stderr and 'sampling = "stride"' in p.stderr
+    assert 'got sampling = "uniform"' in p.stderr and "Traceback" not in p.stderr
+    p = run_lua(tmp_path, f'local d = wick.data("video_folder", {{ manifest = "{man}", max_frames = 0, sampling = "stride", '
+                          f'fps = 100, image_size = 16, on_error = "fail" }})\nwick.save_samples(d, {{0}}, "{tmp_path / "x"}")',
+                check=False)
+    assert p.returncode != 0 and "long.mp4" in p.stderr and "holds 6000 frames at stride 1" in p.stderr, p.stderr
+    assert not (tmp_path / "x").exists()
+    p = run_lua(tmp_path, f'wick.data("video_folder", {{ manifest = "{man}", max_frames = -1 }})', check=False)
+    assert p.returncode != 0 and "max_frames" in p.stderr
