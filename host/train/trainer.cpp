@@ -286,7 +286,22 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
       stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
       whole.push_back(p.numel());
     }
-    if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get())) groups->check(params_);
+    // pieces only to an optimizer that updates them as it would the whole
+    auto elementwise = [&](Optimizer* o, const std::string& which) {
+      if (dynamic_cast<ElementwiseUpdates*>(o)) return;
+      throw Error("shard = \"" + to_string(cfg_.shard) + "\": " + which + " does not declare elementwise updates, so "
+                  "its step over a rank's flat pieces of a parameter may not be its step over the whole (a per-tensor "
+                  "norm, a factored moment) and the run would differ from one rank's; use shard = \"none\", or, as "
+                  "its author, derive the optimizer from wick::ElementwiseUpdates (wick/optim.hpp) if each element's "
+                  "update depends on that element alone");
+    };
+    if (auto* groups = dynamic_cast<ParamGroups*>(optim_.get())) {
+      groups->check(params_);
+      for (const auto& g : groups->groups()) elementwise(g.optim.get(), "the optimizer of parameter group " + g.name);
+      elementwise(groups->rest().optim.get(), "the optimizer");
+    } else {
+      elementwise(optim_.get(), "the optimizer");
+    }
     optim_->attach_shard(stepped_, whole);
   } else {
     stepped_ = params_;

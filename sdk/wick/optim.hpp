@@ -69,8 +69,9 @@ class Optimizer : public Object {
 
   /// Required: the trainable parameters, by name. Called once.
   virtual void attach(NamedTensors params) = 0;
-  /// Optional: sharded runs (shard = "optimizer" or "gradients") attach this
-  /// rank's share instead. A parameter split across ranks arrives as a flat
+  /// Optional: sharded runs (shard = "optimizer" or "gradients"; only for an
+  /// optimizer that is also an ElementwiseUpdates, below) attach this rank's
+  /// share instead. A parameter split across ranks arrives as a flat
   /// piece of it, under its own name: elements [k x kShardAlign, ...) of the
   /// flattened parameter, whose whole element count is `whole[i]`
   /// (params[i].numel() for one that is whole). step() then updates pieces
@@ -101,6 +102,21 @@ class Optimizer : public Object {
     for (const auto& [name, p] : params) n += 2 * 4 * p.numel();
     return n;
   }
+};
+
+/// Optional capability of an Optimizer (derive from it as well): step()
+/// updates each element from that element's weight, gradient and state
+/// alone (or per block of a size dividing kShardAlign, as 8-bit moments are
+/// kept), so a sharded run (wick.train's `shard`) may hand it flat pieces of
+/// parameters and get the bits whole parameters give. The host refuses
+/// shard = "optimizer" or "gradients" for an optimizer without it: over a
+/// piece, a per-tensor norm (LAMB's trust ratio), a factored second moment
+/// (Adafactor) or an orthogonalised update (Muon) is not the whole's, and
+/// the run would differ from one rank's without a word. sgd, adamw and
+/// adamw8bit have it.
+class ElementwiseUpdates {
+ public:
+  virtual ~ElementwiseUpdates() = default;
 };
 
 /// A learning-rate multiplier per optimizer step.

@@ -13,7 +13,7 @@
 
 namespace {
 
-class AdamW : public wick::Optimizer {
+class AdamW : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit AdamW(const wick::Options& o)
       : lr_(o.get_double("lr")),

@@ -74,7 +74,7 @@ struct CodeTable {
   static constexpr std::uint32_t kShift = 15, kCells = 1u << (32 - kShift);
 };
 
-class AdamW8bit : public wick::Optimizer {
+class AdamW8bit : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit AdamW8bit(const wick::Options& o)
       : lr_(o.get_double("lr")),

@@ -8,7 +8,7 @@
 
 namespace {
 
-class Sgd : public wick::Optimizer {
+class Sgd : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit Sgd(const wick::Options& o)
       : lr_(o.get_double("lr")),

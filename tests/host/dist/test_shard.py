@@ -28,6 +28,8 @@ local optims = {
   sgd = function() return wick.optim("sgd", { lr = 0.05, momentum = 0.9 }) end,
   adamw8bit = function() return wick.optim("adamw8bit", { lr = 0.01 }) end,
   groups = function() return wick.optim("adamw", { lr = 0.01, groups = { { params = "bias", weight_decay = 0, lr = 0.02 } } }) end,
+  unit_step = function() return wick.optim("unit_step", { lr = 0.01 }) end,
+  unit_group = function() return wick.optim("unit_step", { lr = 0.01, groups = { { params = "bias", lr = 0.02 } } }) end,
 }
 local run = wick.train { model = model, data = data, optim = optims[a.optim or "adamw"](),
   schedule = a.schedule or "cosine", warmup_steps = 2, micro_batch = a.micro, accumulate = a.acc, epochs = a.epochs or 2,
@@ -264,3 +266,26 @@ def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, r
     assert p.returncode != 0
     assert expect in p.stderr, p.stderr
     assert "Exception raised from" not in p.stderr  # no C++ frames
+
+
+TEST_PLUGINS = os.environ.get("WICK_TEST_PLUGIN_DIR", os.path.join(os.path.dirname(WICK), "..", "lib", "wick",
+                                                                    "test-plugins"))
+
+
+@pytest.mark.parametrize("optim,who", [("unit_step", "the optimizer"),
+                                       ("unit_group", "the optimizer of parameter group groups[1]")])
+def test_an_optimizer_without_elementwise_updates_is_not_sharded(tmp_path, recipe, optim, who):
+    """An optimizer plugin that does not derive from wick::ElementwiseUpdates
+    (here each tensor's step is divided by its gradient's norm, which over a
+    piece would be the piece's) is refused by name under shard, on every
+    rank, before a step; with shard = "none" the same ranks train with it."""
+    env = dict(os.environ, WICK_PLUGIN_PATH=os.path.join(TEST_PLUGINS, "optim"))
+    args = [WICK, "launch", "--nproc-per-node", "2", recipe, "micro=2", "acc=2", f"optim={optim}", "epochs=1",
+            f"result={tmp_path / 'w.safetensors'}"]
+    p = subprocess.run(args + ["shard=optimizer"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode != 0
+    assert f'shard = "optimizer": {who} does not declare elementwise updates' in p.stderr, p.stderr
+    assert "Exception raised from" not in p.stderr and not (tmp_path / "w.safetensors").exists()
+    p = subprocess.run(args + ["shard=none"], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "w.safetensors").exists()
