@@ -93,6 +93,11 @@ std::vector<ShardPiece> GradReducer::pieces(int rank) const {
   return out;
 }
 
+at::TensorOptions GradReducer::buffer_options(const Bucket& b) const {
+  const auto& p = params_[b.params.front()];
+  return p.options().device(p.is_meta() ? group_->device() : p.device());
+}
+
 at::Tensor GradReducer::piece_view(const ShardPiece& p) const {
   return params_[p.param].detach().view({-1}).narrow(0, p.start, p.numel);
 }
@@ -116,13 +121,13 @@ void GradReducer::launch(Bucket& b) {
     parts.reserve(b.params.size());
     for (auto k : b.params) {
       const auto& p = params_[k];
-      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
+      parts.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, buffer_options(b)));
     }
     b.flat = at::cat(parts);
     b.work = group_->all_reduce_async(b.flat);
     return;
   }
-  const auto opts = params_[b.params.front()].options();
+  const auto opts = buffer_options(b);
   b.flat = at::zeros({b.numel}, opts);  // the alignment's gaps stay zero
   for (std::size_t j = 0; j < b.params.size(); ++j) {
     at::Tensor& g = params_[b.params[j]].mutable_grad();
@@ -184,24 +189,27 @@ void GradReducer::release_chunks() {
   for (auto& b : buckets_) b.chunk = at::Tensor();
 }
 
-void GradReducer::gather_params(std::int64_t step) {
+void GradReducer::gather_params(std::int64_t step, const std::vector<at::Tensor>* values,
+                                const std::function<void(std::size_t, const at::Tensor&)>& sink) {
   const std::string what = "the all-gather of the weights updated at step " + std::to_string(step);
   const std::int64_t world = group_->size();
   at::NoGradGuard no_grad;
   std::size_t next_piece = 0;
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     const Bucket& b = buckets_[bi];
-    const auto opts = params_[b.params.front()].options();
+    const auto opts = buffer_options(b);
     at::Tensor in = at::zeros({b.numel / world}, opts);
     for (; next_piece < mine_.size() && mine_[next_piece].bucket == bi; ++next_piece) {
       const ShardPiece& p = mine_[next_piece];
-      in.narrow(0, p.chunk_offset, p.numel).copy_(piece_view(p));
+      in.narrow(0, p.chunk_offset, p.numel).copy_(values ? (*values)[next_piece].reshape({-1}) : piece_view(p));
     }
     at::Tensor out = at::empty({b.numel}, opts);
     group_->all_gather(out, in, what);
     for (std::size_t j = 0; j < b.params.size(); ++j) {
-      at::Tensor p = params_[b.params[j]].detach();
-      p.view({-1}).copy_(out.narrow(0, b.offsets[j], p.numel()));
+      const std::size_t k = b.params[j];
+      const at::Tensor whole = out.narrow(0, b.offsets[j], params_[k].numel()).view(params_[k].sizes());
+      if (sink) sink(k, whole);
+      else params_[k].detach().copy_(whole);
     }
   }
 }

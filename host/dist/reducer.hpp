@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,8 +81,13 @@ class GradReducer {
   at::Tensor piece_view(const ShardPiece& p) const;
   at::Tensor piece_grad(const ShardPiece& p) const;  // undefined before finish() or after release_chunks()
   /// Sharded, after the optimizer step: every rank's updated pieces into every
-  /// rank's parameters, one all-gather per bucket.
-  void gather_params(std::int64_t step);
+  /// rank's parameters, one all-gather per bucket. With `values` (this rank's
+  /// pieces as tensors of their own, in my_pieces() order) and `sink`, the
+  /// pieces come from `values` and each parameter's gathered value goes to
+  /// sink(parameter, value) instead (divided fp32 masters: the parameters
+  /// given to the reducer are then shapes on the meta device, holding nothing).
+  void gather_params(std::int64_t step, const std::vector<at::Tensor>* values = nullptr,
+                     const std::function<void(std::size_t, const at::Tensor&)>& sink = {});
   /// Sharded: drops the reduced chunks (and with them the pieces' gradients).
   void release_chunks();
 
@@ -96,6 +102,9 @@ class GradReducer {
   };
   void ready(std::size_t param);
   void launch(Bucket& b);
+  /// The bucket's buffers: its parameters' dtype on the group's device
+  /// (parameters on the meta device hold only their shapes).
+  at::TensorOptions buffer_options(const Bucket& b) const;
 
   std::shared_ptr<Group> group_;
   std::vector<at::Tensor> params_;

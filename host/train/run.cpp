@@ -967,7 +967,8 @@ nlohmann::json run_training(const RunRequest& req) {
     const std::int64_t held =
         bd.at("weights") + bd.at("gradients") + bd.at("optimizer") + (cuda ? 0 : data_bytes) + held_before;
     run["memory"] = {{"device", r.device},           {"peak", step_peak},
-                     {"weights", bd.at("weights")},  {"gradients", bd.at("gradients")},
+                     {"weights", bd.at("weights")},  {"master_weights", bd.at("master_weights")},
+                     {"gradients", bd.at("gradients")},
                      {"optimizer", bd.at("optimizer")}, {"data", data_bytes},
                      {"other", held_before},         {"activations", std::max<std::int64_t>(0, step_peak - held)},
                      {"resident_peak", m["peak_resident"]},

@@ -44,9 +44,17 @@ std::int64_t block_of(std::int64_t n, std::int64_t m) {
 
 }  // namespace
 
+namespace {
+// Divided fp32 masters travel with the optimizer state as the elementwise
+// entry "<parameter>.<kMasterKey>" and leave it as "wick.master/<parameter>".
+const std::string kMasterKey = "wick.master";
+}  // namespace
+
 std::map<std::string, at::Tensor> Trainer::joined_state() {
   Group& group = *cfg_.group;
-  const auto mine = optim_->state();
+  auto mine = optim_->state();
+  if (divided_masters_)
+    for (const auto& [name, p] : stepped_) mine[name + "." + kMasterKey] = p.detach();
   // 1. names, dtypes and shapes through the store; 2. the bytes, each rank's
   // in one message to rank 0
   nlohmann::json meta = nlohmann::json::array();
@@ -147,6 +155,13 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
   // entries of no parameter (an optimizer's own counters): rank 0's
   for (const auto& [k, t] : mine)
     if (!claimed.count(k)) out.emplace(k, t);
+  if (divided_masters_)
+    for (const auto& [name, p] : params_) {
+      auto it = out.find(name + "." + kMasterKey);
+      if (it == out.end()) continue;
+      out.emplace(kMasterPrefix + name, it->second);
+      out.erase(it);
+    }
   return out;
 }
 

@@ -103,8 +103,6 @@ at::ScalarType half_dtype(Precision p) {
 
 std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; }
 
-// master weights and the weights' average ride in optimizer.safetensors under these prefixes
-const std::string kMasterPrefix = "wick.master/";
 const std::string kEmaPrefix = "wick.ema/";
 
 std::string step_dir_name(std::int64_t step) {
@@ -273,17 +271,33 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < ema_.size(); ++i) ema_[i].second.copy_(params_[i].second);
+    // Sharded fp32 masters are divided: the reducer lays out shapes only (on
+    // the meta device), each rank keeps its pieces' masters (below) and the
+    // gathered updates go straight into the half-precision weights.
+    divided_masters_ = cfg_.master_weights && cfg_.shard != ShardMode::None && cfg_.group->size() > 1;
     std::vector<at::Tensor> trainable;
-    for (auto& [name, p] : params_) trainable.push_back(p);
+    for (auto& [name, p] : params_)
+      trainable.push_back(divided_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
+                                           : p);
     reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard);
+    if (divided_masters_) {
+      for (const auto& piece : reducer_->my_pieces()) {  // this rank's masters, copied out of the whole ones
+        const at::Tensor p = params_[piece.param].second.detach();
+        stepped_.emplace_back(params_[piece.param].first,
+                              piece.numel == p.numel() ? p.clone() : p.reshape({-1}).narrow(0, piece.start, piece.numel).clone());
+      }
+      for (std::size_t k = 0; k < params_.size(); ++k) params_[k].second = trainable[k];  // the whole ones go
+    }
   }
   if (sharded()) {
     // this rank's pieces: a whole parameter as itself (its shape kept), a
     // split one as a flat view of its part; both share the weights' storage
+    // (divided masters: tensors of their own, made above)
     std::vector<std::int64_t> whole;
     for (const auto& piece : reducer_->my_pieces()) {
       const auto& [name, p] = params_[piece.param];
-      stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
+      if (!divided_masters_)
+        stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
       whole.push_back(p.numel());
     }
     // pieces only to an optimizer that updates them as it would the whole
@@ -394,7 +408,8 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   std::int64_t master = 0;
   if (cfg_.master_weights) {
     for (const auto& p : model_params_) grads += bytes_of(p.grad());
-    for (const auto& [name, p] : params_) master += bytes_of(p);
+    // divided: this rank's pieces (the whole ones are shapes on the meta device)
+    for (const auto& [name, p] : divided_masters_ ? stepped_ : params_) master += bytes_of(p);
   }
   return {{"weights", weights + master},
           {"master_weights", master},
@@ -845,15 +860,27 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     at::NoGradGuard no_grad;
     if (groups) groups->step_scaled(factor);
     else optim_->step(s.lr);
-    if (sharded()) reducer_->gather_params(step_ + 1);  // every rank's updated pieces, everywhere
-    if (cfg_.master_weights)
-      for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
+    if (divided_masters_) {
+      // every rank's updated masters, rounded into the weights as they arrive;
+      // the average, kept in fp32, follows the masters as unsharded
+      std::vector<at::Tensor> mine;
+      for (auto& [name, p] : stepped_) mine.push_back(p.detach());
+      const bool copy = step_ + 1 <= cfg_.ema_start;
+      reducer_->gather_params(step_ + 1, &mine, [&](std::size_t k, const at::Tensor& master) {
+        model_params_[k].copy_(master);
+        if (k < ema_.size()) copy ? ema_[k].second.copy_(master) : ema_[k].second.lerp_(master, 1.0 - cfg_.ema);
+      });
+    } else {
+      if (sharded()) reducer_->gather_params(step_ + 1);  // every rank's updated pieces, everywhere
+      if (cfg_.master_weights)
+        for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
+    }
   }
   if (groups)
     for (const auto& g : groups->groups()) s.group_lrs.emplace_back(g.log_name, g.optim->base_lr() * factor);
   ++step_;
   s.step = step_;
-  if (!ema_.empty() && !s.skipped) update_ema();
+  if (!ema_.empty() && !s.skipped && !divided_masters_) update_ema();
   // The numbers stay on the device until resolve(): one read for many steps.
   if (!zero_.defined() || zero_.device() != device) zero_ = at::zeros({1}, opts);
   std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}), grad_norm.defined() ? grad_norm : zero_,
@@ -932,7 +959,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : opt) opt_state.emplace_back(k, v);
-  if (cfg_.master_weights)
+  if (cfg_.master_weights && !divided_masters_)  // divided: joined with the optimizer's state
     for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
   for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
@@ -1118,9 +1145,28 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     }
   };
   // the fp32 weights the run stepped (saved without master_weights: the loaded half-precision ones)
-  if (cfg_.master_weights) restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
-  // the average the run kept (saved without ema: it starts at the loaded weights)
-  restore(ema_, averages, "the average of", [&](std::size_t i) { return params_[i].second.detach(); });
+  if (divided_masters_) {
+    // this rank's pieces, cut out of the whole
+    at::NoGradGuard no_grad;
+    const auto& pieces = reducer_->my_pieces();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto& [name, shape] = params_[pieces[i].param];
+      auto it = masters.find(name);
+      if (it != masters.end() && !it->second.sizes().equals(shape.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": master weight '" + name + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(shape.sizes()));
+      const at::Tensor whole = it != masters.end() ? it->second : model_params_[pieces[i].param].detach();
+      stepped_[i].second.view({-1}).copy_(whole.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
+    }
+  } else if (cfg_.master_weights) {
+    restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
+  }
+  // the average the run kept (saved without ema: it starts at the weights the run steps)
+  restore(ema_, averages, "the average of", [&](std::size_t i) {
+    if (!divided_masters_) return params_[i].second.detach();
+    auto it = masters.find(params_[i].first);
+    return it != masters.end() ? it->second : model_params_[i].detach();
+  });
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");
   for (auto& [name, gen] : generators(device)) {
     const at::Tensor* state = rng.get(name);

@@ -127,6 +127,10 @@ struct EvalConfig {
   std::string where = "evaluation";       // error messages start with this
 };
 
+/// Master weights ride in optimizer.safetensors under this prefix (and the
+/// weights' average under "wick.ema/").
+inline const std::string kMasterPrefix = "wick.master/";
+
 class Trainer {
  public:
   Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
@@ -229,6 +233,9 @@ class Trainer {
   std::vector<at::Tensor> model_params_;                    // the model's trainable tensors (params_' own without masters)
   std::vector<std::pair<std::string, at::Tensor>> stepped_;  // what the optimizer is attached to: params_, or this rank's pieces of them
   std::vector<std::pair<std::string, at::Tensor>> ema_;     // cfg_.ema: the averaged trainable weights, fp32
+  // sharded master_weights: params_ are shapes on the meta device and each
+  // rank's fp32 masters are its pieces in stepped_ (tensors of their own)
+  bool divided_masters_ = false;
   void update_ema();
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;

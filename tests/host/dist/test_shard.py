@@ -36,9 +36,10 @@ local run = wick.train { model = model, data = data, optim = optims[a.optim or "
   max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = a.clip or 0.5, clip_grad_value = a.clip_value or 0,
   quiet = not a.loud, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
   save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32",
-  master_weights = a.masters or false }
+  master_weights = a.masters or false, ema = a.ema or 0 }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
+print("MASTERS " .. wick.rank .. " " .. run.memory.master_weights)
 print("RESULT " .. wick.rank .. " " .. string.format("%d %d %d %d", run.memory.optimizer, run.memory.gradients,
   run.comm.sent, run.comm.bytes))
 """
@@ -229,6 +230,53 @@ def test_master_weights_sharded_give_the_unsharded_ranks_weights(tmp_path, recip
     run_wick("launch", *common, f"shard={shard}", f"result={many}")
     run_wick("launch", *common, f"result={plain}")
     assert_same_weights(many, plain, rtol=1e-7)
+
+
+@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+def test_sharded_master_weights_are_divided_and_checkpoint_as_one_ranks(tmp_path, recipe, run_wick, shard):
+    """bf16-true with fp32 masters and an fp32 average (ema), sharded: each
+    rank keeps only its pieces of the masters (the two ranks' bytes add up to
+    the unsharded rank's, neither holds over half plus the alignment), the
+    gathered updates round into the bf16 weights with the same bits, the
+    checkpoint holds every master, moment and average entry equal to the
+    unsharded ranks' checkpoint; resumed unsharded it ends where the unbroken
+    run ends, and an unsharded checkpoint resumed on three sharded ranks
+    ends where three unsharded ranks resumed from it end."""
+    common = ["recipe", "micro=2", "precision=bf16-true", "masters=true", "clip=0", "schedule=constant", "ema=0.9",
+              "epochs=1"]
+
+    def run(ranks, *more):
+        verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
+        args = [recipe if a == "recipe" else a for a in common]
+        p = run_wick(*verb, *args, f"acc={12 // (2 * ranks)}", *more)
+        return {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
+                .splitlines() if l.startswith("MASTERS ")}
+
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    held = run(2, f"shard={shard}", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
+    whole = run(2, "max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
+    assert whole[0] == whole[1] > 0
+    assert held[0] + held[1] == whole[0]  # the pieces tile the parameters
+    assert max(held.values()) <= whole[0] / 2 + 4096 * 4 * 2, (held, whole)
+    assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
+    ck = "checkpoints/step-00000004/optimizer.safetensors"
+    mine, theirs = load_file(str(sharded / ck)), load_file(str(plain / ck))
+    assert set(mine) == set(theirs)
+    assert sum(k.startswith("wick.master/") for k in mine) == sum(k.startswith("wick.ema/") for k in mine) > 4
+    for k in theirs:
+        assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), k
+    # resumed unsharded from the joined masters: the unbroken run's bits (bf16
+    # weights round differently on another rank count, so the layout is kept)
+    shutil.copytree(sharded, tmp_path / "r2")
+    run(2, "resume=true", f"out={tmp_path / 'r2'}", f"result={tmp_path / 'r2.safetensors'}")
+    run(2, f"result={tmp_path / 'unbroken.safetensors'}")
+    assert_same_weights(tmp_path / "r2.safetensors", tmp_path / "unbroken.safetensors", rtol=1e-7)
+    # whole masters cut into three ranks' pieces: as three ranks unsharded resume
+    shutil.copytree(plain, tmp_path / "r3s")
+    shutil.copytree(plain, tmp_path / "r3n")
+    run(3, f"shard={shard}", "resume=true", f"out={tmp_path / 'r3s'}", f"result={tmp_path / 'r3s.safetensors'}")
+    run(3, "resume=true", f"out={tmp_path / 'r3n'}", f"result={tmp_path / 'r3n.safetensors'}")
+    assert_same_weights(tmp_path / "r3s.safetensors", tmp_path / "r3n.safetensors", rtol=1e-7)
 
 
 DIE = """
