@@ -1,8 +1,10 @@
 -- One configuration of the sharding benchmark (run by bench/shard.sh under
 -- `wick launch`): the decoder of bench/memory.lua (6 blocks, hidden 512,
--- sequences of 256 tokens) trained with AdamW on gloo ranks; every rank prints
--- its peak bytes held by tensors with the breakdown, the bytes it sent per
--- optimizer step (as ring algorithms send them) and the time per step.
+-- sequences of 256 tokens) trained with AdamW on gloo ranks (precision=
+-- bf16-true masters=true: bf16 weights with fp32 master copies); every rank
+-- prints its peak bytes held by tensors with the breakdown (weights include
+-- the masters, also given alone), the bytes it sent per optimizer step (as
+-- ring algorithms send them) and the time per step.
 local wick = require "wick"
 local a = wick.args
 local steps = a.steps or 4
@@ -17,9 +19,10 @@ local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = hidden,
 local run = wick.train {
   model = model, data = data, optim = wick.optim(a.optim or "adamw", {}),
   micro_batch = micro, accumulate = acc, max_steps = steps, quiet = true, shuffle = false,
-  shard = a.shard or "none", clip_grad_norm = 1.0,
+  shard = a.shard or "none", clip_grad_norm = 1.0, precision = a.precision or "fp32",
+  master_weights = a.masters == true or a.masters == "true",
 }
 os.remove(file)
 local m = run.memory
-print(string.format("RESULT %d %d %d %d %d %d %.0f %.1f %.6f", wick.rank, m.peak, m.weights, m.gradients, m.optimizer,
-  m.activations, run.comm.sent / run.steps, run.seconds / run.steps * 1e3, run.final_loss))
+print(string.format("RESULT %d %d %d %d %d %d %.0f %.1f %.6f %d", wick.rank, m.peak, m.weights, m.gradients, m.optimizer,
+  m.activations, run.comm.sent / run.steps, run.seconds / run.steps * 1e3, run.final_loss, m.master_weights))

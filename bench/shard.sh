@@ -4,28 +4,32 @@
 # sends per optimizer step and time per step, for shard = optimizer and
 # gradients against none, at 2 and 3 ranks, in one run. The largest rank's
 # figures; "state" is gradients + optimizer (what sharding divides).
-#   bench/shard.sh [path/to/wick] [key=value ...]   (steps=, layers=, hidden=, optim=)
+# "state" counts the fp32 master copies too with precision=bf16-true masters=true.
+#   bench/shard.sh [path/to/wick] [key=value ...]   (steps=, layers=, hidden=, optim=, precision=, masters=)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 wick=$here/../build/bin/wick
 if [ $# -gt 0 ] && [ "${1#*=}" = "$1" ]; then wick=$1; shift; fi
 mib() { echo "scale=1; $1 / 1048576" | bc; }
-printf "decoder_lm 6 blocks, hidden 512 (19.2M parameters), micro-batch 2 x 256 tokens x accumulate 2 per rank, AdamW, fp32, cpu\n"
-printf "%-6s %-10s %10s %9s %9s %9s %9s %8s %12s %8s %9s %8s %10s\n" ranks shard "peak MiB" weights grads optim \
-  "state" ratio "sent/step MB" ratio "ms/step" ratio "loss"
+precision=fp32; masters=""
+for kv in "$@"; do case $kv in precision=*) precision=${kv#precision=} ;; masters=true) masters=", fp32 masters" ;; esac; done
+printf "decoder_lm 6 blocks, hidden 512 (19.2M parameters), micro-batch 2 x 256 tokens x accumulate 2 per rank, AdamW, %s%s, cpu\n" \
+  "$precision" "$masters"
+printf "%-6s %-10s %10s %9s %9s %9s %9s %9s %8s %12s %8s %9s %8s %10s\n" ranks shard "peak MiB" weights masters grads \
+  optim "state" ratio "sent/step MB" ratio "ms/step" ratio "loss"
 for n in 2 3; do
   base_state=""; base_sent=""; base_ms=""
   for shard in none optimizer gradients; do
     out=$("$wick" launch --nproc-per-node "$n" "$here/shard.lua" shard=$shard "$@" | sed -n 's/^\(\[rank [0-9]*\] \)\{0,1\}RESULT //p')
-    # the rank with the largest gradients + optimizer state
-    read -r _ peak w g o _ sent ms loss _ < <(echo "$out" | awk '{print $0, $4 + $5}' | sort -k10 -n | tail -1)
-    state=$((g + o))
+    # the rank with the largest gradients + optimizer state + masters
+    read -r _ peak w g o _ sent ms loss m _ < <(echo "$out" | awk '{print $0, $4 + $5 + $10}' | sort -k11 -n | tail -1)
+    state=$((g + o + m))
     base_state=${base_state:-$state}; base_sent=${base_sent:-$sent}; base_ms=${base_ms:-$ms}
-    printf "%-6s %-10s %10s %9s %9s %9s %9s %7.3fx %12s %7.3fx %9s %7.2fx %10s\n" "$n" "$shard" "$(mib "$peak")" \
-      "$(mib "$w")" "$(mib "$g")" "$(mib "$o")" "$(mib "$state")" "$(echo "$state / $base_state" | bc -l)" \
+    printf "%-6s %-10s %10s %9s %9s %9s %9s %9s %7.3fx %12s %7.3fx %9s %7.2fx %10s\n" "$n" "$shard" "$(mib "$peak")" \
+      "$(mib "$w")" "$(mib "$m")" "$(mib "$g")" "$(mib "$o")" "$(mib "$state")" "$(echo "$state / $base_state" | bc -l)" \
       "$(echo "scale=2; $sent / 1000000" | bc)" "$(echo "$sent / $base_sent" | bc -l)" "$ms" \
       "$(echo "$ms / $base_ms" | bc -l)" "$loss"
   done
 done
-echo "peak, weights, grads, optim: MiB held by tensors at the step's peak on the rank holding the most state (CPU"
+echo "peak, weights (masters included), masters, grads, optim: MiB held by tensors at the step's peak on the rank holding the most state (CPU"
 echo "figures: a CUDA run adds the context and the allocator's cache). sent: bytes per step as ring algorithms send them."
