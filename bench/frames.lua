@@ -1,5 +1,6 @@
 -- Memory of a video LLM step against the number of frames (issue 19): the
--- vlm of seed 001's small shape (a frozen ViT tower, frames through it
+-- vlm of seed 001's small shape (a ViT tower, frozen or with tower=trained
+-- trained as the small form trains it; frames through it
 -- `frame_chunk` at a time under checkpointing, each frame pooled to
 -- `frame_tokens` tokens, `time_pool` frames averaged into one) on clips made
 -- by `wick make-clips` (bench/frames.sh makes them), one optimizer step per
@@ -7,17 +8,22 @@
 -- frames themselves, should grow with the language model's token count and
 -- not otherwise with T: 100 frames pooled 4 to 1 in time should cost what 25
 -- frames cost, plus at most their own bytes.
---   wick run bench/frames.lua clips=DIR [micro=2] [frame_chunk=20] [frame_tokens=4]
+-- A trained tower runs each chunk as the block model.vision_tower.frames,
+-- checkpointed: the forward keeps the chunk's input frames, the backward
+-- runs tower and pooling again chunk by chunk.
+--   wick run bench/frames.lua clips=DIR [micro=2] [frame_chunk=20] [frame_tokens=4] [tower=trained]
 local wick = require "wick"
 local core = wick.core
 local a = wick.args
 assert(a.clips, "clips=DIR: clips of 100 frames (bench/frames.sh makes them)")
 local micro, chunk, ft = a.micro or 2, a.frame_chunk or 20, a.frame_tokens or 4
+local trained = a.tower == "trained"
+assert(a.tower == nil or trained or a.tower == "frozen", "tower=frozen or tower=trained, not " .. tostring(a.tower))
 local function mib(b) return b / 2 ^ 20 end
 
 local settings = { { 8, 1 }, { 25, 1 }, { 32, 1 }, { 100, 1 }, { 100, 4 } }
-print(string.format("vlm: ViT tower 2 x 48 at 32 px (frozen), decoder 2 x 64, frame_chunk %d, frame_tokens %d, micro-batch %d, fp32, cpu",
-  chunk, ft, micro))
+print(string.format("vlm: ViT tower 2 x 48 at 32 px (%s), decoder 2 x 64, frame_chunk %d, frame_tokens %d, micro-batch %d, fp32, cpu",
+  trained and "trained" or "frozen", chunk, ft, micro))
 print(string.format("%6s %9s %10s %10s %10s %12s %14s", "frames", "time_pool", "LM tokens", "peak MiB", "frames MiB",
   "rest MiB", "rest/LM token"))
 local rows = {}
@@ -29,7 +35,7 @@ for _, s in ipairs(settings) do
   wick.seed(0)
   local model = wick.model("vlm", { image_size = 32, patch_size = 8, vision_hidden_size = 48, vision_intermediate_size = 96,
     vision_layers = 2, vision_heads = 4, hidden_size = 64, intermediate_size = 128, layers = 2, heads = 4,
-    frame_tokens = ft, frame_chunk = chunk, time_pool = tp, freeze_vision = true, projector = "mlp2x_gelu",
+    frame_tokens = ft, frame_chunk = chunk, time_pool = tp, freeze_vision = not trained, projector = "mlp2x_gelu",
     vision_style = "clip", image_token_id = data.image_token_id, vocab_size = data.vocab_size })
   local trainer = core.trainer { model = model, optim = wick.optim("adamw", { lr = 1e-4 }), device = "cpu",
     checkpointing = true }

@@ -10,3 +10,5 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$wick" make-clips "$tmp/clips" --per-class 2 --seconds 4 --fps 25 --size 64x64 --no-extras --no-images >/dev/null
 "$wick" run "$here/frames.lua" clips="$tmp/clips" "$@"
+echo
+"$wick" run "$here/frames.lua" clips="$tmp/clips" tower=trained "$@"

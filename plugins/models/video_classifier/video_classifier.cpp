@@ -8,9 +8,14 @@
 // over real frames, so each clip's logits are those of the clip alone.
 // Items are samples.
 //
-// The frame encoder runs on all N x T frames at once, so activation memory
-// grows linearly with T (the data's max_frames); its blocks and the temporal
-// blocks are declared, so checkpointing = true keeps one block's activations.
+// The frame encoder runs on all N x T frames at once (frame_chunk = 0), so
+// its activation memory grows linearly with T (the data's max_frames); its
+// blocks and the temporal blocks are declared, so checkpointing = true keeps
+// one block's activations. frame_chunk = k sends k frames through it at a
+// time: frozen, it then holds one chunk's activations; trained, each chunk
+// is the block <encoder>.frames (vit.frames, vision_model.frames), which
+// checkpointing recomputes chunk by chunk in backward, so the step keeps the
+// input frames and one feature vector per frame, whatever T.
 // Parameter names: vit.* (style vit) or vision_model.* (style clip) as the
 // `vit` plugin, temporal.position_embeddings, temporal.layers.N.*,
 // temporal.layernorm.*, classifier.*.
@@ -34,6 +39,7 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
       : classes_(o.get_int("classes")),
         temporal_(o.get_string("temporal")),
         freeze_(o.get_bool("freeze_vision")),
+        frame_chunk_(o.get_int("frame_chunk")),
         dtype_(dtype_named(o.get_string("dtype"))) {
     if (o.has("vision_path")) {
       const std::string dir = o.get_string("vision_path");
@@ -105,17 +111,30 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
                         std::to_string(max_frames_) + " (set the model's max_frames to at least the data's)");
     at::Tensor flat = video.flatten(0, 1);
     if (valid.defined()) flat = flat.index({valid.flatten()});
-    at::Tensor frames = normalize_pixels(flat, stats_.mean, stats_.std, dtype_);
-    at::Tensor pooled;
     // frozen now (freeze_vision, or model:freeze later): the encoder keeps no activations for backward
     bool trains = false;
     for (const auto& p : vit_->parameters()) trains = trains || p.requires_grad();
-    if (!trains) {
-      at::NoGradGuard g;
-      pooled = vit_->pool(vit_->forward(frames));
-    } else {
-      pooled = vit_->pool(vit_->forward(frames, this, prefix_));
+    // frame_chunk frames through the encoder at a time; a trained encoder
+    // runs each chunk as the block frames_block(), which checkpointing
+    // recomputes chunk by chunk in backward (by value: it runs again then)
+    auto encode = [this, trains](const at::Tensor& r) {
+      const at::Tensor frames = normalize_pixels(r, stats_.mean, stats_.std, dtype_);
+      return vit_->pool(trains ? vit_->forward(frames, this, prefix_) : vit_->forward(frames));
+    };
+    const std::int64_t total = flat.size(0);
+    const std::int64_t chunk = frame_chunk_ > 0 ? frame_chunk_ : total;
+    std::vector<at::Tensor> parts;
+    for (std::int64_t s = 0; s < total; s += chunk) {
+      const at::Tensor r = flat.narrow(0, s, std::min(chunk, total - s));
+      if (!trains) {
+        at::NoGradGuard no_grad;
+        parts.push_back(encode(r));
+      } else {
+        parts.push_back(chunk < total ? run_block(frames_block(), encode, r) : encode(r));
+      }
     }
+    at::Tensor pooled = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    parts.clear();
     if (valid.defined())
       pooled = at::zeros({N * T, pooled.size(-1)}, pooled.options()).index_put({valid.flatten()}, pooled);
     return pooled.view({N, T, -1});
@@ -149,8 +168,13 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
 
   at::Tensor predict(const wick::Batch& b) override { return logits(b); }
 
+  // The encoder over one chunk of frames (frame_chunk), when it trains and
+  // the frames take several chunks; the encoder's blocks run inside it.
+  std::string frames_block() const { return prefix_ + "frames"; }
+
   std::vector<std::string> blocks() const override {
     auto out = vit_->block_names(prefix_);
+    out.insert(out.begin(), frames_block());
     for (std::size_t i = 0; i < temporal_blocks_.size(); ++i) out.push_back("temporal.layers." + std::to_string(i));
     return out;
   }
@@ -174,6 +198,7 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
   std::int64_t classes_, max_frames_ = 0;
   std::string temporal_, prefix_;
   bool freeze_;
+  std::int64_t frame_chunk_;
   at::ScalarType dtype_ = at::kFloat;
   PixelStats stats_;
   Vit vit_{nullptr};
@@ -194,6 +219,9 @@ wick::OptionSchema schema() {
           .one_of({"mean", "transformer"}),
       wick::opt_int("temporal_layers", 1, "temporal transformer blocks").at_least(1),
       wick::opt_int("temporal_heads", wick::Value(), "temporal attention heads (default: the encoder's)").at_least(1).optional(),
+      wick::opt_int("frame_chunk", 0,
+                    "frames through the encoder at a time (with checkpointing, a trained encoder's memory then "
+                    "holds one chunk's activations whatever the frame count); 0: all at once").at_least(0),
       wick::opt_int("max_frames", 64, "frames the temporal position table covers (at least the data's max_frames)").at_least(1),
       wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
   for (auto& o : vit_options()) s.push_back(o);

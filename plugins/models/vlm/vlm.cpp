@@ -20,7 +20,9 @@
 // logits and loss are those of its clip alone.
 //
 // Frames, memory bounded: the tower sees `frame_chunk` frames at a time (a
-// frozen tower keeps nothing of a chunk once its tokens are out), each
+// frozen tower keeps nothing of a chunk once its tokens are out; a trained
+// one runs each chunk as the block model.vision_tower.frames, which
+// checkpointing recomputes chunk by chunk in backward), each
 // frame's patch grid is average-pooled to `frame_tokens` tokens (a g x g
 // grid, as the LLaVA-Video family pools), and `time_pool` consecutive frames
 // are averaged into one, before the projector: a clip of T frames gives
@@ -320,17 +322,27 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     const auto dtype = projector_->linear_1->weight.scalar_type();
     bool vision_trains = false;
     for (const auto& p : vit_->parameters()) vision_trains = vision_trains || p.requires_grad();
-    // frame_chunk frames through the tower at a time; a frozen tower keeps no
-    // activations for backward, so a chunk's are gone once its tokens are out
+    // frame_chunk frames through the tower at a time. A frozen tower keeps no
+    // activations for backward, so a chunk's are gone once its tokens are out.
+    // A trained one runs each chunk as the block frames_block(): checkpointed,
+    // a chunk keeps only its input frames (views of the batch) and its pooled
+    // tokens, and tower and pooling run again, one chunk at a time, in
+    // backward (the tower's own blocks checkpointed inside, when chosen).
     const std::int64_t total = raw.size(0);
     const std::int64_t chunk = frame_chunk_ > 0 ? frame_chunk_ : total;
+    // by value: a checkpointed chunk runs again after forward has returned
+    auto encode = [this, normalised, dtype](const at::Tensor& r) {
+      return frame_features(normalised ? r.to(dtype) : vis::normalize_pixels(r, stats_.mean, stats_.std, dtype));
+    };
     std::vector<at::Tensor> parts;
     for (std::int64_t s = 0; s < total; s += chunk) {
       const at::Tensor r = raw.narrow(0, s, std::min(chunk, total - s));
-      const at::Tensor pix = normalised ? r.to(dtype) : vis::normalize_pixels(r, stats_.mean, stats_.std, dtype);
-      std::unique_ptr<at::NoGradGuard> guard;
-      if (!vision_trains) guard = std::make_unique<at::NoGradGuard>();
-      parts.push_back(frame_features(pix));
+      if (!vision_trains) {
+        at::NoGradGuard no_grad;
+        parts.push_back(encode(r));
+      } else {
+        parts.push_back(chunk < total ? run_block(frames_block(), encode, r) : encode(r));
+      }
     }
     at::Tensor feats = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [frames, tokens, D]
     parts.clear();
@@ -509,8 +521,13 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
 
   std::string item_name() const override { return "tokens"; }
 
+  // The tower over one chunk of frames (frame_chunk), when the tower trains
+  // and the frames take several chunks; the tower's blocks run inside it.
+  std::string frames_block() const { return vision_prefix_ + ".frames"; }
+
   std::vector<std::string> blocks() const override {
     auto out = vit_->block_names(vision_prefix_);
+    out.insert(out.begin(), frames_block());
     for (auto& n : dec_->blocks()) out.push_back(n);
     return out;
   }
@@ -576,7 +593,8 @@ wick::OptionSchema schema() {
                             "(1, 4, 9, 16, ...); 0: every patch").at_least(0));
   s.push_back(wick::opt_int("frame_chunk", 0,
                             "frames through the vision tower at a time (a frozen tower then holds one chunk's "
-                            "activations, whatever the frame count); 0: all at once").at_least(0));
+                            "activations, whatever the frame count; a trained one too, with the block "
+                            "model.vision_tower.frames checkpointed); 0: all at once").at_least(0));
   s.push_back(wick::opt_int("time_pool", 1, "consecutive frames averaged into one before the projector").at_least(1));
   for (auto& o : dec::quantize_options()) s.push_back(o);
   s.push_back(wick::opt_bool("quantize_vision", false,
