@@ -1,6 +1,7 @@
 """BPE from tokenizer.json: wick's token ids equal the tokenizers library's on
 more than 100 KB of multilingual text (the license texts every Debian machine
-carries plus non-ASCII text), special tokens included, and decoding gives
+carries, and over 100 KB of non-ASCII text from the translated messages of 14
+languages' gettext catalogs), special tokens included, and decoding gives
 what the library's decoders give: byte-level (GPT-2, Qwen2, LLaMA-3 with its
 BOS template and ignore_merges) and with byte fallback (LLaMA-2 and LLaVA-1.5's
 Prepend/Replace normalizers, Mistral's Metaspace), with added tokens'
@@ -28,6 +29,36 @@ MULTILINGUAL = [
 ]
 
 
+LANGUAGES = ["de", "fr", "ru", "uk", "el", "ja", "zh_CN", "ko", "ar", "he", "hi", "th", "vi", "pl"]
+
+
+def translations(per_language=12_000):
+    """Real text in 14 languages and scripts: the translated messages of the
+    gettext catalogs the machine's Debian packages install, the first
+    `per_language` bytes of each language's (files and messages in sorted
+    order, so every run reads the same)."""
+    import gettext
+    texts = []
+    for lang in LANGUAGES:
+        got = []
+        size = 0
+        for path in sorted(glob.glob(f"/usr/share/locale/{lang}/LC_MESSAGES/*.mo")):
+            try:
+                with open(path, "rb") as f:
+                    catalog = gettext.GNUTranslations(f)._catalog
+            except (OSError, UnicodeDecodeError):
+                continue
+            for key in sorted(k for k in catalog if isinstance(k, str) and k):
+                msg = catalog[key]
+                if isinstance(msg, str) and msg.strip() and size < per_language:
+                    got.append(msg)
+                    size += len(msg.encode())
+            if size >= per_language:
+                break
+        texts.append("\n".join(got))
+    return texts
+
+
 def corpus():
     texts = []
     for path in sorted(glob.glob("/usr/share/common-licenses/*")):
@@ -37,6 +68,7 @@ def corpus():
         except (UnicodeDecodeError, IsADirectoryError):
             pass
     texts += MULTILINGUAL * 20
+    texts += translations()
     return texts
 
 
@@ -87,6 +119,8 @@ def encode_decode_with_wick(tmp_path, run_wick, docs):
 def test_ids_equal_the_tokenizers_library(tmp_path, run_wick, style):
     texts = corpus()
     assert sum(len(t.encode()) for t in texts) > 100_000
+    # of it, over 100 KB in scripts other than Latin's ASCII (14 languages' translated messages)
+    assert sum(len(t.encode()) - len(t.encode("ascii", "ignore")) for t in texts) > 100_000
     tok = build(style, texts)
     tok.save(str(tmp_path / "tokenizer.json"))
     docs = texts + ["<|im_start|>user\nHallo Welt 🙂<|im_end|>\n<|im_start|>assistant\n", "a<|endoftext|>b<|endoftext|>"]
