@@ -153,7 +153,7 @@ int launch(const LaunchOptions& o) {
         const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
         ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / nproc)).c_str(), 1);
       }
-      std::vector<std::string> argv_s{"wick", "run"};
+      std::vector<std::string> argv_s{"wick", o.verb};
       argv_s.insert(argv_s.end(), run_args.begin(), run_args.end());
       std::vector<char*> argv;
       for (auto& s : argv_s) argv.push_back(s.data());

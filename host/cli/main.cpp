@@ -65,11 +65,12 @@ const Command kCommands[] = {
     {"plugins", "[--json]", "list the plugins on the plugin path, with unusable ones and why", ""},
     {"generate", "MODEL_DIR [key=value ...]", "continue a prompt with a decoder_lm folder",
      "Pairs: prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S."},
-    {"plan", "RECIPE [--device-memory SIZE] [key=value ...]",
+    {"plan", "RECIPE [--device-memory SIZE] [--ranks N] [key=value ...]",
      "measure the recipe's memory for each knob and suggest settings that fit",
      "The recipe runs up to its wick.train call, which takes one step per setting "
      "(nothing is saved) instead of training, prints the peak and time of each, "
-     "and suggests the fastest settings that fit SIZE."},
+     "and suggests the fastest settings that fit SIZE. With --ranks N it runs on N "
+     "local ranks and gives the figures of the rank holding the most, for each shard setting."},
     {"report", "RUN_DIR [-o FILE]", "write one self-contained HTML file with the run's plots", ""},
     {"runs", "[DIR] [--json]", "a table of the runs under DIR (default runs/)", ""},
     {"make-clips", "DIR [options]",
@@ -328,7 +329,29 @@ int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
 }
 
 // The recipe runs up to its wick.train call, which measures memory instead of training.
-int cmd_plan(const std::string& recipe, const std::string& device_memory_text, const std::vector<std::string>& pairs) {
+// --ranks N: the same, measured on N local ranks (each a `wick plan` process
+// under the launcher), with the per-rank figures of each shard setting.
+int cmd_plan(const std::string& recipe, const std::string& device_memory_text, const std::string& ranks_text,
+             const std::vector<std::string>& pairs) {
+  if (!ranks_text.empty()) {
+    const int ranks = static_cast<int>(whole_number("--ranks", ranks_text, 1, 64));
+    if (ranks > 1) {
+      if (const char* ws = std::getenv("WORLD_SIZE"); ws && std::string(ws) != "1")
+        throw UsageError("--ranks: this process is already one of WORLD_SIZE=" + std::string(ws) +
+                         " ranks; run 'wick plan --ranks N' outside a launcher");
+      if (recipe.empty()) throw UsageError("'wick plan' needs a recipe file");
+      recipe_first(recipe, pairs, "plan");
+      key_values(pairs, "recipe");  // refused here once, not by every rank
+      if (!device_memory_text.empty()) wick::parse_bytes(device_memory_text, "--device-memory");
+      wick::LaunchOptions o;
+      o.nproc_per_node = ranks;
+      o.verb = "plan";
+      o.run_args.push_back(recipe);
+      if (!device_memory_text.empty()) o.run_args.insert(o.run_args.end(), {"--device-memory", device_memory_text});
+      o.run_args.insert(o.run_args.end(), pairs.begin(), pairs.end());
+      return wick::launch(o);
+    }
+  }
   std::int64_t device_memory = 0;
   if (!device_memory_text.empty()) {
     try {
@@ -530,11 +553,14 @@ int run_cli(std::vector<std::string> args) {
   gen->add_option("pairs", pairs, "prompt=TEXT max_new_tokens=N temperature=T top_k=K top_p=P seed=S")
       ->option_text("key=value");
 
-  auto* plan = command("plan", [&] { return cmd_plan(recipe, device_memory, pairs); });
+  std::string plan_ranks;
+  auto* plan = command("plan", [&] { return cmd_plan(recipe, device_memory, plan_ranks, pairs); });
   plan->add_option("recipe", recipe, "the recipe file (.lua)")->option_text("RECIPE");
   plan->add_option("pairs", pairs, "wick.args, and overrides of wick.train options")->option_text("key=value");
   flag_value(plan, "--device-memory", device_memory, "SIZE",
              "the memory to fit (8GiB, 12GB, bytes; default: the device's own)");
+  flag_value(plan, "--ranks", plan_ranks, "N",
+             "measure on N local ranks (as wick launch starts them), with each shard setting's per-rank figures");
 
   auto* rep = command("report", [&] { return cmd_report(dir, out); });
   rep->add_option("dir", dir, "a run folder (with metrics.jsonl)")->option_text("RUN_DIR");

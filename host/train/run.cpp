@@ -1003,7 +1003,12 @@ nlohmann::json run_training(const RunRequest& req) {
 void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
   Resolved r = resolve(req);
   const std::string L = "wick plan";
-  if (r.dist.world_size > 1) throw Error(L + ": measures one process: run it without launch");
+  // --ranks N: every rank measures; the figures are those of the rank whose
+  // peak is highest, and only rank 0 prints
+  const std::shared_ptr<Group> group = Group::world(r.device);
+  const bool rank0 = !group || group->rank() == 0;
+  const int world = group ? group->size() : 1;
+  const std::string given_shard = r.o.get_string("shard");
   const bool cuda = is_cuda(r.device);
   const std::int64_t per_rank = r.micro_auto ? r.o.get_int("batch_size") : r.micro_batch * r.accumulate;
   const std::int64_t micro = r.micro_auto ? per_rank : r.micro_batch;
@@ -1017,6 +1022,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     std::string precision;
     Value checkpointing;
     std::int64_t micro;
+    std::string shard;
   };
   struct Row {
     std::string name;
@@ -1032,6 +1038,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     std::map<std::string, Value> opts = r.o.values();
     opts["precision"] = Value(row.o.precision);
     opts["checkpointing"] = row.o.checkpointing;
+    opts["shard"] = Value(row.o.shard);
     opts["on_oom"] = Value("fail");
     Options o = validate_run_options(L, [&] {
       std::map<std::string, Value> g;
@@ -1042,6 +1049,9 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     Resolved rr = r;
     rr.o = o;
     Trainer trainer(r.obj.model, r.optim, nullptr, make_trainer_config(rr, 1));
+    // each row from no optimizer state: a shard row's pieces must not meet the
+    // whole tensors' state an earlier row left in the shared optimizer
+    r.optim->load_state({});
     if (!host_only) {
       const auto b0 = trainer.memory_breakdown();
       auto m0 = memory_stats(cuda);
@@ -1072,6 +1082,31 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     row.breakdown = trainer.memory_breakdown();
     row.peak = static_cast<double>(tensor_peak(cuda) - *host_only);
     row.seconds = dt / static_cast<double>(n) * static_cast<double>(per_rank);
+    if (group) {  // the rank holding the most: its peak and breakdown; the slowest rank's time
+      const auto& bd = row.breakdown;
+      at::Tensor mine = at::tensor({row.ok ? 1.0 : 0.0, row.peak, static_cast<double>(bd.at("weights")),
+                                    static_cast<double>(bd.at("gradients")), static_cast<double>(bd.at("optimizer")),
+                                    static_cast<double>(bd.at("master_weights")), row.seconds},
+                                   at::kDouble)
+                             .to(group->device());
+      at::Tensor all = at::empty({world * mine.numel()}, mine.options());
+      group->all_gather(all, mine, "wick plan: gathering the ranks' figures");
+      all = all.cpu().view({world, mine.numel()});
+      const auto most = all.select(1, 1).argmax().item<std::int64_t>();
+      const auto f = [&](int k) { return all[most][k].item<double>(); };
+      const auto failed = all.select(1, 0).argmin().item<std::int64_t>();
+      if (all[failed][0].item<double>() == 0 && row.ok) {
+        row.ok = false;
+        row.err = "failed on rank " + std::to_string(failed);
+      }
+      row.peak = f(1);
+      row.breakdown["weights"] = static_cast<std::int64_t>(f(2));
+      row.breakdown["gradients"] = static_cast<std::int64_t>(f(3));
+      row.breakdown["optimizer"] = static_cast<std::int64_t>(f(4));
+      row.breakdown["master_weights"] = static_cast<std::int64_t>(f(5));
+      row.breakdown["rank"] = most;
+      row.seconds = all.select(1, 6).max().item<double>();
+    }
   };
   auto add_row = [&](const std::string& name, Setting o) -> Row& {
     rows.push_back(Row{name, std::move(o)});
@@ -1088,34 +1123,50 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     return row;
   };
   rows.reserve(64);
-  const Row base = add_row("as given", {precision, given_ck, micro});
+  const std::string S = given_shard;
+  const Row base = add_row("as given", {precision, given_ck, micro, S});
   if (!base.ok) throw Error(L + ": one step of the recipe as given failed: " + base.err);
-  if (precision == "fp32") add_row("precision = \"bf16-mixed\"", {"bf16-mixed", given_ck, micro});
+  if (precision == "fp32") add_row("precision = \"bf16-mixed\"", {"bf16-mixed", given_ck, micro, S});
   const bool ck_all = given_ck.is_bool() && given_ck.as_bool();
-  if (!blocks.empty() && !ck_all) add_row("checkpointing = true", {precision, Value(true), micro});
+  if (!blocks.empty() && !ck_all) add_row("checkpointing = true", {precision, Value(true), micro, S});
   const bool halve = micro > 1 && micro % 2 == 0;
-  if (halve) add_row(strf("micro_batch = %lld, accumulate x 2", static_cast<long long>(micro / 2)), {precision, given_ck, micro / 2});
+  if (halve)
+    add_row(strf("micro_batch = %lld, accumulate x 2", static_cast<long long>(micro / 2)), {precision, given_ck, micro / 2, S});
+  // several ranks: each setting of shard the recipe does not use
+  for (const char* sh : {"none", "optimizer", "gradients"})
+    if (world > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision, given_ck, micro, sh});
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
-  add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro});
+  const std::string least = world > 1 ? "gradients" : S;  // the shard setting that holds the least
+  add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 
   const auto& bd = base.breakdown;
-  std::printf("wick plan: %s on %s, micro_batch %lld x accumulate %lld (batch %lld per rank), precision %s\n",
-              req.recipe.empty() ? "recipe" : req.recipe.c_str(), r.device.c_str(), static_cast<long long>(micro),
-              static_cast<long long>(per_rank / micro), static_cast<long long>(per_rank), precision.c_str());
-  std::printf("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s\n",
+  // every rank measures the same rows (candidates below too); rank 0 prints
+  if (rank0) std::printf("wick plan: %s on %s, micro_batch %lld x accumulate %lld (batch %lld per rank), precision %s\n",
+        req.recipe.empty() ? "recipe" : req.recipe.c_str(), r.device.c_str(), static_cast<long long>(micro),
+        static_cast<long long>(per_rank / micro), static_cast<long long>(per_rank), precision.c_str());
+  if (world > 1 && rank0)
+    std::printf("  measured on %d ranks, shard = \"%s\": each figure is the rank holding the most (rank %lld as given)\n",
+          world, S.c_str(), static_cast<long long>(bd.at("rank")));
+  if (rank0) std::printf("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s\n",
               fmt_bytes(base.peak).c_str(), fmt_bytes(static_cast<double>(bd.at("weights"))).c_str(),
               fmt_bytes(static_cast<double>(bd.at("gradients"))).c_str(),
               fmt_bytes(static_cast<double>(bd.at("optimizer"))).c_str(),
               fmt_bytes(std::max(0.0, base.peak - static_cast<double>(bd.at("weights") + bd.at("gradients") +
                                                                        bd.at("optimizer"))))
                   .c_str());
-  std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.peak));
-  std::printf("  %-44s %12s %8s %14s\n", "setting", "peak", "saving", "time per batch");
+  if (rank0) std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.peak));
+  // state: weights, gradients and optimizer state held at the step (what shard divides)
+  auto state_of = [](const Row& row) {
+    const auto& b = row.breakdown;
+    return static_cast<double>(b.at("weights") + b.at("gradients") + b.at("optimizer"));
+  };
+  if (rank0) std::printf("  %-44s %12s %8s %14s %12s\n", "setting", "peak", "saving", "time per batch", "state");
   for (const auto& row : rows) {
+    if (!rank0) break;
     if (row.ok)
-      std::printf("  %-44s %12s %7.0f%% %13.2fx\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
-                  100 * (1 - row.peak / base.peak), row.seconds / base.seconds);
+      std::printf("  %-44s %12s %7.0f%% %13.2fx %12s\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
+                  100 * (1 - row.peak / base.peak), row.seconds / base.seconds, fmt_bytes(state_of(row)).c_str());
     else
       std::printf("  %-44s failed: %s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str());
   }
@@ -1124,20 +1175,28 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     // every candidate that keeps the batch, measured; the fastest that fits wins
     auto find = [&](const Setting& o) -> const Row& {
       for (const auto& x : rows)
-        if (x.o.precision == o.precision && x.o.checkpointing.repr() == o.checkpointing.repr() && x.o.micro == o.micro)
+        if (x.o.precision == o.precision && x.o.checkpointing.repr() == o.checkpointing.repr() && x.o.micro == o.micro &&
+            x.o.shard == o.shard)
           return x;
       return add_row("candidate", o);
     };
-    std::vector<Setting> cands{{precision, given_ck, micro}, {mixed, given_ck, micro}};
+    std::vector<Setting> cands;
+    // each with the recipe's shard, then (several ranks) with the one that holds the least
+    auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m) {
+      cands.push_back({prec, ck, m, S});
+      if (least != S) cands.push_back({prec, ck, m, least});
+    };
+    cand(precision, given_ck, micro);
+    cand(mixed, given_ck, micro);
     if (!blocks.empty()) {
-      cands.push_back({precision, Value(true), micro});
-      cands.push_back({mixed, Value(true), micro});
+      cand(precision, Value(true), micro);
+      cand(mixed, Value(true), micro);
     }
     for (std::int64_t m = micro; m > 1;) {
       m = m / 2;
       while (per_rank % m != 0) --m;
-      cands.push_back({precision, given_ck, m});
-      cands.push_back({mixed, all_ck, m});
+      cand(precision, given_ck, m);
+      cand(mixed, all_ck, m);
     }
     std::optional<Row> choice;
     for (const auto& o : cands) {
@@ -1153,18 +1212,21 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
         for (std::size_t i = 0; i < ck.as_list().size(); ++i) cks += (i ? ", " : "") + ck.as_list()[i].as_string();
         cks += " }";
       }
-      std::printf("fastest that fits %s (90%%: %s): precision = \"%s\", checkpointing = %s, micro_batch = %lld, "
-                  "accumulate = %lld (peak %s, the batch of %lld kept)\n",
-                  fmt_bytes(avail).c_str(), fmt_bytes(budget).c_str(), choice->o.precision.c_str(), cks.c_str(),
-                  static_cast<long long>(choice->o.micro), static_cast<long long>(per_rank / choice->o.micro),
-                  fmt_bytes(choice->peak).c_str(), static_cast<long long>(per_rank));
+      const std::string shard_text = world > 1 ? ", shard = \"" + choice->o.shard + "\"" : "";
+      if (rank0)
+        std::printf("fastest that fits %s (90%%: %s): precision = \"%s\", checkpointing = %s, micro_batch = %lld, "
+                    "accumulate = %lld%s (peak %s, the batch of %lld kept)\n",
+                    fmt_bytes(avail).c_str(), fmt_bytes(budget).c_str(), choice->o.precision.c_str(), cks.c_str(),
+                    static_cast<long long>(choice->o.micro), static_cast<long long>(per_rank / choice->o.micro),
+                    shard_text.c_str(), fmt_bytes(choice->peak).c_str(), static_cast<long long>(per_rank));
     } else {
-      std::printf("nothing tried fits %s: even one sample with bf16-mixed and checkpointing needs more; train fewer "
+      if (rank0)
+        std::printf("nothing tried fits %s: even one sample with bf16-mixed and checkpointing needs more; train fewer "
                   "parameters (lora), shorten sequences or shrink images\n",
                   fmt_bytes(avail).c_str());
     }
   } else {
-    std::printf("no device memory given: --device-memory 8GiB suggests settings that fit\n");
+    if (rank0) std::printf("no device memory given: --device-memory 8GiB suggests settings that fit\n");
   }
   std::fflush(stdout);
 }

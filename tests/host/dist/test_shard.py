@@ -4,6 +4,7 @@ its part of the optimizer state (and of the reduced gradients), reduce-scatter
 and all-gather sending what one all-reduce sends, checkpoints that stay one
 rank's and resume with another rank count and another shard setting."""
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -337,3 +338,41 @@ def test_an_optimizer_without_elementwise_updates_is_not_sharded(tmp_path, recip
     p = subprocess.run(args + ["shard=none"], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "w.safetensors").exists()
+
+
+def test_plan_on_ranks_gives_each_shard_settings_per_rank_figures(tmp_path, recipe, run_wick):
+    """wick plan --ranks 2 measures one step per setting on two launched ranks
+    (rank 0 prints, once): the shard rows hold per rank a part of the
+    unsharded state (weights + gradients + optimizer: the optimizer state and
+    the reduced gradients halve), and a cap only a sharded setting fits is met
+    by suggesting it. Bad --ranks values are usage errors, and --ranks inside
+    a launcher is refused."""
+    args = ["plan", recipe, "--ranks", "2", "micro=4", "acc=2", "inputs=512", "hidden=1024", "clip=0", "epochs=1",
+            f"result={tmp_path / 'x.safetensors'}"]
+    out = run_wick(*args).stdout
+    assert out.count("wick plan:") == 1 and "[rank 1]" not in out, out
+    assert 'measured on 2 ranks, shard = "none"' in out, out
+
+    def row(name):
+        line = next(l for l in out.splitlines() if l.strip().startswith(name))
+        mib = [float(x) for x in re.findall(r"([\d.]+) MiB", line)]
+        return mib[0], mib[-1]  # peak, state
+    peak, state = row("as given")
+    _, opt_state = row('shard = "optimizer"')
+    g_peak, g_state = row('shard = "gradients"')
+    # mlp 512 -> 1024 -> 96 -> 3 in fp32 with AdamW: weights W, gradients W, moments 2W unsharded
+    assert 0.55 * state < opt_state < 0.70 * state, (state, opt_state)  # W + W/2 + W rather than 4W
+    assert g_state == opt_state
+    assert not (tmp_path / "x.safetensors").exists()
+    # a cap between the gradients row's peak and the unsharded one's
+    if g_peak < peak * 0.97:
+        cap = int((g_peak + peak) / 2 * 2 ** 20 / 0.9)
+        out = run_wick(*args[:2], "--device-memory", str(cap), *args[2:]).stdout
+        assert 'shard = "gradients" (peak' in out, out
+    for bad, says in (("0", "--ranks expects a whole number from 1 to 64, not '0'"),
+                      ("two", "--ranks expects a whole number from 1 to 64, not 'two'")):
+        p = run_wick("plan", recipe, "--ranks", bad, check=False)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
+    p = subprocess.run([WICK, "plan", recipe, "--ranks", "2"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, WORLD_SIZE="2"))
+    assert p.returncode == 2 and "already one of WORLD_SIZE=2 ranks" in p.stderr, p.stderr
