@@ -5,7 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace wick::vision {
 
@@ -56,6 +59,32 @@ inline at::Tensor frame_mask(const wick::Batch& b, const at::Tensor& video, cons
 
 /// Class labels [N] checked against the head's size (an out-of-range label,
 /// such as the -1 of a manifest row without one, is an error naming the plugin).
+/// Frames [F, ...] through `encode`, `chunk` at a time (0: all at once), the
+/// outputs concatenated along the first dimension. A frozen encoder runs
+/// without gradients, so a chunk's activations are gone once its output is
+/// out. A trained one over several chunks runs each chunk as block `block` of
+/// `owner`: checkpointed, a chunk keeps only its input (a view of `frames`)
+/// and runs again, alone, in backward (the encoder's own blocks checkpointed
+/// inside it). `encode` must hold what it uses by value: it may run again
+/// after the forward has returned.
+inline at::Tensor encode_frames(wick::Model& owner, const std::string& block, const at::Tensor& frames,
+                                std::int64_t chunk, bool trains,
+                                const std::function<at::Tensor(const at::Tensor&)>& encode) {
+  const std::int64_t total = frames.size(0);
+  if (chunk <= 0) chunk = total;
+  std::vector<at::Tensor> parts;
+  for (std::int64_t s = 0; s < total; s += chunk) {
+    const at::Tensor r = frames.narrow(0, s, std::min(chunk, total - s));
+    if (!trains) {
+      at::NoGradGuard no_grad;
+      parts.push_back(encode(r));
+    } else {
+      parts.push_back(chunk < total ? owner.run_block(block, encode, r) : encode(r));
+    }
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
 inline at::Tensor checked_labels(const wick::Batch& b, std::int64_t classes, const std::string& who) {
   at::Tensor y = batch_tensor(b, "label", who, "class labels [N], int64").reshape({-1}).to(at::kLong);
   if (y.numel() > 0) {

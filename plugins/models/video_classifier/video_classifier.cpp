@@ -114,27 +114,13 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     // frozen now (freeze_vision, or model:freeze later): the encoder keeps no activations for backward
     bool trains = false;
     for (const auto& p : vit_->parameters()) trains = trains || p.requires_grad();
-    // frame_chunk frames through the encoder at a time; a trained encoder
-    // runs each chunk as the block frames_block(), which checkpointing
-    // recomputes chunk by chunk in backward (by value: it runs again then)
+    // frame_chunk frames through the encoder at a time; a trained encoder's
+    // chunks are the block frames_block(), recomputed chunk by chunk in backward
     auto encode = [this, trains](const at::Tensor& r) {
       const at::Tensor frames = normalize_pixels(r, stats_.mean, stats_.std, dtype_);
       return vit_->pool(trains ? vit_->forward(frames, this, prefix_) : vit_->forward(frames));
     };
-    const std::int64_t total = flat.size(0);
-    const std::int64_t chunk = frame_chunk_ > 0 ? frame_chunk_ : total;
-    std::vector<at::Tensor> parts;
-    for (std::int64_t s = 0; s < total; s += chunk) {
-      const at::Tensor r = flat.narrow(0, s, std::min(chunk, total - s));
-      if (!trains) {
-        at::NoGradGuard no_grad;
-        parts.push_back(encode(r));
-      } else {
-        parts.push_back(chunk < total ? run_block(frames_block(), encode, r) : encode(r));
-      }
-    }
-    at::Tensor pooled = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-    parts.clear();
+    at::Tensor pooled = encode_frames(*this, frames_block(), flat, frame_chunk_, trains, encode);
     if (valid.defined())
       pooled = at::zeros({N * T, pooled.size(-1)}, pooled.options()).index_put({valid.flatten()}, pooled);
     return pooled.view({N, T, -1});

@@ -322,30 +322,14 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     const auto dtype = projector_->linear_1->weight.scalar_type();
     bool vision_trains = false;
     for (const auto& p : vit_->parameters()) vision_trains = vision_trains || p.requires_grad();
-    // frame_chunk frames through the tower at a time. A frozen tower keeps no
-    // activations for backward, so a chunk's are gone once its tokens are out.
-    // A trained one runs each chunk as the block frames_block(): checkpointed,
-    // a chunk keeps only its input frames (views of the batch) and its pooled
-    // tokens, and tower and pooling run again, one chunk at a time, in
-    // backward (the tower's own blocks checkpointed inside, when chosen).
-    const std::int64_t total = raw.size(0);
-    const std::int64_t chunk = frame_chunk_ > 0 ? frame_chunk_ : total;
-    // by value: a checkpointed chunk runs again after forward has returned
+    // frame_chunk frames through the tower at a time; a trained tower's
+    // chunks are the block frames_block(), so checkpointing keeps a chunk's
+    // input frames and pooled tokens only and runs tower and pooling again,
+    // one chunk at a time, in backward
     auto encode = [this, normalised, dtype](const at::Tensor& r) {
       return frame_features(normalised ? r.to(dtype) : vis::normalize_pixels(r, stats_.mean, stats_.std, dtype));
     };
-    std::vector<at::Tensor> parts;
-    for (std::int64_t s = 0; s < total; s += chunk) {
-      const at::Tensor r = raw.narrow(0, s, std::min(chunk, total - s));
-      if (!vision_trains) {
-        at::NoGradGuard no_grad;
-        parts.push_back(encode(r));
-      } else {
-        parts.push_back(chunk < total ? run_block(frames_block(), encode, r) : encode(r));
-      }
-    }
-    at::Tensor feats = parts.size() == 1 ? parts[0] : at::cat(parts, 0);  // [frames, tokens, D]
-    parts.clear();
+    at::Tensor feats = vis::encode_frames(*this, frames_block(), raw, frame_chunk_, vision_trains, encode);  // [frames, tokens, D]
     // each picture's frames; consecutive ones averaged, the last group maybe shorter
     std::vector<at::Tensor> rows;
     std::int64_t at_frame = 0;
