@@ -14,7 +14,8 @@ ShardMode parse_shard(const std::string& s) {
   if (s == "none") return ShardMode::None;
   if (s == "optimizer") return ShardMode::Optimizer;
   if (s == "gradients") return ShardMode::Gradients;
-  throw Error("shard: expected \"none\", \"optimizer\" or \"gradients\", got '" + s + "'");
+  if (s == "parameters") return ShardMode::Parameters;
+  throw Error("shard: expected \"none\", \"optimizer\", \"gradients\" or \"parameters\", got '" + s + "'");
 }
 
 std::string to_string(ShardMode m) {
@@ -22,16 +23,32 @@ std::string to_string(ShardMode m) {
     case ShardMode::None: return "none";
     case ShardMode::Optimizer: return "optimizer";
     case ShardMode::Gradients: return "gradients";
+    case ShardMode::Parameters: return "parameters";
   }
   return "?";
 }
 
 namespace {
 std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
+
+// A storage's bytes given back, and taken again from the allocator it came
+// from: every tensor viewing it keeps its shape, its version counter and its
+// autograd history (what the backward saved of a parameter sees the data of
+// the next gather).
+void free_storage(const at::Tensor& t) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
 }  // namespace
 
 GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
-                         ShardMode shard)
+                         ShardMode shard, const std::vector<std::vector<std::size_t>>& units)
     : group_(std::move(group)), params_(std::move(params)), shard_(shard),
       alive_(std::make_shared<std::atomic<bool>>(true)) {
   const std::int64_t align = sharded() ? kShardAlign : 1;
@@ -44,7 +61,8 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
   // fill buckets from the end so the first bucket is ready first.
   const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_mb * 1024 * 1024));
   bucket_of_.resize(params_.size());
-  for (std::size_t k = params_.size(); k-- > 0;) {
+  if (partitioned()) lay_out_units(units);
+  for (std::size_t k = params_.size(); k-- > 0 && !partitioned();) {
     const auto& p = params_[k];
     const std::int64_t bytes = p.numel() * p.element_size();
     if (buckets_.empty() || buckets_.back().numel * p.element_size() + bytes > cap ||
@@ -61,6 +79,26 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
     for (auto& b : buckets_) b.numel = round_up(b.numel, world * align);
     mine_ = pieces(group_->rank());
   }
+  if (partitioned()) {
+    // each unit's weights into one flat buffer the parameters view; this
+    // rank keeps its chunk, and the buffer's storage goes until a gather
+    at::NoGradGuard no_grad;
+    const std::int64_t rank = group_->rank();
+    for (auto& b : buckets_) {
+      b.whole = at::zeros({b.numel}, buffer_options(b));
+      for (std::size_t j = 0; j < b.params.size(); ++j) {
+        at::Tensor& p = params_[b.params[j]];
+        at::Tensor view = b.whole.narrow(0, b.offsets[j], p.numel());
+        view.copy_(p.detach().reshape({-1}));
+        p.set_data(view.view(p.sizes()));
+      }
+      const std::int64_t chunk = b.numel / world;
+      b.shard = b.whole.narrow(0, rank * chunk, chunk).clone();
+      b.gathered = true;
+      free_storage(b.whole);
+      b.gathered = false;
+    }
+  }
   for (std::size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     if (!acc) continue;
@@ -75,6 +113,80 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
 }
 
 GradReducer::~GradReducer() { *alive_ = false; }
+
+void GradReducer::lay_out_units(const std::vector<std::vector<std::size_t>>& units) {
+  std::vector<bool> placed(params_.size(), false);
+  for (const auto& unit : units) {
+    if (unit.empty()) continue;
+    Bucket& b = buckets_.emplace_back();
+    for (auto k : unit) {
+      if (k >= params_.size() || placed[k]) throw Error("shard = \"parameters\": a parameter in no unit or in two");
+      if (params_[k].scalar_type() != params_[unit.front()].scalar_type())
+        throw Error("shard = \"parameters\": the trainable parameters of one block differ in dtype (" +
+                    std::string(c10::toString(params_[k].scalar_type())) + " and " +
+                    c10::toString(params_[unit.front()].scalar_type()) + ")");
+      placed[k] = true;
+      b.params.push_back(k);
+      b.offsets.push_back(round_up(b.numel, kShardAlign));
+      b.numel = b.offsets.back() + params_[k].numel();
+      bucket_of_[k] = buckets_.size() - 1;
+    }
+  }
+  if (std::find(placed.begin(), placed.end(), false) != placed.end())
+    throw Error("shard = \"parameters\": a parameter in no unit");
+}
+
+void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
+  Bucket& b = buckets_[unit];
+  if (b.gathered) return;
+  allocate_storage(b.whole, static_cast<std::size_t>(b.numel) * b.whole.element_size());
+  b.gathered = true;  // a failed gather leaves storage that a release frees
+  at::NoGradGuard no_grad;
+  group_->all_gather(b.whole, b.shard, what);
+  trace_ = trace_ * 1000003u + unit + 1;
+}
+
+void GradReducer::release_unit(std::size_t unit) {
+  Bucket& b = buckets_[unit];
+  if (!b.gathered) return;
+  free_storage(b.whole);
+  b.gathered = false;
+}
+
+void GradReducer::gather_all(const std::string& what) {
+  for (std::size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, what);
+}
+
+void GradReducer::release_all() {
+  for (std::size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
+}
+
+void GradReducer::keep_chunks_of_gathered() {
+  at::NoGradGuard no_grad;
+  const std::int64_t world = group_->size();
+  for (auto& b : buckets_)
+    if (b.gathered) b.shard.copy_(b.whole.narrow(0, group_->rank() * (b.numel / world), b.numel / world));
+}
+
+std::int64_t GradReducer::held_weight_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& b : buckets_)
+    n += static_cast<std::int64_t>(b.shard.nbytes()) + (b.gathered ? static_cast<std::int64_t>(b.whole.nbytes()) : 0);
+  return n;
+}
+
+std::int64_t GradReducer::whole_weight_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& b : buckets_)
+    for (auto k : b.params) n += params_[k].numel() * static_cast<std::int64_t>(params_[k].element_size());
+  return n;
+}
+
+std::uint64_t GradReducer::take_gather_trace() {
+  const std::uint64_t t = trace_;
+  trace_ = 0;
+  return t;
+}
 
 std::vector<ShardPiece> GradReducer::pieces(int rank) const {
   std::vector<ShardPiece> out;
@@ -99,6 +211,7 @@ at::TensorOptions GradReducer::buffer_options(const Bucket& b) const {
 }
 
 at::Tensor GradReducer::piece_view(const ShardPiece& p) const {
+  if (partitioned()) return buckets_[p.bucket].shard.narrow(0, p.chunk_offset, p.numel);
   return params_[p.param].detach().view({-1}).narrow(0, p.start, p.numel);
 }
 
@@ -133,8 +246,8 @@ void GradReducer::launch(Bucket& b) {
     at::Tensor& g = params_[b.params[j]].mutable_grad();
     if (!g.defined()) continue;
     b.flat.narrow(0, b.offsets[j], g.numel()).copy_(g.reshape({-1}));
-    // ZeRO-2: the local sums live on only in the flat buffer, until it is reduced
-    if (shard_ == ShardMode::Gradients) g = at::Tensor();
+    // ZeRO-2 and 3: the local sums live on only in the flat buffer, until it is reduced
+    if (shard_ == ShardMode::Gradients || partitioned()) g = at::Tensor();
   }
   b.chunk = at::empty({b.numel / group_->size()}, opts);
   b.work = group_->reduce_scatter_async(b.chunk, b.flat);
@@ -144,6 +257,9 @@ void GradReducer::ready(std::size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   Bucket& b = buckets_[bucket_of_[param]];
   if (b.pending > 0) --b.pending;
+  // ZeRO-3: every gradient of the unit is in, so nothing in the backward
+  // still reads its weights
+  if (partitioned() && b.pending == 0) release_unit(bucket_of_[param]);
   // Buckets start strictly in index order, as on every other rank: collectives
   // must be issued in the same order everywhere.
   while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
@@ -165,9 +281,13 @@ void GradReducer::finish(std::int64_t step) {
     b.work.reset();
     if (sharded()) {
       // the chunk holds what this rank needs; ZeRO-1 drops the local sums
-      // now, ZeRO-2 dropped them as the bucket was copied out
+      // now, ZeRO-2 and 3 dropped them as the bucket was copied out. ZeRO-3
+      // reduces every micro-batch: the chunks add up over the window.
       b.flat = at::Tensor();
       for (auto k : b.params) params_[k].mutable_grad() = at::Tensor();
+      if (b.acc.defined()) b.acc.add_(b.chunk);
+      else b.acc = b.chunk;
+      b.chunk = at::Tensor();
       continue;
     }
     for (std::size_t j = 0; j < b.params.size(); ++j) {
@@ -178,15 +298,16 @@ void GradReducer::finish(std::int64_t step) {
     }
     b.flat = at::Tensor();
   }
+  if (partitioned()) release_all();  // units whose gradients never came (unused, or a rank without data)
 }
 
 at::Tensor GradReducer::piece_grad(const ShardPiece& p) const {
-  const at::Tensor& chunk = buckets_[p.bucket].chunk;
-  return chunk.defined() ? chunk.narrow(0, p.chunk_offset, p.numel) : at::Tensor();
+  const at::Tensor& acc = buckets_[p.bucket].acc;
+  return acc.defined() ? acc.narrow(0, p.chunk_offset, p.numel) : at::Tensor();
 }
 
 void GradReducer::release_chunks() {
-  for (auto& b : buckets_) b.chunk = at::Tensor();
+  for (auto& b : buckets_) b.chunk = b.acc = at::Tensor();
 }
 
 void GradReducer::gather_params(std::int64_t step, const std::vector<at::Tensor>* values,

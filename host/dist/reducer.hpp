@@ -6,6 +6,14 @@
 // launches what is left (missing gradients count as zero), waits, and writes
 // the sums back.
 //
+// Partitioned (ZeRO stage 3, shard = "parameters"): the buckets are the
+// model's units (a declared block's trainable parameters, and the rest), each
+// rank keeps only its chunk of each unit's weights (a tensor of its own, what
+// the optimizer steps), and a unit's parameters are views of one flat buffer
+// whose storage is all-gathered before the unit computes and freed after
+// (gather_unit / release_unit). Every backward reduce-scatters, each unit as
+// soon as its gradients are complete, and the chunks add up over the window.
+//
 // Sharded (ZeRO stages 1 and 2): the same buckets are reduce-scattered, not
 // all-reduced. Each bucket's flat layout places every parameter at a multiple
 // of kShardAlign elements and is cut into one equal chunk per rank; a rank
@@ -37,9 +45,9 @@ namespace wick {
 class Group;
 
 /// What ranks partition: nothing (every rank holds everything), the
-/// optimizer state (ZeRO-1), or the optimizer state and the reduced gradients
-/// (ZeRO-2).
-enum class ShardMode { None, Optimizer, Gradients };
+/// optimizer state (ZeRO-1), the optimizer state and the reduced gradients
+/// (ZeRO-2), or those and the weights themselves (ZeRO-3).
+enum class ShardMode { None, Optimizer, Gradients, Parameters };
 ShardMode parse_shard(const std::string& s);
 std::string to_string(ShardMode m);
 
@@ -54,8 +62,12 @@ struct ShardPiece {
 
 class GradReducer {
  public:
+  /// `units` (Parameters only): the parameter indices of each unit, in the
+  /// order their backwards end (the last block first, the rest last); every
+  /// parameter in exactly one. The parameters become views of the units' flat
+  /// buffers, whose storage is released until gather_unit().
   GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
-              ShardMode shard = ShardMode::None);
+              ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {});
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
@@ -91,6 +103,28 @@ class GradReducer {
   /// Sharded: drops the reduced chunks (and with them the pieces' gradients).
   void release_chunks();
 
+  // ---- Parameters (ZeRO-3) ----
+  bool partitioned() const { return shard_ == ShardMode::Parameters; }
+  std::size_t units() const { return buckets_.size(); }
+  /// The unit's whole weights into its parameters (one all-gather of every
+  /// rank's chunk), unless they are there already; `what` names it in errors.
+  void gather_unit(std::size_t unit, const std::string& what);
+  /// The unit's whole weights freed (the parameters keep their shapes and
+  /// hold no data until the next gather_unit).
+  void release_unit(std::size_t unit);
+  void gather_all(const std::string& what);
+  void release_all();
+  /// After the whole weights were written (a checkpoint loaded into gathered
+  /// units): this rank's chunks taken from them.
+  void keep_chunks_of_gathered();
+  /// Bytes of weights this rank holds now (its chunks and the gathered
+  /// units, alignment included), and the units' parameters' own bytes.
+  std::int64_t held_weight_bytes() const;
+  std::int64_t whole_weight_bytes() const;
+  /// The units gathered since the last call, in order, as one number: equal
+  /// on every rank when their forwards ran the same blocks.
+  std::uint64_t take_gather_trace();
+
  private:
   struct Bucket {
     std::vector<std::size_t> params;
@@ -98,8 +132,14 @@ class GradReducer {
     std::int64_t numel = 0;             // the flat layout's length (sharded: padded to ranks x kShardAlign)
     std::size_t pending = 0;
     at::Tensor flat, chunk;             // chunk: this rank's reduced part (sharded)
+    at::Tensor acc;                     // sharded: the chunks reduced over the window, summed
     c10::intrusive_ptr<c10d::Work> work;
+    // Parameters: this rank's chunk of the unit's weights, and the whole
+    // buffer the parameters view (its storage freed while not gathered)
+    at::Tensor shard, whole;
+    bool gathered = false;
   };
+  void lay_out_units(const std::vector<std::vector<std::size_t>>& units);
   void ready(std::size_t param);
   void launch(Bucket& b);
   /// The bucket's buffers: its parameters' dtype on the group's device
@@ -117,6 +157,7 @@ class GradReducer {
   std::size_t next_ = 0;  // the next bucket to launch
   std::size_t launched_early_ = 0;
   std::atomic<bool> armed_{false};
+  std::uint64_t trace_ = 0;
   std::shared_ptr<std::atomic<bool>> alive_;
 };
 

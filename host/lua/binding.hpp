@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lua/runtime.hpp"
+#include "train/partition.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
 #include "wick/optim.hpp"
@@ -275,7 +276,11 @@ int box_gc(lua_State* L) {
 }
 
 inline std::shared_ptr<Model> check_model(lua_State* L, int i, const char* fn) {
-  return std::static_pointer_cast<Model>(check_box<Object>(L, i, kModelMt, fn));
+  auto m = std::static_pointer_cast<Model>(check_box<Object>(L, i, kModelMt, fn));
+  // shard = "parameters": a callback reading a model whose weights are divided
+  if (const std::string why = weights_partitioned(*m); !why.empty())
+    throw Error(std::string(fn) + ": the model cannot be used now: " + why);
+  return m;
 }
 
 inline std::shared_ptr<Dataset> check_data(lua_State* L, int i, const char* fn) {

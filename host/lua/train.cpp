@@ -249,6 +249,11 @@ int make_trainer(lua_State* L) {
   TrainerConfig c = trainer_config(o);
   if (c.device == "auto") c.device = cuda_available() ? "cuda" : "cpu";
   c.group = Group::world(c.device);
+  // the whole weights come back when the trainer ends, gathered by every rank
+  // at once: wick.train's end, not a garbage collection each rank runs when it will
+  if (c.shard == ShardMode::Parameters && c.group)
+    throw Error("wick.trainer: shard = \"parameters\" runs under wick.train only (it gathers the divided weights "
+                "back on every rank when the run ends); a custom loop can use shard = \"gradients\"");
   push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
                     kTrainerMt);
   return 1;

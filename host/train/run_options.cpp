@@ -166,10 +166,12 @@ const std::vector<RunOption>& run_options() {
              "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
              "more traffic)",
              true),
-      option("shard", {with_choices(form("shard", T::String), {"none", "optimizer", "gradients"})}, Value("none"),
+      option("shard", {with_choices(form("shard", T::String), {"none", "optimizer", "gradients", "parameters"})},
+             Value("none"),
              "several ranks: 'optimizer' partitions the optimizer state across them (ZeRO-1), 'gradients' the "
-             "optimizer state and the reduced gradients (ZeRO-2); each rank steps its part and the weights are "
-             "all-gathered; the result equals 'none' (every rank holds everything)",
+             "optimizer state and the reduced gradients (ZeRO-2), 'parameters' the weights too (ZeRO-3: a block's "
+             "weights gathered while it computes); each rank steps its part; the result equals 'none' (every rank "
+             "holds everything)",
              true),
       [] {
         auto o = option("total_steps", {with_min(form("total_steps", T::Int), 0)}, Value(0),

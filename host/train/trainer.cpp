@@ -105,6 +105,53 @@ std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<st
 
 const std::string kEmaPrefix = "wick.ema/";
 
+// shard = "parameters": the models whose weights a trainer holds divided now
+// (or lost with a run that failed while they were), with what to tell a reader.
+std::mutex partitioned_mu;
+std::map<const Model*, std::string>& partitioned_models() {
+  static std::map<const Model*, std::string> m;
+  return m;
+}
+void mark_partitioned(const Model* m, const std::string& why) {
+  std::lock_guard<std::mutex> lock(partitioned_mu);
+  if (why.empty()) partitioned_models().erase(m);
+  else partitioned_models()[m] = why;
+}
+
+// ZeRO-3's Model::run_block: a block's whole weights gathered before it runs
+// (and again before its backward, or its recomputation), freed once it has;
+// the recipe's checkpointing runs inside.
+class PartitionRunner : public BlockRunner {
+ public:
+  PartitionRunner(GradReducer* reducer, std::map<std::string, std::size_t> units, BlockRunner* inner)
+      : reducer_(reducer), units_(std::move(units)), inner_(inner) {}
+  std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) override {
+    auto it = units_.find(block);
+    if (it == units_.end()) return inner_ ? inner_->run(block, fn, inputs) : fn(inputs);
+    GradReducer* r = reducer_;
+    const std::size_t u = it->second;
+    const std::string what = "the all-gather of block " + block + "'s weights";
+    r->gather_unit(u, what);
+    // a checkpointed block runs fn again during its backward: its weights first
+    Fn gathered = [r, u, fn, what](const std::vector<at::Tensor>& in) {
+      r->gather_unit(u, what);
+      return fn(in);
+    };
+    std::vector<at::Tensor> out = inner_ ? inner_->run(block, gathered, inputs) : fn(inputs);
+    if (at::GradMode::is_enabled())
+      for (auto& o : out)  // the gradient reaching the block's output: its backward is next
+        if (o.defined() && o.requires_grad())
+          o.register_hook([r, u, what](const at::Tensor&) { r->gather_unit(u, what + " for its backward"); });
+    r->release_unit(u);
+    return out;
+  }
+
+ private:
+  GradReducer* reducer_;
+  std::map<std::string, std::size_t> units_;
+  BlockRunner* inner_;
+};
+
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -112,6 +159,12 @@ std::string step_dir_name(std::int64_t step) {
 }
 
 }  // namespace
+
+std::string weights_partitioned(const Model& model) {
+  std::lock_guard<std::mutex> lock(partitioned_mu);
+  auto it = partitioned_models().find(&model);
+  return it == partitioned_models().end() ? "" : it->second;
+}
 
 Precision parse_precision(const std::string& s) {
   if (s == "fp32") return Precision::FP32;
@@ -279,7 +332,45 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     for (auto& [name, p] : params_)
       trainable.push_back(divided_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
                                            : p);
-    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard);
+    // ZeRO-3: a unit per declared block (its trainable parameters), the last
+    // block first, and the weights in no block last: the order their
+    // gradients complete in backward
+    std::vector<std::vector<std::size_t>> units;
+    std::map<std::string, std::size_t> unit_of_block;
+    if (cfg_.shard == ShardMode::Parameters && cfg_.group->size() > 1) {
+      const std::string L = "shard = \"parameters\"";
+      if (cfg_.master_weights)
+        throw Error(L + ": master_weights cannot be used with it yet (the fp32 copies are divided with shard = "
+                    "\"optimizer\" or \"gradients\")");
+      if (cfg_.ema > 0) throw Error(L + ": ema cannot be used with it yet (the average would need the whole weights)");
+      if (coupled_windows(*model_))
+        throw Error(L + ": the model's loss couples the window (a contrastive loss over all of it), whose passes "
+                    "cannot gather weights block by block yet; use shard = \"gradients\"");
+      std::vector<std::vector<std::size_t>> of_block(blocks.size());
+      std::vector<std::size_t> rest;
+      for (std::size_t k = 0; k < params_.size(); ++k) {
+        std::size_t best = blocks.size(), len = 0;
+        for (std::size_t b = 0; b < blocks.size(); ++b)
+          if (params_[k].first.starts_with(blocks[b] + ".") && blocks[b].size() >= len) best = b, len = blocks[b].size();
+        (best < blocks.size() ? of_block[best] : rest).push_back(k);
+      }
+      for (std::size_t b = blocks.size(); b-- > 0;)
+        if (!of_block[b].empty()) {
+          unit_of_block[blocks[b]] = units.size();
+          units.push_back(of_block[b]);
+        }
+      if (!rest.empty()) {
+        root_unit_ = units.size();
+        units.push_back(rest);
+      }
+    }
+    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, units);
+    if (partitioned()) {
+      partition_runner_ = std::make_unique<PartitionRunner>(reducer_.get(), unit_of_block, block_runner_.get());
+      model_->set_block_runner(partition_runner_.get());
+      mark_partitioned(model_.get(), "its weights are divided across the ranks (shard = \"parameters\") while "
+                                     "wick.train runs; read them after it returns (checkpoints hold them whole)");
+    }
     if (divided_masters_) {
       for (const auto& piece : reducer_->my_pieces()) {  // this rank's masters, copied out of the whole ones
         const at::Tensor p = params_[piece.param].second.detach();
@@ -296,7 +387,10 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     std::vector<std::int64_t> whole;
     for (const auto& piece : reducer_->my_pieces()) {
       const auto& [name, p] = params_[piece.param];
-      if (!divided_masters_)
+      if (partitioned())  // its pieces are the weights: tensors of their own
+        stepped_.emplace_back(name, piece.numel == p.numel() ? reducer_->piece_view(piece).view(p.sizes())
+                                                             : reducer_->piece_view(piece));
+      else if (!divided_masters_)
         stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
       whole.push_back(p.numel());
     }
@@ -325,7 +419,43 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
 
 Trainer::~Trainer() {
   // the model may outlive this trainer (and be trained by another)
-  if (model_ && model_->block_runner() == block_runner_.get()) model_->set_block_runner(nullptr);
+  if (model_ && (model_->block_runner() == block_runner_.get() || model_->block_runner() == partition_runner_.get()))
+    model_->set_block_runner(nullptr);
+  if (partitioned()) {
+    // the whole weights back in the model, gathered by every rank; after a
+    // failure (a rank gone) they cannot be, and the model says so when read
+    std::string lost;
+    if (std::uncaught_exceptions() > 0) {
+      lost = "the run failed while its weights were divided across the ranks (shard = \"parameters\"): they are "
+             "lost in this process; load the last checkpoint";
+    } else {
+      try {
+        reducer_->gather_all("gathering the trained weights at the end of the run");
+      } catch (const std::exception& e) {
+        lost = std::string("the trained weights could not be gathered at the end of the run: ") + e.what();
+      }
+    }
+    mark_partitioned(model_.get(), lost);
+  }
+}
+
+void Trainer::gather_root(const std::string& what) {
+  if (partitioned() && root_unit_) reducer_->gather_unit(*root_unit_, what);
+}
+
+void Trainer::check_gathers() {
+  Group& group = *cfg_.group;
+  const std::uint64_t mine = reducer_->take_gather_trace();
+  at::Tensor t = at::tensor({static_cast<std::int64_t>(mine)}, at::kLong).to(group.device());
+  at::Tensor all = at::empty({group.size()}, t.options());
+  group.all_gather(all, t, "comparing the ranks' block order of step " + std::to_string(step_ + 1));
+  const at::Tensor a = all.cpu();
+  for (int r = 0; r < group.size(); ++r)
+    if (a[r].item<std::int64_t>() != static_cast<std::int64_t>(mine))
+      throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " + std::to_string(r) +
+                  " ran other blocks, or the same ones in another order or number, than rank " +
+                  std::to_string(group.rank()) + " (data that changes a model's path, such as clips of different "
+                  "frame counts split into chunks); every rank must run the same blocks: use shard = \"gradients\"");
 }
 
 bool Trainer::scaling() const {
@@ -395,6 +525,8 @@ void Trainer::save_ema(const fs::path& file) {
 std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0;
   for (const auto& [name, t] : module_state(*model_)) weights += bytes_of(t);
+  // ZeRO-3: this rank's pieces and the units gathered now, not every unit's whole weights
+  if (partitioned()) weights += reducer_->held_weight_bytes() - reducer_->whole_weight_bytes();
   for (const auto& [name, p] : params_) {
     grads += bytes_of(p.grad());
     trainable += bytes_of(p);
@@ -421,6 +553,9 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
 }
 
 void Trainer::probe(const Batch& batch) {
+  if (partitioned())
+    throw Error("shard = \"parameters\": the micro-batch is not probed (each probe would gather weights on every "
+                "rank); give micro_batch as a number");
   const at::Device device(cfg_.device);
   model_->train(true);
   clear_grads();
@@ -446,6 +581,7 @@ void Trainer::clear_grads() {
     for (auto& [name, p] : stepped_) p.mutable_grad() = at::Tensor();
     reducer_->release_chunks();
   }
+  if (partitioned()) reducer_->release_all();  // a window given up halfway may have left some gathered
   if (cfg_.master_weights)
     for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
 }
@@ -480,9 +616,27 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   Group* group = cfg_.group.get();
   const at::Device device(cfg_.device);
   // Ranks agree that none ran out of memory before the last backward starts
-  // its all-reduces: one small collective, only when recovery is on.
-  const bool agree = group && cfg_.split_on_oom && !cfg_.sync_every_micro_batch;
+  // its all-reduces: one small collective, only when recovery is on. ZeRO-3
+  // gathers weights in every forward, so no window can be redone.
+  const bool zero3 = partitioned();
+  const bool agree = group && cfg_.split_on_oom && !cfg_.sync_every_micro_batch && !zero3;
   const std::vector<Batch> pieces = split_window(window, split_);
+  // ZeRO-3: every rank runs as many micro-batches as the rank with the most
+  // (their gathers and reduce-scatters pair up); a rank with fewer runs one
+  // it ran before again, its loss times zero, adding nothing
+  std::size_t runs = pieces.size();
+  if (zero3) {
+    if (!pieces.empty() && !stand_in_.size()) stand_in_ = pieces.front();
+    at::Tensor mine = at::full({1}, static_cast<std::int64_t>(pieces.size()), at::TensorOptions().dtype(at::kLong))
+                          .to(group->device());
+    at::Tensor all = at::empty({group->size()}, mine.options());
+    group->all_gather(all, mine, "the micro-batch counts of step " + std::to_string(step_ + 1));
+    runs = static_cast<std::size_t>(all.max().item<std::int64_t>());
+    if (runs > pieces.size() && !stand_in_.size())
+      throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " +
+                  std::to_string(group->rank()) + " has no micro-batch in this window and has run none before to "
+                  "stand in for one; give every rank data (a larger data set, or fewer ranks)");
+  }
   const double inv_items = 1.0 / static_cast<double>(s.items);
   const std::string where = "step " + std::to_string(step_ + 1);
   bool agreed = false;
@@ -497,45 +651,54 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
       agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
-    for (; i < pieces.size(); ++i) {
+    for (; i < runs; ++i) {
+      const bool stand_in = i >= pieces.size();
+      const Batch& batch = stand_in ? stand_in_ : pieces[i];
+      gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
       ForwardResult r;
       {
         AutocastScope autocast(cfg_.precision, device);
         try {
-          r = model_->forward(to_device(pieces[i], device));
+          r = model_->forward(to_device(batch, device));
         } catch (const c10::OutOfMemoryError&) {
           throw;
         } catch (const c10::Error& e) {
           throw Error(where + ", micro-batch " + std::to_string(i + 1) + " of " + std::to_string(pieces.size()) +
-                      ": the model's forward failed on " + describe(pieces[i]) + ": " + e.what_without_backtrace());
+                      ": the model's forward failed on " + describe(batch) + ": " + e.what_without_backtrace());
         }
       }
-      const std::int64_t counted = model_->count_items(pieces[i]);
+      const std::int64_t counted = model_->count_items(batch);
       if (r.items != counted)
         throw Error("the model counted " + std::to_string(counted) + " items in a micro-batch before forward and " +
                     std::to_string(r.items) + " in forward");
       if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
         throw Error("the model's forward must return a one-element loss sum");
-      const bool last = i + 1 == pieces.size();
+      const bool last = i + 1 == runs;
       if (last && agree) {
         agreed = true;
         if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
       }
-      if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();  // this backward reduces as it goes
-      at::Tensor l = r.loss_sum.reshape({}) * inv_items;
+      // this backward reduces as it goes (ZeRO-3: every backward)
+      if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm();
+      at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : inv_items);
       if (scaling()) l = l * scale_;
       l.backward();
       fold_grads();
       if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
+      if (zero3 && !last) reducer_->finish(step_ + 1);  // this micro-batch's sums, into this rank's chunks
+      if (stand_in) continue;
       add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
       for (auto& [k, v] : r.metrics) add_to(metric_sums[k], metric_value(v));
     }
-    if (group && pieces.empty()) reducer_->arm();  // nothing to backpropagate: this rank sends zeros
+    if (group && runs == 0) reducer_->arm();  // nothing to backpropagate: this rank sends zeros
   } catch (const c10::OutOfMemoryError& e) {
     oom_message = e.what_without_backtrace();
     const std::string what = where + ", micro-batch " + std::to_string(std::min(i + 1, pieces.size())) + " of " +
                              std::to_string(pieces.size()) + ": out of memory: " + oom_message;
     if (!cfg_.split_on_oom) throw Error(what + " (recovery is off: on_oom = \"fail\")");
+    if (zero3)
+      throw Error(what + " (shard = \"parameters\" gathers weights during the forward on every rank, so a window "
+                  "cannot be redone in smaller parts: lower micro_batch and raise accumulate)");
     if (group && !agree)
       throw Error(what + " (recovery across ranks needs sync = \"window\")");
     if (agreed)
@@ -762,6 +925,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
   if (group) {
     reducer_->finish(step_ + 1);
+    if (partitioned()) check_gathers();
     if (sharded()) {
       // this rank's pieces take their reduced gradients (views of the chunks)
       const auto& pieces = reducer_->my_pieces();
@@ -871,7 +1035,8 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
         if (k < ema_.size()) copy ? ema_[k].second.copy_(master) : ema_[k].second.lerp_(master, 1.0 - cfg_.ema);
       });
     } else {
-      if (sharded()) reducer_->gather_params(step_ + 1);  // every rank's updated pieces, everywhere
+      // every rank's updated pieces, everywhere (ZeRO-3: gathered when a block next runs)
+      if (sharded() && !partitioned()) reducer_->gather_params(step_ + 1);
       if (cfg_.master_weights)
         for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].copy_(params_[i].second);
     }
@@ -917,6 +1082,19 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
 }
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
+  if (partitioned()) {
+    // ZeRO-3: the whole weights on every rank while rank 0 writes them
+    reducer_->gather_all("gathering the weights for checkpoint step " + std::to_string(step_));
+    struct Release {
+      GradReducer* r;
+      ~Release() { r->release_all(); }
+    } release{reducer_.get()};
+    return save_gathered(checkpoints_dir, extra, keep, keep_best);
+  }
+  return save_gathered(checkpoints_dir, extra, keep, keep_best);
+}
+
+fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   if (cfg_.group) {
     // Written once, by rank 0; no rank goes on until it is complete. Sharded,
     // every rank first sends its pieces' state to rank 0, which joins them.
@@ -1120,7 +1298,21 @@ nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
 nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
 
 nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
-  load_model(*model_, checkpoint / "model.safetensors");
+  if (partitioned()) {
+    // ZeRO-3: the whole weights read into every rank's gathered units, which
+    // keep their chunks of them
+    reducer_->gather_all("gathering the weights to load checkpoint " + checkpoint.string());
+    try {
+      load_model(*model_, checkpoint / "model.safetensors");
+      reducer_->keep_chunks_of_gathered();
+    } catch (...) {
+      reducer_->release_all();
+      throw;
+    }
+    reducer_->release_all();
+  } else {
+    load_model(*model_, checkpoint / "model.safetensors");
+  }
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);
@@ -1315,7 +1507,19 @@ EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t mi
   ec.precision = cfg_.precision;
   ec.split_on_oom = cfg_.split_on_oom;
   ec.where = "evaluation after step " + std::to_string(step_);
-  return wick::evaluate(*model_, std::move(data), ec);
+  if (!partitioned()) return wick::evaluate(*model_, std::move(data), ec);
+  // ZeRO-3: every rank evaluates the same batches, its blocks gathering their
+  // weights as in training; halving a batch on one rank would unpair them
+  ec.split_on_oom = false;
+  gather_root("the all-gather of the weights in no block, for the " + ec.where);
+  try {
+    EvalStats out = wick::evaluate(*model_, std::move(data), ec);
+    reducer_->release_all();
+    return out;
+  } catch (...) {
+    reducer_->release_all();
+    throw;
+  }
 }
 
 }  // namespace wick

@@ -9,12 +9,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "dist/reducer.hpp"
+#include "train/partition.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
 #include "wick/optim.hpp"
@@ -72,7 +74,9 @@ struct TrainerConfig {
   bool sync_every_micro_batch = false;
   /// Several ranks: partition the optimizer state (ZeRO-1) or the optimizer
   /// state and the reduced gradients (ZeRO-2) across them; each rank steps
-  /// its pieces and the updated weights are all-gathered. One rank: no effect.
+  /// its pieces and the updated weights are all-gathered. Or the weights too
+  /// (ZeRO-3, Parameters): each rank keeps its pieces of them, and a block's
+  /// whole weights exist only while it computes. One rank: no effect.
   ShardMode shard = ShardMode::None;
   /// bf16-true / fp16-true only: the optimizer steps fp32 copies of the
   /// trainable weights, whose fp32 gradients sum every micro-batch's; the
@@ -130,6 +134,7 @@ struct EvalConfig {
 /// Master weights ride in optimizer.safetensors under this prefix (and the
 /// weights' average under "wick.ema/").
 inline const std::string kMasterPrefix = "wick.master/";
+
 
 class Trainer {
  public:
@@ -204,6 +209,17 @@ class Trainer {
   std::map<std::string, at::Tensor> cut_state(const std::map<std::string, at::Tensor>& whole,
                                               const std::string& where) const;
   bool sharded() const { return reducer_ && reducer_->sharded(); }
+  /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
+  bool partitioned() const { return reducer_ && reducer_->partitioned(); }
+  /// ZeRO-3: the root unit (trainable weights in no block) gathered for a forward.
+  void gather_root(const std::string& what);
+  /// ZeRO-3: every rank ran the same blocks in the same order this window
+  /// (a rank whose forward differed would have paired its gathers with
+  /// others' of other blocks); an error naming the ranks otherwise.
+  void check_gathers();
+  /// save() once the weights are whole on every rank.
+  std::filesystem::path save_gathered(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
+                                      int keep, int keep_best);
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
                                          int keep_best, const std::map<std::string, at::Tensor>& opt_state);
   /// Forward and backward of every micro-batch of the window (each split in
@@ -246,6 +262,9 @@ class Trainer {
   std::int64_t split_ = 1;
   std::int64_t host_reads_ = 0;
   std::unique_ptr<CheckpointRunner> block_runner_;  // the blocks the recipe checkpoints
+  std::unique_ptr<BlockRunner> partition_runner_;   // ZeRO-3: gathers each block's weights around block_runner_
+  std::optional<std::size_t> root_unit_;            // ZeRO-3: the unit of the weights in no block
+  Batch stand_in_;  // ZeRO-3: a micro-batch this rank ran, for the windows where it has fewer than others
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients. Sums

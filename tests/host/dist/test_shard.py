@@ -1,8 +1,9 @@
-"""Sharded optimizer state and gradients (ZeRO-1 and ZeRO-2) over gloo ranks:
-the same weights as one rank with the same effective batch, each rank holding
-its part of the optimizer state (and of the reduced gradients), reduce-scatter
-and all-gather sending what one all-reduce sends, checkpoints that stay one
-rank's and resume with another rank count and another shard setting."""
+"""Sharded optimizer state and gradients (ZeRO-1 and ZeRO-2) and weights
+(ZeRO-3) over gloo ranks: the same weights as one rank with the same effective
+batch, each rank holding its part of the optimizer state (and of the reduced
+gradients, and of the weights), reduce-scatter and all-gather sending what one
+all-reduce sends, checkpoints that stay one rank's and resume with another
+rank count and another shard setting."""
 import os
 import re
 import shutil
@@ -37,8 +38,15 @@ local run = wick.train { model = model, data = data, optim = optims[a.optim or "
   max_steps = a.max_steps or 0, seed = 9, clip_grad_norm = a.clip or 0.5, clip_grad_value = a.clip_value or 0,
   quiet = not a.loud, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
   save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32",
-  master_weights = a.masters or false, ema = a.ema or 0 }
+  master_weights = a.masters or false, ema = a.ema or 0, eval_data = a.eval and data or nil, eval_every = a.eval or 0,
+  callbacks_every_rank = a.die_at ~= nil or a.peek ~= nil,
+  on_step = (a.die_at or a.peek) and function(rec)
+    if a.die_at and wick.rank == 1 and rec.step == a.die_at then os.exit(3) end
+    if a.peek and rec.step == a.peek then model:save(a.result .. ".peek") end
+  end or nil }
 if wick.rank == 0 then model:save(a.result) end
+if run.eval then print(string.format("EVAL %d %.9f", wick.rank, run.eval.loss)) end
+print("WEIGHTS " .. wick.rank .. " " .. run.memory.weights .. " " .. run.memory.peak)
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
 print("MASTERS " .. wick.rank .. " " .. run.memory.master_weights)
 print("RESULT " .. wick.rank .. " " .. string.format("%d %d %d %d", run.memory.optimizer, run.memory.gradients,
@@ -71,7 +79,7 @@ def results(stdout):
     return out
 
 
-@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("shard", ["optimizer", "gradients", "parameters"])
 @pytest.mark.parametrize("nproc,optim,extra", [
     (2, "adamw", []),
     (3, "adamw", ["bucket_mb=0.05"]),        # several buckets, 3 uneven chunks
@@ -96,9 +104,21 @@ def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp
         # sum's order across ranks, a norm summed from pieces) to another code
         # now and then: without clipping, against the same ranks unsharded,
         # the same gradients must give the same codes in the pieces' blocks
-        run_wick("launch", "--nproc-per-node", nproc, recipe, f"micro={micro}", f"acc={acc}", f"optim={optim}",
-                 f"result={plain}", *extra)
-        assert_same_weights(many, plain)
+        if shard == "parameters" and nproc == 2:
+            # ZeRO-3 reduces every micro-batch, so its window's sums are
+            # (a + c) + (b + d), not (a + b) + (c + d), and its buffers are
+            # laid out by block (on 3 ranks a ring sums an element's three
+            # parts in an order that follows the layout): the same codes only
+            # with one micro-batch on each of two ranks
+            same = ["micro=4", "acc=1"]
+            run_wick("launch", "--nproc-per-node", nproc, recipe, *same, f"optim={optim}", f"shard={shard}",
+                     f"result={tmp_path / 'many1.safetensors'}", *extra)
+            run_wick("launch", "--nproc-per-node", nproc, recipe, *same, f"optim={optim}", f"result={plain}", *extra)
+            assert_same_weights(tmp_path / "many1.safetensors", plain)
+        elif shard != "parameters":
+            run_wick("launch", "--nproc-per-node", nproc, recipe, f"micro={micro}", f"acc={acc}", f"optim={optim}",
+                     f"result={plain}", *extra)
+            assert_same_weights(many, plain)
         assert_same_weights(many, one, rtol=2e-3)
     else:
         assert_same_weights(many, one)
@@ -135,6 +155,67 @@ def test_each_rank_holds_its_part_of_the_optimizer_state_and_gradients(tmp_path,
     assert sent_z2 <= sent_none + steps * 2 * (6 * 4096 * 4 + 64), (sent_none, sent_z2, params)
 
 
+def weights_and_peaks(stdout):
+    """rank -> (weight bytes, step peak bytes) at the run's end."""
+    out = {}
+    for line in stdout.replace("[rank 1] ", "").replace("[rank 2] ", "").splitlines():
+        if line.startswith("WEIGHTS "):
+            r, w, peak = (int(x) for x in line.split()[1:])
+            out[r] = (w, peak)
+    return out
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_parameters_divide_the_weights_too(tmp_path, recipe, run_wick, nproc):
+    """shard = "parameters" (ZeRO-3): per rank, weights + gradients +
+    optimizer state are 1/N of one unsharded rank's (within 5%: the alignment
+    of each block's chunks) at the step, the ranks' weight bytes add up to the
+    whole model's plus the alignment, and the step's peak falls with them;
+    the bytes sent add the weights' gathers (forward and backward) to the
+    gradients' reduce-scatter."""
+    args = ["micro=2", "acc=2", "epochs=1", "inputs=512", "hidden=1024", "clip=0"]
+    got = {}
+    for shard in ["none", "parameters"]:
+        p = run_wick("launch", "--nproc-per-node", nproc, recipe, *args, f"shard={shard}",
+                     f"result={tmp_path / (shard + '.safetensors')}")
+        got[shard] = (results(p.stdout), weights_and_peaks(p.stdout))
+    (none_res, none_w) = got["none"]
+    (z3_res, z3_w) = got["parameters"]
+    whole = none_w[0][0] + none_res[0][1] + none_res[0][0]  # weights + gradients + optimizer, one rank unsharded
+    for r in range(nproc):
+        state = z3_w[r][0] + z3_res[r][1] + z3_res[r][0]
+        assert state <= whole / nproc * 1.05, (r, state, whole)
+        assert z3_w[r][1] < none_w[r][1], (r, z3_w[r][1], none_w[r][1])  # the step's peak
+    total = sum(z3_w[r][0] for r in range(nproc))
+    assert none_w[0][0] <= total <= none_w[0][0] * 1.05, (total, none_w[0][0])
+    print(f"{nproc} ranks: state per rank {max(z3_w[r][0] + z3_res[r][1] + z3_res[r][0] for r in range(nproc)) / 2**20:.2f}"
+          f" MiB against {whole / 2**20:.2f} MiB unsharded; peak {max(v[1] for v in z3_w.values()) / 2**20:.2f} MiB"
+          f" against {max(v[1] for v in none_w.values()) / 2**20:.2f}; sent {z3_res[0][2]} B against {none_res[0][2]} B")
+    # the sums in another order (each micro-batch reduced), which AdamW enlarges on this wider model
+    assert_same_weights(tmp_path / "parameters.safetensors", tmp_path / "none.safetensors", rtol=5e-5)
+
+
+def test_parameters_evaluate_and_checkpoint_the_whole_weights(tmp_path, recipe, run_wick):
+    """Evaluation under shard = "parameters" gathers each block's weights as
+    training does (the loss equals the unsharded ranks'), checkpoints hold the
+    whole model on rank 0, and a callback that reads the model while its
+    weights are divided is refused by name (no read of freed memory)."""
+    common = ["--nproc-per-node", 2, recipe, "micro=2", "acc=2", "epochs=1", "eval=3"]
+    p = run_wick("launch", *common, "shard=parameters", f"out={tmp_path / 'z3'}", "save_every=3",
+                 f"result={tmp_path / 'z3.safetensors'}")
+    q = run_wick("launch", *common, f"out={tmp_path / 'plain'}", "save_every=3", f"result={tmp_path / 'plain.safetensors'}")
+    evals = [re.findall(r"EVAL (\d) ([\d.]+)", x.stdout.replace("[rank 1] ", "")) for x in (p, q)]
+    assert len(evals[0]) == 2 and evals[0][0][1] == evals[0][1][1], evals  # both ranks, the same loss
+    assert abs(float(evals[0][0][1]) - float(evals[1][0][1])) < 1e-6, evals
+    ck = "checkpoints/step-00000006"
+    assert_same_weights(tmp_path / "z3" / ck / "model.safetensors", tmp_path / "plain" / ck / "model.safetensors")
+    r = run_wick("launch", *common, "shard=parameters", "peek=2", f"result={tmp_path / 'peek.safetensors'}", check=False)
+    assert r.returncode != 0
+    assert "save: the model cannot be used now: its weights are divided across the ranks" in r.stderr, r.stderr
+    assert "Exception raised from" not in r.stderr
+    assert not (tmp_path / "peek.safetensors.peek").exists()
+
+
 def layout(opts):
     """(wick's verb and its first arguments, the rest, the rank count) of ["--nproc-per-node", N, ...] or [...]"""
     n = int(opts[1]) if opts and opts[0] == "--nproc-per-node" else 1
@@ -152,6 +233,8 @@ def test_the_end_of_run_summary_says_whose_memory_it_is(tmp_path, recipe, run_wi
     (["--nproc-per-node", "2", "shard=gradients"], ["shard=none"]),            # to one rank, unsharded
     (["--nproc-per-node", "3", "shard=optimizer"], ["--nproc-per-node", "2", "shard=gradients"]),
     (["shard=none"], ["--nproc-per-node", "2", "shard=optimizer"]),            # a one-rank checkpoint, sharded
+    (["--nproc-per-node", "2", "shard=parameters"], ["shard=none"]),          # ZeRO-3's whole checkpoint, one rank
+    (["--nproc-per-node", "2", "shard=gradients"], ["--nproc-per-node", "3", "shard=parameters"]),
 ])
 def test_a_sharded_checkpoint_resumes_with_another_rank_count_and_setting(tmp_path, recipe, run_wick, first, then):
     out = tmp_path / "run"
@@ -305,9 +388,34 @@ def test_a_rank_that_dies_in_a_sharded_run_ends_every_rank_naming_it(tmp_path, s
     assert time.monotonic() - t0 < 60
 
 
+def test_a_rank_that_dies_under_parameters_ends_every_rank_naming_it(tmp_path, recipe):
+    """shard = "parameters" under wick.train: rank 1 exits at step 5; rank 0,
+    waiting in a gather of some block's weights, fails within the timeout and
+    the launcher names rank 1. A custom loop (wick.trainer) is refused
+    parameters by name: its trainer ends when each rank collects it."""
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(recipe), "micro=2", "acc=2", "epochs=50",
+                        "shard=parameters", "die_at=5", f"result={tmp_path / 'x.safetensors'}"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "3"})
+    assert p.returncode == 1
+    assert "rank 1 exited with code 3" in p.stderr, p.stderr
+    assert "Exception raised from" not in p.stderr
+    assert time.monotonic() - t0 < 60
+    r = tmp_path / "die.lua"
+    r.write_text(DIE)
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(r), "shard=parameters"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "10"})
+    assert p.returncode == 1
+    assert "wick.trainer: shard = \"parameters\" runs under wick.train only" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("args,expect", [
-    (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients)"),
+    (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients | parameters)"),
     (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
+    (["shard=parameters", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
+    (["shard=parameters", "precision=bf16-true", "masters=true"],
+     "shard = \"parameters\": master_weights cannot be used with it yet"),
+    (["shard=parameters", "ema=0.9"], "shard = \"parameters\": ema cannot be used with it yet"),
 ])
 def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, run_wick, args, expect):
     p = run_wick("launch", "--nproc-per-node", 2, recipe, "micro=2", "acc=2", *args,
