@@ -89,6 +89,7 @@ def results(stdout):
     (3, "adamw8bit", ["bucket_mb=0.05", "clip=0"]),
     (2, "groups", ["clip_value=0.02"]),      # parameter groups, and clamped gradients
     (2, "adamw", ["ck=true"]),               # recomputed blocks in the backward that reduces
+    (3, "sgd", ["size=100"]),                # each epoch's last window: 4 samples, none on rank 2
 ])
 def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp_path, recipe, run_wick, shard, nproc,
                                                                              optim, extra):
