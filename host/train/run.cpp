@@ -1133,11 +1133,11 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
   if (halve)
     add_row(strf("micro_batch = %lld, accumulate x 2", static_cast<long long>(micro / 2)), {precision, given_ck, micro / 2, S});
   // several ranks: each setting of shard the recipe does not use
-  for (const char* sh : {"none", "optimizer", "gradients"})
+  for (const char* sh : {"none", "optimizer", "gradients", "parameters"})
     if (world > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision, given_ck, micro, sh});
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
-  const std::string least = world > 1 ? "gradients" : S;  // the shard setting that holds the least
+  const std::string least = world > 1 ? "parameters" : S;  // the shard setting that holds the least
   add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 
   const auto& bd = base.breakdown;
@@ -1181,10 +1181,12 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
       return add_row("candidate", o);
     };
     std::vector<Setting> cands;
-    // each with the recipe's shard, then (several ranks) with the one that holds the least
+    // each with the recipe's shard, then (several ranks) with ZeRO-2's (no
+    // more traffic than none) and ZeRO-3's (the least memory)
     auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m) {
       cands.push_back({prec, ck, m, S});
-      if (least != S) cands.push_back({prec, ck, m, least});
+      for (const std::string sh : {"gradients", "parameters"})
+        if (world > 1 && sh != S) cands.push_back({prec, ck, m, sh});
     };
     cand(precision, given_ck, micro);
     cand(mixed, given_ck, micro);

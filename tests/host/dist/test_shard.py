@@ -453,7 +453,7 @@ def test_plan_on_ranks_gives_each_shard_settings_per_rank_figures(tmp_path, reci
     """wick plan --ranks 2 measures one step per setting on two launched ranks
     (rank 0 prints, once): the shard rows hold per rank a part of the
     unsharded state (weights + gradients + optimizer: the optimizer state and
-    the reduced gradients halve), and a cap only a sharded setting fits is met
+    the reduced gradients halve, and with parameters the weights too), and a cap only a sharded setting fits is met
     by suggesting it. Bad --ranks values are usage errors, and --ranks inside
     a launcher is refused."""
     args = ["plan", recipe, "--ranks", "2", "micro=4", "acc=2", "inputs=512", "hidden=1024", "clip=0", "epochs=1",
@@ -472,12 +472,14 @@ def test_plan_on_ranks_gives_each_shard_settings_per_rank_figures(tmp_path, reci
     # mlp 512 -> 1024 -> 96 -> 3 in fp32 with AdamW: weights W, gradients W, moments 2W unsharded
     assert 0.55 * state < opt_state < 0.70 * state, (state, opt_state)  # W + W/2 + W rather than 4W
     assert g_state == opt_state
+    _, p_state = row('shard = "parameters"')
+    assert 0.45 * state < p_state < 0.55 * state, (state, p_state)  # (W + W + 2W) / 2: the weights divided too
     assert not (tmp_path / "x.safetensors").exists()
     # a cap between the gradients row's peak and the unsharded one's
     if g_peak < peak * 0.97:
         cap = int((g_peak + peak) / 2 * 2 ** 20 / 0.9)
         out = run_wick(*args[:2], "--device-memory", str(cap), *args[2:]).stdout
-        assert 'shard = "gradients" (peak' in out, out
+        assert 'shard = "gradients" (peak' in out or 'shard = "parameters" (peak' in out, out
     for bad, says in (("0", "--ranks expects a whole number from 1 to 64, not '0'"),
                       ("two", "--ranks expects a whole number from 1 to 64, not 'two'")):
         p = run_wick("plan", recipe, "--ranks", bad, check=False)
