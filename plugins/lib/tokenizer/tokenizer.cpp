@@ -124,8 +124,10 @@ class Regex {
       throw Error(where + ": its pre-tokenizer regex does not compile at offset " + std::to_string(off) + ": " +
                   reinterpret_cast<char*>(buf));
     }
-    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // pcre2_match then runs the compiled matcher (interprets without JIT)
+    // pcre2_match then runs the compiled matcher (it interprets where the JIT is not available)
+    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }
+  bool jit() const { return jit_; }
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;
 
@@ -161,6 +163,7 @@ class Regex {
 
  private:
   pcre2_code* code_ = nullptr;
+  bool jit_ = false;
 };
 
 const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -405,6 +408,20 @@ class Bpe : public Tokenizer {
       if (a.content == t) return a.id;
     auto it = vocab_.find(t);
     return it == vocab_.end() ? -1 : it->second;
+  }
+
+  std::size_t cached_pieces() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cache_.size();
+  }
+  bool regex_jit() const override {
+    bool any = false;
+    for (const auto& p : pre_)
+      if (p.regex) {
+        if (!p.regex->jit()) return false;
+        any = true;
+      }
+    return any;
   }
 
  private:

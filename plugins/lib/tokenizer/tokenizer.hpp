@@ -27,6 +27,10 @@ class Tokenizer {
   virtual std::int64_t vocab_size() const = 0;
   /// The id of `token` (an added or special token), or -1.
   virtual std::int64_t token_id(const std::string& token) const = 0;
+  /// Pieces whose ids are cached now (bounded, whatever the text), and
+  /// whether every pre-tokenizer regex runs PCRE2's JIT-compiled matcher.
+  virtual std::size_t cached_pieces() const { return 0; }
+  virtual bool regex_jit() const { return false; }
 };
 
 /// UTF-8 bytes 0-255, and 256 for the end of a text ("<eos>"). `specials`
