@@ -81,7 +81,9 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
   }
   if (partitioned()) {
     // each unit's weights into one flat buffer the parameters view; this
-    // rank keeps its chunk, and the buffer's storage goes until a gather
+    // rank keeps its chunk. The buffers stay whole until release_all(): the
+    // caller frees them once nothing can fail any more (a failure before
+    // leaves the model its weights)
     at::NoGradGuard no_grad;
     const std::int64_t rank = group_->rank();
     for (auto& b : buckets_) {
@@ -95,8 +97,6 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
       const std::int64_t chunk = b.numel / world;
       b.shard = b.whole.narrow(0, rank * chunk, chunk).clone();
       b.gathered = true;
-      free_storage(b.whole);
-      b.gathered = false;
     }
   }
   for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -215,10 +215,13 @@ at::Tensor GradReducer::piece_view(const ShardPiece& p) const {
   return params_[p.param].detach().view({-1}).narrow(0, p.start, p.numel);
 }
 
-void GradReducer::arm() {
+void GradReducer::arm(bool early) {
   std::lock_guard<std::mutex> lock(mu_);
+  early_ = early;
+  late_ = -1;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
+    b.launched = false;
     b.work.reset();
     b.flat = at::Tensor();
     b.chunk = at::Tensor();
@@ -229,6 +232,7 @@ void GradReducer::arm() {
 }
 
 void GradReducer::launch(Bucket& b) {
+  b.launched = true;
   if (!sharded()) {
     std::vector<at::Tensor> parts;
     parts.reserve(b.params.size());
@@ -256,7 +260,12 @@ void GradReducer::launch(Bucket& b) {
 void GradReducer::ready(std::size_t param) {
   std::lock_guard<std::mutex> lock(mu_);
   Bucket& b = buckets_[bucket_of_[param]];
+  if (b.launched) {  // its bucket's sums have left: this part would be lost
+    if (late_ < 0) late_ = static_cast<std::int64_t>(param);
+    return;
+  }
   if (b.pending > 0) --b.pending;
+  if (!early_) return;
   // ZeRO-3: every gradient of the unit is in, so nothing in the backward
   // still reads its weights
   if (partitioned() && b.pending == 0) release_unit(bucket_of_[param]);

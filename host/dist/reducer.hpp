@@ -65,13 +65,20 @@ class GradReducer {
   /// `units` (Parameters only): the parameter indices of each unit, in the
   /// order their backwards end (the last block first, the rest last); every
   /// parameter in exactly one. The parameters become views of the units' flat
-  /// buffers, whose storage is released until gather_unit().
+  /// buffers, whole until the caller's release_all().
   GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
               ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {});
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
-  void arm();
+  /// `early = false`: only in finish(), for a backward in which a parameter's
+  /// gradient may arrive more than once (a checkpointed block run several
+  /// times in one forward backpropagates each run on its own: its parameters
+  /// would look complete after the first).
+  void arm(bool early = true);
+  /// A parameter whose gradient arrived after its bucket was reduced in the
+  /// last backward (that part of it would be lost), or -1.
+  std::int64_t late_param() const { return late_; }
   /// After the last backward (or with no backward at all on this rank): every
   /// bucket reduced. Unsharded: every parameter's .grad the sum over ranks.
   /// Sharded: piece_grad() the sums of this rank's pieces; the parameters'
@@ -131,6 +138,7 @@ class GradReducer {
     std::vector<std::int64_t> offsets;  // in the flat layout
     std::int64_t numel = 0;             // the flat layout's length (sharded: padded to ranks x kShardAlign)
     std::size_t pending = 0;
+    bool launched = false;
     at::Tensor flat, chunk;             // chunk: this rank's reduced part (sharded)
     at::Tensor acc;                     // sharded: the chunks reduced over the window, summed
     c10::intrusive_ptr<c10d::Work> work;
@@ -157,6 +165,8 @@ class GradReducer {
   std::size_t next_ = 0;  // the next bucket to launch
   std::size_t launched_early_ = 0;
   std::atomic<bool> armed_{false};
+  bool early_ = true;
+  std::int64_t late_ = -1;
   std::uint64_t trace_ = 0;
   std::shared_ptr<std::atomic<bool>> alive_;
 };

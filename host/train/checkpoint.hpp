@@ -183,12 +183,24 @@ class CheckpointRunner : public BlockRunner {
  public:
   explicit CheckpointRunner(std::set<std::string> blocks) : blocks_(std::move(blocks)) {}
   std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) override {
-    return blocks_.count(block) ? checkpoint(fn, inputs) : fn(inputs);
+    if (!blocks_.count(block)) return fn(inputs);
+    if (at::GradMode::is_enabled() && !runs_.insert(block).second) repeated_ = true;
+    return checkpoint(fn, inputs);
   }
   const std::set<std::string>& blocks() const { return blocks_; }
+  /// Whether a checkpointed block ran more than once with gradients since
+  /// reset_runs() (frames in chunks, a shared layer): each run backpropagates
+  /// on its own, so its parameters' gradients arrive once per run.
+  bool repeated() const { return repeated_; }
+  void reset_runs() {
+    runs_.clear();
+    repeated_ = false;
+  }
 
  private:
   std::set<std::string> blocks_;
+  std::set<std::string> runs_;
+  bool repeated_ = false;
 };
 
 }  // namespace wick

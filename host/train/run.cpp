@@ -996,6 +996,7 @@ nlohmann::json run_training(const RunRequest& req) {
   const auto ck = trainer.checkpointed_blocks();
   run["checkpointing"] = ck.empty() ? nlohmann::json(false) : nlohmann::json(ck);
   run["host_reads"] = trainer.host_reads();
+  trainer.gather_weights_back();  // shard = "parameters": every rank, here, at once
   for (auto& o : observers) o->on_end(run);
   return run;
 }
@@ -1081,6 +1082,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     }
     row.breakdown = trainer.memory_breakdown();
     row.peak = static_cast<double>(tensor_peak(cuda) - *host_only);
+    trainer.gather_weights_back();  // a shard = "parameters" row: the model whole again for the next row
     row.seconds = dt / static_cast<double>(n) * static_cast<double>(per_rank);
     if (group) {  // the rank holding the most: its peak and breakdown; the slowest rank's time
       const auto& bd = row.breakdown;
@@ -1137,7 +1139,9 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     if (world > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision, given_ck, micro, sh});
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
-  const std::string least = world > 1 ? "parameters" : S;  // the shard setting that holds the least
+  // the shard setting that holds the least (parameters refuses these, for now)
+  const bool z3_ok = !r.o.get_bool("master_weights") && r.o.get_double("ema") == 0 && !coupled_windows(*r.obj.model);
+  const std::string least = world > 1 ? (z3_ok ? "parameters" : "gradients") : S;
   add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 
   const auto& bd = base.breakdown;
@@ -1186,7 +1190,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m) {
       cands.push_back({prec, ck, m, S});
       for (const std::string sh : {"gradients", "parameters"})
-        if (world > 1 && sh != S) cands.push_back({prec, ck, m, sh});
+        if (world > 1 && sh != S && (z3_ok || sh != "parameters")) cands.push_back({prec, ck, m, sh});
     };
     cand(precision, given_ck, micro);
     cand(mixed, given_ck, micro);

@@ -49,14 +49,18 @@ std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& 
 // in bf16/fp16 while the weights stay fp32. Restores what was there before.
 class AutocastScope {
  public:
-  AutocastScope(Precision p, const at::Device& device) {
+  /// cache = false: no half-precision copy of a weight kept for the rest of
+  /// the forward (ZeRO-3: those copies would be every block's weights again)
+  AutocastScope(Precision p, const at::Device& device, bool cache = true) {
     if (p != Precision::BF16Mixed && p != Precision::FP16Mixed) return;
     on_ = true;
     type_ = device.type();
     prev_enabled_ = at::autocast::is_autocast_enabled(type_);
     prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+    prev_cache_ = at::autocast::is_autocast_cache_enabled();
     at::autocast::set_autocast_enabled(type_, true);
     at::autocast::set_autocast_dtype(type_, p == Precision::BF16Mixed ? at::kBFloat16 : at::kHalf);
+    if (!cache) at::autocast::set_autocast_cache_enabled(false);
     at::autocast::increment_nesting();
   }
   ~AutocastScope() {
@@ -64,12 +68,13 @@ class AutocastScope {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_enabled(type_, prev_enabled_);
     at::autocast::set_autocast_dtype(type_, prev_dtype_);
+    at::autocast::set_autocast_cache_enabled(prev_cache_);
   }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  bool on_ = false, prev_enabled_ = false;
+  bool on_ = false, prev_enabled_ = false, prev_cache_ = true;
   at::DeviceType type_ = at::kCPU;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
@@ -106,16 +111,17 @@ std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<st
 const std::string kEmaPrefix = "wick.ema/";
 
 // shard = "parameters": the models whose weights a trainer holds divided now
-// (or lost with a run that failed while they were), with what to tell a reader.
+// (or lost with a run that failed while they were), with what to tell a
+// reader; a model gone since frees its address for another
 std::mutex partitioned_mu;
-std::map<const Model*, std::string>& partitioned_models() {
-  static std::map<const Model*, std::string> m;
+std::map<const Model*, std::pair<std::weak_ptr<Model>, std::string>>& partitioned_models() {
+  static std::map<const Model*, std::pair<std::weak_ptr<Model>, std::string>> m;
   return m;
 }
-void mark_partitioned(const Model* m, const std::string& why) {
+void mark_partitioned(const std::shared_ptr<Model>& m, const std::string& why) {
   std::lock_guard<std::mutex> lock(partitioned_mu);
-  if (why.empty()) partitioned_models().erase(m);
-  else partitioned_models()[m] = why;
+  if (why.empty()) partitioned_models().erase(m.get());
+  else partitioned_models()[m.get()] = {m, why};
 }
 
 // ZeRO-3's Model::run_block: a block's whole weights gathered before it runs
@@ -162,8 +168,14 @@ std::string step_dir_name(std::int64_t step) {
 
 std::string weights_partitioned(const Model& model) {
   std::lock_guard<std::mutex> lock(partitioned_mu);
-  auto it = partitioned_models().find(&model);
-  return it == partitioned_models().end() ? "" : it->second;
+  auto& all = partitioned_models();
+  auto it = all.find(&model);
+  if (it == all.end()) return "";
+  if (it->second.first.expired()) {  // another model at a freed address
+    all.erase(it);
+    return "";
+  }
+  return it->second.second;
 }
 
 Precision parse_precision(const std::string& s) {
@@ -229,6 +241,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     : model_(std::move(model)), optim_(std::move(optim)), schedule_(std::move(schedule)), cfg_(std::move(cfg)) {
   if (!model_) throw Error("wick.train: 'model' is required");
   if (!optim_) throw Error("wick.train: 'optim' is required");
+  if (const std::string why = weights_partitioned(*model_); !why.empty())
+    throw Error("wick.train: the model cannot be trained: " + why);
   if (cfg_.clip_grad_norm < 0) throw Error("clip_grad_norm must be >= 0, got " + std::to_string(cfg_.clip_grad_norm));
   if (cfg_.clip_grad_value < 0) throw Error("clip_grad_value must be >= 0, got " + std::to_string(cfg_.clip_grad_value));
   if (cfg_.empty_cache_every < 0)
@@ -366,10 +380,19 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     }
     reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, units);
     if (partitioned()) {
+      // model_ shares each parameter's TensorImpl, so a tensor reached by two
+      // names (tied) is one unit's or the run reads it freed
+      std::map<const c10::TensorImpl*, std::pair<std::string, std::size_t>> seen;
+      for (std::size_t u = 0; u < units.size(); ++u)
+        for (auto k : units[u]) {
+          auto [it, fresh] = seen.emplace(params_[k].second.unsafeGetTensorImpl(), std::make_pair(params_[k].first, u));
+          if (!fresh && it->second.second != u)
+            throw Error("shard = \"parameters\": '" + params_[k].first + "' and '" + it->second.first +
+                        "' are one tensor used in two blocks (or a block and the rest); its weights would be freed "
+                        "while the other reads them: use shard = \"gradients\"");
+        }
       partition_runner_ = std::make_unique<PartitionRunner>(reducer_.get(), unit_of_block, block_runner_.get());
       model_->set_block_runner(partition_runner_.get());
-      mark_partitioned(model_.get(), "its weights are divided across the ranks (shard = \"parameters\") while "
-                                     "wick.train runs; read them after it returns (checkpoints hold them whole)");
     }
     if (divided_masters_) {
       for (const auto& piece : reducer_->my_pieces()) {  // this rank's masters, copied out of the whole ones
@@ -415,28 +438,47 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     stepped_ = params_;
     optim_->attach(params_);
   }
+  if (partitioned()) {
+    // nothing above failed: each rank now keeps its chunks only
+    reducer_->release_all();
+    mark_partitioned(model_, "its weights are divided across the ranks (shard = \"parameters\") while wick.train "
+                             "runs; read them after it returns (checkpoints hold them whole)");
+  }
 }
 
 Trainer::~Trainer() {
   // the model may outlive this trainer (and be trained by another)
   if (model_ && (model_->block_runner() == block_runner_.get() || model_->block_runner() == partition_runner_.get()))
     model_->set_block_runner(nullptr);
-  if (partitioned()) {
-    // the whole weights back in the model, gathered by every rank; after a
-    // failure (a rank gone) they cannot be, and the model says so when read
-    std::string lost;
-    if (std::uncaught_exceptions() > 0) {
-      lost = "the run failed while its weights were divided across the ranks (shard = \"parameters\"): they are "
-             "lost in this process; load the last checkpoint";
-    } else {
-      try {
-        reducer_->gather_all("gathering the trained weights at the end of the run");
-      } catch (const std::exception& e) {
-        lost = std::string("the trained weights could not be gathered at the end of the run: ") + e.what();
-      }
-    }
-    mark_partitioned(model_.get(), lost);
+  // ZeRO-3 without gather_weights_back(): a run that failed (a collective
+  // here could wait on ranks gone or elsewhere), and the model says so when read
+  if (partitioned() && !gathered_back_)
+    mark_partitioned(model_, "the run failed while its weights were divided across the ranks (shard = "
+                             "\"parameters\"): they are lost in this process; load the last checkpoint");
+}
+
+void Trainer::gather_weights_back() {
+  if (!partitioned() || gathered_back_) return;
+  try {
+    reducer_->gather_all("gathering the trained weights at the end of the run");
+  } catch (...) {
+    mark_partitioned(model_, "the trained weights could not be gathered at the end of the run (shard = "
+                             "\"parameters\"); load the last checkpoint");
+    gathered_back_ = true;
+    throw;
   }
+  gathered_back_ = true;
+  mark_partitioned(model_, "");
+}
+
+bool Trainer::repeated_blocks() const { return block_runner_ && block_runner_->repeated(); }
+
+void Trainer::check_late_gradients() {
+  if (!reducer_ || reducer_->late_param() < 0) return;
+  throw Error("step " + std::to_string(step_ + 1) + ": the gradient of '" +
+              params_[static_cast<std::size_t>(reducer_->late_param())].first +
+              "' arrived after its bucket had been reduced across the ranks (its block ran more than once in one "
+              "forward outside the blocks wick checkpoints, each backpropagated on its own); the step is not taken");
 }
 
 void Trainer::gather_root(const std::string& what) {
@@ -626,16 +668,21 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   // it ran before again, its loss times zero, adding nothing
   std::size_t runs = pieces.size();
   if (zero3) {
-    if (!pieces.empty() && !stand_in_.size()) stand_in_ = pieces.front();
-    at::Tensor mine = at::full({1}, static_cast<std::int64_t>(pieces.size()), at::TensorOptions().dtype(at::kLong))
+    if (!pieces.empty() && stand_in_.empty()) stand_in_ = pieces.front();
+    // each rank's count and whether it has a stand-in: every rank decides alike
+    at::Tensor mine = at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(pieces.size()), stand_in_.empty() ? 0 : 1}, at::kLong)
                           .to(group->device());
-    at::Tensor all = at::empty({group->size()}, mine.options());
+    at::Tensor all = at::empty({2 * group->size()}, mine.options());
     group->all_gather(all, mine, "the micro-batch counts of step " + std::to_string(step_ + 1));
-    runs = static_cast<std::size_t>(all.max().item<std::int64_t>());
-    if (runs > pieces.size() && !stand_in_.size())
-      throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " +
-                  std::to_string(group->rank()) + " has no micro-batch in this window and has run none before to "
-                  "stand in for one; give every rank data (a larger data set, or fewer ranks)");
+    const at::Tensor a = all.cpu().view({group->size(), 2});
+    ++host_reads_;
+    runs = static_cast<std::size_t>(a.select(1, 0).max().item<std::int64_t>());
+    for (int q = 0; q < group->size(); ++q)
+      if (static_cast<std::size_t>(a[q][0].item<std::int64_t>()) < runs && a[q][1].item<std::int64_t>() == 0)
+        throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " + std::to_string(q) +
+                    " has fewer micro-batches in this window than the others and has run none before to stand in "
+                    "for them (the ranks' gathers must pair up); give every rank data from the first window on (a "
+                    "larger data set, or fewer ranks)");
   }
   const double inv_items = 1.0 / static_cast<double>(s.items);
   const std::string where = "step " + std::to_string(step_ + 1);
@@ -654,10 +701,11 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
     for (; i < runs; ++i) {
       const bool stand_in = i >= pieces.size();
       const Batch& batch = stand_in ? stand_in_ : pieces[i];
+      if (block_runner_) block_runner_->reset_runs();
       gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
       ForwardResult r;
       {
-        AutocastScope autocast(cfg_.precision, device);
+        AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
         try {
           r = model_->forward(to_device(batch, device));
         } catch (const c10::OutOfMemoryError&) {
@@ -679,11 +727,12 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
         if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
       }
       // this backward reduces as it goes (ZeRO-3: every backward)
-      if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm();
+      if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm(/*early=*/!repeated_blocks());
       at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : inv_items);
       if (scaling()) l = l * scale_;
       l.backward();
       fold_grads();
+      check_late_gradients();
       if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
       if (zero3 && !last) reducer_->finish(step_ + 1);  // this micro-batch's sums, into this rank's chunks
       if (stand_in) continue;
@@ -813,6 +862,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
       gen.set_state(state);
     }
     std::vector<at::Tensor> e;
+    if (block_runner_) block_runner_->reset_runs();
     {
       AutocastScope autocast(cfg_.precision, device);
       e = coupled.embed(to_device(pieces[i], device));
@@ -825,9 +875,10 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
       *agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
-    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm();
+    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm(/*early=*/!repeated_blocks());
     torch::autograd::backward(e, g);
     fold_grads();
+    check_late_gradients();
     if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
   }
   if (group && pieces.empty()) {  // at the point where the others check before their last backward
@@ -1456,7 +1507,7 @@ EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, const Eval
           }
           ForwardResult r;
           try {
-            AutocastScope autocast(cfg.precision, device);
+            AutocastScope autocast(cfg.precision, device, cfg.autocast_cache);
             r = model.forward(to_device(piece, device));
           } catch (const c10::OutOfMemoryError& e) {
             const std::string what = cfg.where + ", micro-batch " + std::to_string(index) + " (" + describe(piece) +
@@ -1511,6 +1562,7 @@ EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t mi
   // ZeRO-3: every rank evaluates the same batches, its blocks gathering their
   // weights as in training; halving a batch on one rank would unpair them
   ec.split_on_oom = false;
+  ec.autocast_cache = false;
   gather_root("the all-gather of the weights in no block, for the " + ec.where);
   try {
     EvalStats out = wick::evaluate(*model_, std::move(data), ec);

@@ -129,6 +129,7 @@ struct EvalConfig {
   Precision precision = Precision::FP32;  // autocast for the mixed modes; true modes are the weights' dtype
   bool split_on_oom = true;               // halve a micro-batch that runs out of memory, down to one sample
   std::string where = "evaluation";       // error messages start with this
+  bool autocast_cache = true;              // false: no half-precision weight copies kept through a forward (ZeRO-3)
 };
 
 /// Master weights ride in optimizer.safetensors under this prefix (and the
@@ -187,6 +188,12 @@ class Trainer {
   /// trainable ones (fp32), loadable by Model::load.
   void save_ema(const std::filesystem::path& file);
 
+  /// shard = "parameters": the whole weights back in the model, gathered by
+  /// every rank at once (the run's end; each rank calls it at the same
+  /// point). Until then, and for good if the trainer ends without it, reading
+  /// the model is refused by name (wick/train/partition.hpp). Else nothing.
+  void gather_weights_back();
+
   /// Bytes held by weights (parameters and buffers), gradients and optimizer state.
   std::map<std::string, std::int64_t> memory_breakdown() const;
 
@@ -211,6 +218,11 @@ class Trainer {
   bool sharded() const { return reducer_ && reducer_->sharded(); }
   /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
   bool partitioned() const { return reducer_ && reducer_->partitioned(); }
+  /// A checkpointed block ran more than once in this micro-batch's forward:
+  /// its parameters' gradients arrive once per run, so buckets wait for the
+  /// backward's end. And an error if a gradient came after its bucket left.
+  bool repeated_blocks() const;
+  void check_late_gradients();
   /// ZeRO-3: the root unit (trainable weights in no block) gathered for a forward.
   void gather_root(const std::string& what);
   /// ZeRO-3: every rank ran the same blocks in the same order this window
@@ -265,6 +277,7 @@ class Trainer {
   std::unique_ptr<BlockRunner> partition_runner_;   // ZeRO-3: gathers each block's weights around block_runner_
   std::optional<std::size_t> root_unit_;            // ZeRO-3: the unit of the weights in no block
   Batch stand_in_;  // ZeRO-3: a micro-batch this rank ran, for the windows where it has fewer than others
+  bool gathered_back_ = false;  // ZeRO-3: gather_weights_back() ran
 };
 
 /// Loss and metrics of `model` over all of `data`, without gradients. Sums
