@@ -122,7 +122,8 @@ void GradReducer::lay_out_units(const std::vector<std::vector<std::size_t>>& uni
     for (auto k : unit) {
       if (k >= params_.size() || placed[k]) throw Error("shard = \"parameters\": a parameter in no unit or in two");
       if (params_[k].scalar_type() != params_[unit.front()].scalar_type())
-        throw Error("shard = \"parameters\": the trainable parameters of one block differ in dtype (" +
+        throw Error("shard = \"parameters\": the trainable parameters of one unit (a block, or the weights in no "
+                    "block) differ in dtype (" +
                     std::string(c10::toString(params_[k].scalar_type())) + " and " +
                     c10::toString(params_[unit.front()].scalar_type()) + ")");
       placed[k] = true;

@@ -124,6 +124,13 @@ void mark_partitioned(const std::shared_ptr<Model>& m, const std::string& why) {
   else partitioned_models()[m.get()] = {m, why};
 }
 
+// ZeRO-3: every unit freed when the scope ends, as it ends (a save, a load,
+// an evaluation that gathered)
+struct ReleaseUnits {
+  GradReducer* reducer;
+  ~ReleaseUnits() { reducer->release_all(); }
+};
+
 // ZeRO-3's Model::run_block: a block's whole weights gathered before it runs
 // (and again before its backward, or its recomputation), freed once it has;
 // the recipe's checkpointing runs inside.
@@ -1135,11 +1142,8 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   if (partitioned()) {
     // ZeRO-3: the whole weights on every rank while rank 0 writes them
+    ReleaseUnits release{reducer_.get()};
     reducer_->gather_all("gathering the weights for checkpoint step " + std::to_string(step_));
-    struct Release {
-      GradReducer* r;
-      ~Release() { r->release_all(); }
-    } release{reducer_.get()};
     return save_gathered(checkpoints_dir, extra, keep, keep_best);
   }
   return save_gathered(checkpoints_dir, extra, keep, keep_best);
@@ -1352,15 +1356,10 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
   if (partitioned()) {
     // ZeRO-3: the whole weights read into every rank's gathered units, which
     // keep their chunks of them
+    ReleaseUnits release{reducer_.get()};
     reducer_->gather_all("gathering the weights to load checkpoint " + checkpoint.string());
-    try {
-      load_model(*model_, checkpoint / "model.safetensors");
-      reducer_->keep_chunks_of_gathered();
-    } catch (...) {
-      reducer_->release_all();
-      throw;
-    }
-    reducer_->release_all();
+    load_model(*model_, checkpoint / "model.safetensors");
+    reducer_->keep_chunks_of_gathered();
   } else {
     load_model(*model_, checkpoint / "model.safetensors");
   }
@@ -1563,15 +1562,9 @@ EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t mi
   // weights as in training; halving a batch on one rank would unpair them
   ec.split_on_oom = false;
   ec.autocast_cache = false;
+  ReleaseUnits release{reducer_.get()};
   gather_root("the all-gather of the weights in no block, for the " + ec.where);
-  try {
-    EvalStats out = wick::evaluate(*model_, std::move(data), ec);
-    reducer_->release_all();
-    return out;
-  } catch (...) {
-    reducer_->release_all();
-    throw;
-  }
+  return wick::evaluate(*model_, std::move(data), ec);
 }
 
 }  // namespace wick
