@@ -48,8 +48,9 @@ void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
 }  // namespace
 
 GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
-                         ShardMode shard, const std::vector<std::vector<std::size_t>>& units)
-    : group_(std::move(group)), params_(std::move(params)), shard_(shard),
+                         ShardMode shard, const std::vector<std::vector<std::size_t>>& units,
+                         at::ScalarType grad_dtype)
+    : group_(std::move(group)), params_(std::move(params)), shard_(shard), grad_dtype_(grad_dtype),
       alive_(std::make_shared<std::atomic<bool>>(true)) {
   const std::int64_t align = sharded() ? kShardAlign : 1;
   const std::int64_t world = group_->size();
@@ -245,7 +246,8 @@ void GradReducer::launch(Bucket& b) {
     b.work = group_->all_reduce_async(b.flat);
     return;
   }
-  const auto opts = buffer_options(b);
+  auto opts = buffer_options(b);
+  if (grad_dtype_ != at::ScalarType::Undefined) opts = opts.dtype(grad_dtype_);
   b.flat = at::zeros({b.numel}, opts);  // the alignment's gaps stay zero
   for (std::size_t j = 0; j < b.params.size(); ++j) {
     at::Tensor& g = params_[b.params[j]].mutable_grad();

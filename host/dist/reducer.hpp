@@ -66,8 +66,12 @@ class GradReducer {
   /// order their backwards end (the last block first, the rest last); every
   /// parameter in exactly one. The parameters become views of the units' flat
   /// buffers, whole until the caller's release_all().
+  /// `grad_dtype` (sharded; Undefined: the parameters' own): the dtype the
+  /// gradients are summed in across ranks (fp32 for half-precision weights
+  /// stepped through fp32 masters).
   GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
-              ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {});
+              ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {},
+              at::ScalarType grad_dtype = at::ScalarType::Undefined);
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
@@ -166,6 +170,7 @@ class GradReducer {
   std::size_t launched_early_ = 0;
   std::atomic<bool> armed_{false};
   bool early_ = true;
+  at::ScalarType grad_dtype_ = at::ScalarType::Undefined;
   std::int64_t late_ = -1;
   std::uint64_t trace_ = 0;
   std::shared_ptr<std::atomic<bool>> alive_;

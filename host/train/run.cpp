@@ -1140,7 +1140,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
   // the shard setting that holds the least (parameters refuses these, for now)
-  const bool z3_ok = !r.o.get_bool("master_weights") && r.o.get_double("ema") == 0 && !coupled_windows(*r.obj.model);
+  const bool z3_ok = r.o.get_double("ema") == 0 && !coupled_windows(*r.obj.model);
   const std::string least = world > 1 ? (z3_ok ? "parameters" : "gradients") : S;
   add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 

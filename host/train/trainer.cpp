@@ -349,20 +349,24 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     // the meta device), each rank keeps its pieces' masters (below) and the
     // gathered updates go straight into the half-precision weights.
     divided_masters_ = cfg_.master_weights && cfg_.shard != ShardMode::None && cfg_.group->size() > 1;
+    const bool zero3 = cfg_.shard == ShardMode::Parameters && cfg_.group->size() > 1;
+    // ZeRO-3 divides the model's own (half-precision) weights, whose
+    // gradients it sums in fp32 with masters; the others lay out the masters'
+    // shapes (divided) or what the optimizer steps
     std::vector<at::Tensor> trainable;
-    for (auto& [name, p] : params_)
-      trainable.push_back(divided_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
-                                           : p);
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      const at::Tensor& p = params_[k].second;
+      trainable.push_back(zero3 && cfg_.master_weights ? model_params_[k]
+                          : divided_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
+                                             : p);
+    }
     // ZeRO-3: a unit per declared block (its trainable parameters), the last
     // block first, and the weights in no block last: the order their
     // gradients complete in backward
     std::vector<std::vector<std::size_t>> units;
     std::map<std::string, std::size_t> unit_of_block;
-    if (cfg_.shard == ShardMode::Parameters && cfg_.group->size() > 1) {
+    if (zero3) {
       const std::string L = "shard = \"parameters\"";
-      if (cfg_.master_weights)
-        throw Error(L + ": master_weights cannot be used with it yet (the fp32 copies are divided with shard = "
-                    "\"optimizer\" or \"gradients\")");
       if (cfg_.ema > 0) throw Error(L + ": ema cannot be used with it yet (the average would need the whole weights)");
       if (coupled_windows(*model_))
         throw Error(L + ": the model's loss couples the window (a contrastive loss over all of it), whose passes "
@@ -385,7 +389,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
         units.push_back(rest);
       }
     }
-    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, units);
+    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, units,
+                                             zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined);
     if (partitioned()) {
       // model_ shares each parameter's TensorImpl, so a tensor reached by two
       // names (tied) is one unit's or the run reads it freed
@@ -407,7 +412,10 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
         stepped_.emplace_back(params_[piece.param].first,
                               piece.numel == p.numel() ? p.clone() : p.reshape({-1}).narrow(0, piece.start, piece.numel).clone());
       }
-      for (std::size_t k = 0; k < params_.size(); ++k) params_[k].second = trainable[k];  // the whole ones go
+      // the whole ones go (ZeRO-3 keeps their shapes: the reducer holds the model's weights)
+      for (std::size_t k = 0; k < params_.size(); ++k)
+        params_[k].second = zero3 ? at::empty(params_[k].second.sizes(), params_[k].second.options().device(at::kMeta))
+                                  : trainable[k];
     }
   }
   if (sharded()) {
@@ -417,11 +425,14 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     std::vector<std::int64_t> whole;
     for (const auto& piece : reducer_->my_pieces()) {
       const auto& [name, p] = params_[piece.param];
-      if (partitioned())  // its pieces are the weights: tensors of their own
+      if (divided_masters_) {
+        // made above
+      } else if (partitioned()) {  // its pieces are the weights: tensors of their own
         stepped_.emplace_back(name, piece.numel == p.numel() ? reducer_->piece_view(piece).view(p.sizes())
                                                              : reducer_->piece_view(piece));
-      else if (!divided_masters_)
+      } else {
         stepped_.emplace_back(name, piece.numel == p.numel() ? p.detach() : reducer_->piece_view(piece));
+      }
       whole.push_back(p.numel());
     }
     // pieces only to an optimizer that updates them as it would the whole
@@ -636,7 +647,8 @@ void Trainer::clear_grads() {
 }
 
 void Trainer::fold_grads() {
-  if (!cfg_.master_weights) return;
+  // ZeRO-3 sums each micro-batch's half-precision gradients in fp32 itself
+  if (!cfg_.master_weights || partitioned()) return;
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < model_params_.size(); ++i) {
     at::Tensor& g = model_params_[i].mutable_grad();
@@ -1082,7 +1094,13 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     at::NoGradGuard no_grad;
     if (groups) groups->step_scaled(factor);
     else optim_->step(s.lr);
-    if (divided_masters_) {
+    if (divided_masters_ && partitioned()) {
+      // ZeRO-3: this rank's masters rounded into its pieces of the weights,
+      // gathered whole when their blocks next run
+      const auto& pieces = reducer_->my_pieces();
+      for (std::size_t i = 0; i < pieces.size(); ++i)
+        reducer_->piece_view(pieces[i]).copy_(stepped_[i].second.detach().reshape({-1}));
+    } else if (divided_masters_) {
       // every rank's updated masters, rounded into the weights as they arrive;
       // the average, kept in fp32, follows the masters as unsharded
       std::vector<at::Tensor> mine;
@@ -1353,16 +1371,15 @@ nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
 nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
 
 nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
+  // ZeRO-3: the whole weights read into every rank's gathered units, which
+  // keep their chunks of them (and stay whole until the masters below are set)
+  std::optional<ReleaseUnits> release;
   if (partitioned()) {
-    // ZeRO-3: the whole weights read into every rank's gathered units, which
-    // keep their chunks of them
-    ReleaseUnits release{reducer_.get()};
+    release.emplace(reducer_.get());  // (no temporary: its end would free the units at once)
     reducer_->gather_all("gathering the weights to load checkpoint " + checkpoint.string());
-    load_model(*model_, checkpoint / "model.safetensors");
-    reducer_->keep_chunks_of_gathered();
-  } else {
-    load_model(*model_, checkpoint / "model.safetensors");
   }
+  load_model(*model_, checkpoint / "model.safetensors");
+  if (partitioned()) reducer_->keep_chunks_of_gathered();
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);

@@ -425,14 +425,17 @@ def test_fp16_loss_scaling_with_sharded_gradients_gives_the_unsharded_ranks_weig
     assert p.stdout.split("rank 0 steps ")[1].split()[0] == q.stdout.split("rank 0 steps ")[1].split()[0]
 
 
-@pytest.mark.parametrize("shard", ["optimizer", "gradients"])
+@pytest.mark.parametrize("shard", ["optimizer", "gradients", "parameters"])
 def test_master_weights_sharded_give_the_unsharded_ranks_weights(tmp_path, recipe, run_wick, shard):
     """bf16-true with fp32 master weights: the fp32 gradients summed over the
     window are reduce-scattered, each rank steps its pieces of the masters,
-    the masters are all-gathered and rounded into the bf16 weights. Without
-    clipping the same bits as the unsharded ranks."""
+    the masters are all-gathered and rounded into the bf16 weights (ZeRO-3:
+    rounded into the rank's pieces of the bf16 weights, whose blocks gather
+    them). Without clipping the same bits as the unsharded ranks (ZeRO-3 sums
+    micro-batch by micro-batch: one per rank keeps the sums the same)."""
     many, plain = tmp_path / "many.safetensors", tmp_path / "plain.safetensors"
-    common = ["--nproc-per-node", 2, recipe, "micro=2", "acc=4", "precision=bf16-true", "masters=true", "clip=0"]
+    split = ["micro=8", "acc=1"] if shard == "parameters" else ["micro=2", "acc=4"]
+    common = ["--nproc-per-node", 2, recipe, *split, "precision=bf16-true", "masters=true", "clip=0"]
     run_wick("launch", *common, f"shard={shard}", f"result={many}")
     run_wick("launch", *common, f"result={plain}")
     assert_same_weights(many, plain, rtol=1e-7)
@@ -481,6 +484,48 @@ def test_sharded_master_weights_are_divided_and_checkpoint_as_one_ranks(tmp_path
     shutil.copytree(plain, tmp_path / "r3s")
     shutil.copytree(plain, tmp_path / "r3n")
     run(3, f"shard={shard}", "resume=true", f"out={tmp_path / 'r3s'}", f"result={tmp_path / 'r3s.safetensors'}")
+    run(3, "resume=true", f"out={tmp_path / 'r3n'}", f"result={tmp_path / 'r3n.safetensors'}")
+    assert_same_weights(tmp_path / "r3s.safetensors", tmp_path / "r3n.safetensors", rtol=1e-7)
+
+
+def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, recipe, run_wick):
+    """bf16-true with fp32 masters under shard = "parameters": the bf16
+    weights, the fp32 masters and the moments are divided (the ranks' master
+    bytes add up to one unsharded rank's), each micro-batch's bf16 gradients
+    are reduce-scattered in fp32, the weights are the unsharded ranks' bits;
+    the checkpoint holds every master and moment equal to the unsharded
+    ranks' and resumes unsharded to the unbroken run, and an unsharded
+    checkpoint resumes on three such ranks as on three unsharded ones. One
+    micro-batch per rank, no clipping: the same sums."""
+    common = ["precision=bf16-true", "masters=true", "clip=0", "schedule=constant", "epochs=1", "acc=1"]
+
+    def run(ranks, *more):
+        verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
+        p = run_wick(*verb, recipe, *common, f"micro={12 // ranks}", *more)
+        return {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
+                .splitlines() if l.startswith("MASTERS ")}
+
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    held = run(2, "shard=parameters", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
+    whole = run(2, "max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
+    assert whole[0] == whole[1] > 0
+    assert held[0] + held[1] == whole[0]  # the pieces tile the parameters
+    assert max(held.values()) <= whole[0] / 2 + 4096 * 4 * 2, (held, whole)
+    assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
+    ck = "checkpoints/step-00000004"
+    for f in ("optimizer.safetensors", "model.safetensors"):
+        mine, theirs = load_file(str(sharded / ck / f)), load_file(str(plain / ck / f))
+        assert set(mine) == set(theirs)
+        for k in theirs:
+            assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), (f, k)
+    assert sum(k.startswith("wick.master/") for k in load_file(str(sharded / ck / "optimizer.safetensors"))) > 4
+    shutil.copytree(sharded, tmp_path / "r2")
+    run(2, "resume=true", f"out={tmp_path / 'r2'}", f"result={tmp_path / 'r2.safetensors'}")
+    run(2, f"result={tmp_path / 'unbroken.safetensors'}")
+    assert_same_weights(tmp_path / "r2.safetensors", tmp_path / "unbroken.safetensors", rtol=1e-7)
+    shutil.copytree(plain, tmp_path / "r3s")
+    shutil.copytree(plain, tmp_path / "r3n")
+    run(3, "shard=parameters", "resume=true", f"out={tmp_path / 'r3s'}", f"result={tmp_path / 'r3s.safetensors'}")
     run(3, "resume=true", f"out={tmp_path / 'r3n'}", f"result={tmp_path / 'r3n.safetensors'}")
     assert_same_weights(tmp_path / "r3s.safetensors", tmp_path / "r3n.safetensors", rtol=1e-7)
 
@@ -549,8 +594,6 @@ def test_a_rank_that_dies_under_parameters_ends_every_rank_naming_it(tmp_path, r
     (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients | parameters)"),
     (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
     (["shard=parameters", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
-    (["shard=parameters", "precision=bf16-true", "masters=true"],
-     "shard = \"parameters\": master_weights cannot be used with it yet"),
     (["shard=parameters", "ema=0.9"], "shard = \"parameters\": ema cannot be used with it yet"),
 ])
 def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, run_wick, args, expect):
