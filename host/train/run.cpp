@@ -433,12 +433,14 @@ PriorRun prior_run(const fs::path& out) {
 }
 
 // overwrite = true: the earlier run's files go; each is renamed first, so a
-// kill halfway leaves no half-removed checkpoint that looks whole.
-void remove_run(const fs::path& out) {
+// kill halfway leaves no half-removed checkpoint that looks whole. The recipe
+// being run is never one of them (out = its own folder, and it is recipe.lua).
+void remove_run(const fs::path& out, const std::string& recipe) {
   std::error_code ec;
   std::vector<fs::path> doomed;
   for (const char* f : kRunFiles)
-    if (fs::exists(out / f, ec)) doomed.push_back(out / f);
+    if (fs::exists(out / f, ec) && !(!recipe.empty() && fs::equivalent(out / f, recipe, ec)))
+      doomed.push_back(out / f);
   for (const auto& e : fs::directory_iterator(out, ec))
     if (e.path().filename().string().starts_with("events.out.tfevents.")) doomed.push_back(e.path());
   for (const auto& d : doomed) {
@@ -473,7 +475,7 @@ nlohmann::json run_training(const RunRequest& req) {
                   "); resume = true continues it, overwrite = true replaces it, or give another out");
     if (prior.holds && r.o.get_bool("overwrite")) {
       if (r.rank0) {
-        remove_run(out);
+        remove_run(out, req.recipe);
         err_line(L + ": overwrite = true: removed the run that was in " + out.string() + " (" + prior.what + ")");
       }
       prior = PriorRun();
@@ -497,7 +499,35 @@ nlohmann::json run_training(const RunRequest& req) {
     if (!resume_from.empty()) {
       resume_state = read_checkpoint_state(resume_from);
       const auto e = resume_state.value("extra", nlohmann::json::object());
+      // the loop's position: wick.train always writes it, and a checkpoint
+      // without it would restart the epoch without a word
+      for (const char* k : {"epoch", "window"})
+        if (!e.contains(k))
+          throw Error(strf("%s: checkpoint %s has no extra.%s in its state.json (wick.train writes the run's position "
+                           "there): it was edited, or written by a custom loop; resume it there, or start over",
+                           L.c_str(), resume_from.c_str(), k));
+      // the same data: a window's position means other samples in another data set
+      if (e.contains("samples") && e["samples"].is_number_integer() &&
+          e["samples"].get<std::int64_t>() != static_cast<std::int64_t>(data.size()))
+        throw Error(strf("%s: checkpoint %s was written training on %lld samples, this run's data holds %lld: its "
+                         "position would point at other samples; resume with the same data, or start over "
+                         "(overwrite = true)",
+                         L.c_str(), resume_from.c_str(), static_cast<long long>(e["samples"].get<std::int64_t>()),
+                         static_cast<long long>(data.size())));
       const int ckpt_world = e.value("world_size", world);
+      // on the same ranks, a window of another size would repeat or skip samples
+      if (ckpt_world == world && !r.micro_auto && e.contains("micro_batch") && e.contains("accumulate")) {
+        const std::int64_t was = e["micro_batch"].get<std::int64_t>() * e["accumulate"].get<std::int64_t>();
+        if (was != r.micro_batch * r.accumulate)
+          throw Error(strf("%s: checkpoint %s was written with windows of micro_batch %lld x accumulate %lld = %lld "
+                           "samples per rank, this run's hold %lld x %lld = %lld: its position would repeat or skip "
+                           "samples; resume with windows of %lld (micro_batch x accumulate), or start over "
+                           "(overwrite = true)",
+                           L.c_str(), resume_from.c_str(), static_cast<long long>(e["micro_batch"].get<std::int64_t>()),
+                           static_cast<long long>(e["accumulate"].get<std::int64_t>()), static_cast<long long>(was),
+                           static_cast<long long>(r.micro_batch), static_cast<long long>(r.accumulate),
+                           static_cast<long long>(r.micro_batch * r.accumulate), static_cast<long long>(was)));
+      }
       if (ckpt_world != world && !r.micro_auto) {
         const std::int64_t effective = e.value("micro_batch", std::int64_t{1}) * e.value("accumulate", std::int64_t{1}) * ckpt_world;
         const std::int64_t per = r.micro_batch * world;
@@ -743,7 +773,8 @@ nlohmann::json run_training(const RunRequest& req) {
     std::int64_t e = loader.epoch(), w = loader.window();
     if (w >= per_epoch) e += 1, w = 0;
     nlohmann::json extra = {{"epoch", e}, {"window", w}, {"reason", why}, {"world_size", world},
-                            {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate}};
+                            {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate},
+                            {"samples", static_cast<std::int64_t>(data.size())}};
     if (mon) {
       nlohmann::json m = {{"name", mon->name}, {"mode", mon->mode}, {"bad_evals", mon->bad}};
       if (value && std::isfinite(*value)) m["value"] = *value;

@@ -1269,9 +1269,17 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
       all.push_back(std::move(k));
     }
     std::sort(all.begin(), all.end(), [](const Kept& a, const Kept& b) { return a.step < b.step; });
-    std::set<fs::path> kept;
-    for (std::size_t i = all.size() > static_cast<std::size_t>(keep) ? all.size() - keep : 0; i < all.size(); ++i)
-      kept.insert(all[i].path);
+    // The one just written is kept whatever else is there (`last` names it),
+    // and the newest are counted up to this step: a folder of a later step is
+    // one a resume skipped as damaged, left alone and never counted in the
+    // place of an intact one.
+    std::set<fs::path> kept{final_dir};
+    std::vector<const Kept*> upto;
+    for (const auto& k : all)
+      if (k.step <= step_) upto.push_back(&k);
+      else kept.insert(k.path);
+    for (std::size_t i = upto.size() > static_cast<std::size_t>(keep) ? upto.size() - keep : 0; i < upto.size(); ++i)
+      kept.insert(upto[i]->path);
     if (monitor && keep_best > 0) {
       // the best first; among equals the earliest (the first to reach it)
       std::vector<const Kept*> scored;
@@ -1389,7 +1397,22 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     else if (k.starts_with(kEmaPrefix)) averages[k.substr(kEmaPrefix.size())] = v.to(device);
     else opt_state[k] = v.to(device);
   }
-  optim_->load_state(sharded() ? cut_state(opt_state, "checkpoint " + checkpoint.string()) : opt_state);
+  const auto given = sharded() ? cut_state(opt_state, "checkpoint " + checkpoint.string()) : opt_state;
+  optim_->load_state(given);
+  {
+    // state the optimizer did not take (another optimizer wrote it, or for
+    // parameters that no longer train) would be dropped without a word
+    const auto taken = optim_->state();
+    std::string left;
+    int n = 0;
+    for (const auto& [k, v] : given)
+      if (!taken.count(k) && n++ < 4) left += (left.empty() ? "" : ", ") + k;
+    if (n > 0)
+      throw Error("checkpoint " + checkpoint.string() + " holds optimizer state this run's optimizer does not take (" +
+                  left + (n > 4 ? ", ... " + std::to_string(n) + " entries" : "") +
+                  "): it was written by another optimizer, or for other trainable parameters; resume with the "
+                  "recipe's own optimizer and parameters, or start over");
+  }
   // fp32 copies kept beside the weights, by name; from a checkpoint without
   // them, `fallback(i)` (the loaded weights)
   auto restore = [&](std::vector<std::pair<std::string, at::Tensor>>& kept, const std::map<std::string, at::Tensor>& saved,

@@ -123,6 +123,86 @@ describe("run folders", function()
     for s = 1, 30 do assert.truthy(seen[s], "step " .. s .. " missing") end
   end)
 
+  it("overwrite = true in the recipe's own folder removes the earlier run but never the recipe", function()
+    local here = dir .. "/own"
+    os.execute("mkdir -p " .. here)
+    local text = H.read(recipe)
+    H.write(here .. "/recipe.lua", text)
+    for _ = 1, 2 do
+      local code, _, err = H.sh("cd " .. here .. " && " .. H.wick .. " run recipe.lua out=. max_steps=10 overwrite=true")
+      assert.are.equal(0, code, err)
+    end
+    assert.are.equal(text, H.read(here .. "/recipe.lua"))
+    assert.truthy(H.read(here .. "/metrics.jsonl"):find('"step":10', 1, true))
+  end)
+
+  it("a resume that would repeat or skip samples, or read another data set's position, is refused naming both", function()
+    local r2 = H.write(dir .. "/r2.lua", [[
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = a.size or 256, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 16 }, outputs = 3 })
+local optim = a.opt == "sgd" and wick.optim("sgd", { lr = 1e-2, momentum = 0.9 }) or wick.optim("adamw", { lr = 1e-2 })
+local run = wick.train { model = model, data = data, optim = optim, micro_batch = 8, epochs = 10, save_every = 10,
+  quiet = true }
+print(string.format("status %s steps %d", run.status, run.steps))
+]])
+    local out = dir .. "/windows"
+    local function go(args) return H.run("run " .. r2 .. " out=" .. out .. " " .. args) end
+    assert.are.equal(0, (go("max_steps=20")))
+    local before = snapshot(out)
+    local code, _, err = go("max_steps=30 resume=true micro_batch=4")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("was written with windows of micro_batch 8 x accumulate 1 = 8 samples per rank, this " ..
+      "run's hold 4 x 1 = 4: its position would repeat or skip samples", 1, true), err)
+    code, _, err = go("max_steps=30 resume=true size=128")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("was written training on 256 samples, this run's data holds 128", 1, true), err)
+    code, _, err = go("max_steps=30 resume=true opt=sgd")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("holds optimizer state this run's optimizer does not take (0.bias.exp_avg, ", 1, true), err)
+    assert.are.equal(before, snapshot(out))
+    -- the same windows cut otherwise continue
+    local outp
+    code, outp, err = go("max_steps=30 resume=true micro_batch=4 accumulate=2")
+    assert.are.equal(0, code, err)
+    assert.truthy(outp:find("status finished steps 30", 1, true), outp)
+  end)
+
+  it("a checkpoint whose state.json lost the run's position is refused, not read as epoch 0", function()
+    local out = dir .. "/position"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=20")))
+    for _, s in ipairs { "10", "20" } do
+      local f = out .. "/checkpoints/step-000000" .. s .. "/state.json"
+      local text, n = H.read(f):gsub('"window": %d+,%s*', "")
+      assert.are.equal(1, n)
+      H.write(f, text)
+    end
+    local code, _, err = run("out=" .. out .. " max_steps=30 resume=true")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("step-00000020 has no extra.window in its state.json", 1, true), err)
+  end)
+
+  it("a damaged checkpoint of a later step never costs the one just written", function()
+    local out = dir .. "/later"
+    assert.are.equal(0, (run("out=" .. out .. " max_steps=20")))
+    -- a checkpoint of step 40, damaged (as a resume found it), beside the intact 10 and 20
+    local ck = out .. "/checkpoints/"
+    H.sh("cp -r " .. ck .. "step-00000020 " .. ck .. "step-00000040")
+    local st = ck .. "step-00000040/state.json"
+    H.write(st, (H.read(st):gsub('"step": 20', '"step": 40')))
+    H.sh("printf 'x' >> " .. ck .. "step-00000040/model.safetensors")
+    local code, outp, err = run("out=" .. out .. " max_steps=30 resume=true keep_checkpoints=1")
+    assert.are.equal(0, code, err)
+    assert.truthy(outp:find("status finished steps 30", 1, true), outp)
+    assert.are.equal("step-00000030\n", H.read(ck .. "last"))
+    local _, ls = H.sh("ls " .. ck)
+    assert.are.equal("last\nstep-00000030\nstep-00000040\n", ls)
+    code, outp, err = run("out=" .. out .. " max_steps=30 resume=true keep_checkpoints=1")
+    assert.are.equal(0, code, err)
+    assert.truthy(outp:find("status finished steps 30", 1, true), outp)
+  end)
+
   it("resume and overwrite together are refused", function()
     local code, _, err = run("out=" .. dir .. "/both resume=true overwrite=true")
     assert.are.equal(1, code)
