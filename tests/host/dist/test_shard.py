@@ -156,6 +156,21 @@ def test_each_rank_holds_its_part_of_the_optimizer_state_and_gradients(tmp_path,
     assert sent_z2 <= sent_none + steps * 2 * (6 * 4096 * 4 + 64), (sent_none, sent_z2, params)
 
 
+def masters(stdout):
+    """rank -> bytes of fp32 master weights it held at the run's end."""
+    return {int(l.split()[1]): int(l.split()[2]) for l in stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
+            .splitlines() if l.startswith("MASTERS ")}
+
+
+def assert_masters_divided(held, whole):
+    """Two sharded ranks' master bytes against two unsharded ranks': the
+    pieces tile the parameters, neither rank holds over half plus the
+    alignment."""
+    assert whole[0] == whole[1] > 0
+    assert held[0] + held[1] == whole[0]
+    assert max(held.values()) <= whole[0] / 2 + 4096 * 4 * 2, (held, whole)
+
+
 def weights_and_peaks(stdout):
     """rank -> (weight bytes, step peak bytes) at the run's end."""
     out = {}
@@ -458,15 +473,12 @@ def test_sharded_master_weights_are_divided_and_checkpoint_as_one_ranks(tmp_path
         verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
         args = [recipe if a == "recipe" else a for a in common]
         p = run_wick(*verb, *args, f"acc={12 // (2 * ranks)}", *more)
-        return {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
-                .splitlines() if l.startswith("MASTERS ")}
+        return masters(p.stdout)
 
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
     held = run(2, f"shard={shard}", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
     whole = run(2, "max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
-    assert whole[0] == whole[1] > 0
-    assert held[0] + held[1] == whole[0]  # the pieces tile the parameters
-    assert max(held.values()) <= whole[0] / 2 + 4096 * 4 * 2, (held, whole)
+    assert_masters_divided(held, whole)
     assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
     ck = "checkpoints/step-00000004/optimizer.safetensors"
     mine, theirs = load_file(str(sharded / ck)), load_file(str(plain / ck))
@@ -502,15 +514,12 @@ def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, rec
     def run(ranks, *more):
         verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
         p = run_wick(*verb, recipe, *common, f"micro={12 // ranks}", *more)
-        return {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
-                .splitlines() if l.startswith("MASTERS ")}
+        return masters(p.stdout)
 
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
     held = run(2, "shard=parameters", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
     whole = run(2, "max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
-    assert whole[0] == whole[1] > 0
-    assert held[0] + held[1] == whole[0]  # the pieces tile the parameters
-    assert max(held.values()) <= whole[0] / 2 + 4096 * 4 * 2, (held, whole)
+    assert_masters_divided(held, whole)
     assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
     ck = "checkpoints/step-00000004"
     for f in ("optimizer.safetensors", "model.safetensors"):
