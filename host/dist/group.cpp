@@ -15,6 +15,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "util/memory.hpp"
 #include "util/system.hpp"
 #include "wick/options.hpp"
 
@@ -306,6 +307,7 @@ std::shared_ptr<Group> Group::world(const std::string& device) {
 
 void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
   try {
+    CollectiveAllocations uncapped;
     work->wait(dist_timeout());
   } catch (const c10::Error& e) {
     fail(what, e.what_without_backtrace());
@@ -330,6 +332,7 @@ void Group::count(std::int64_t bytes, double wire) {
 c10::intrusive_ptr<c10d::Work> Group::start(const std::string& what,
                                             const std::function<c10::intrusive_ptr<c10d::Work>()>& op) {
   try {
+    CollectiveAllocations uncapped;
     return op();
   } catch (const c10::Error& e) {
     fail(what, e.what_without_backtrace());

@@ -8,13 +8,33 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+
+#include <pthread.h>
 #include <unordered_map>
 
 #include "wick/options.hpp"
 
 namespace wick {
 namespace {
+
+// The cap stands for a GPU's memory, whose collectives (NCCL) keep their
+// buffers outside the caching allocator: gloo's temporaries, made on its
+// worker threads or in a CollectiveAllocations scope, are counted but never
+// refused. A rank refused one inside a
+// collective would leave the others waiting on it; refused in its own
+// compute, it can finish the collectives with them (see dist/reducer.hpp).
+thread_local int uncapped_depth = 0;
+
+bool collective_thread() {
+  if (uncapped_depth > 0) return true;
+  thread_local const bool gloo = [] {
+    char name[32] = {};
+    return pthread_getname_np(pthread_self(), name, sizeof name) == 0 && std::strcmp(name, "pt_gloo_runloop") == 0;
+  }();
+  return gloo;
+}
 
 class CountingAllocator final : public c10::Allocator {
  public:
@@ -24,7 +44,7 @@ class CountingAllocator final : public c10::Allocator {
     const auto bytes = static_cast<std::int64_t>(n);
     const std::int64_t now = allocated_.fetch_add(bytes) + bytes;
     const std::int64_t cap = limit_.load();
-    if (cap > 0 && now > cap) {
+    if (cap > 0 && now > cap && !collective_thread()) {
       allocated_.fetch_sub(bytes);
       failures_.fetch_add(1);
       // Thrown without a C++ backtrace (what() is the message alone): code
@@ -171,5 +191,8 @@ std::int64_t parse_bytes(const std::string& text, const std::string& what) {
     throw Error(what + ": expected a size below 8 EiB, got '" + text + "'");
   return static_cast<std::int64_t>(v * mult);
 }
+
+CollectiveAllocations::CollectiveAllocations() { ++uncapped_depth; }
+CollectiveAllocations::~CollectiveAllocations() { --uncapped_depth; }
 
 }  // namespace wick

@@ -27,6 +27,17 @@ void reset_cpu_tensor_peak();
 /// (bytes, or with a K/M/G/KiB/MiB/GiB suffix) when the library loads.
 void set_cpu_memory_limit(std::int64_t bytes);
 
+/// While one lives, this thread's CPU tensor allocations are counted but not
+/// capped: a collective's own buffers (a GPU's NCCL keeps them outside the
+/// allocator the cap stands for). Refused inside a collective, a rank would
+/// leave the others waiting on it. gloo's worker threads are never capped.
+struct CollectiveAllocations {
+  CollectiveAllocations();
+  ~CollectiveAllocations();
+  CollectiveAllocations(const CollectiveAllocations&) = delete;
+  CollectiveAllocations& operator=(const CollectiveAllocations&) = delete;
+};
+
 /// "8GiB", "512MB", "1e9" -> bytes; throws wick::Error naming `what` otherwise.
 std::int64_t parse_bytes(const std::string& text, const std::string& what);
 

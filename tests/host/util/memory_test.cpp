@@ -49,5 +49,26 @@ TEST(CpuMemoryCap, ARefusedAllocationIsOneLineWithReadableSizes) {
   EXPECT_NE(what.find(" held + 16.0 KiB more), over the cap of 1000 B"), std::string::npos) << what;
 }
 
+TEST(CpuMemoryCap, ACollectivesBuffersAreCountedButNotRefused) {
+  install_memory_tracking();
+  const std::int64_t before = cpu_tensor_memory().allocated;
+  set_cpu_memory_limit(before + 1000);
+  at::Tensor held;
+  {
+    CollectiveAllocations uncapped;
+    held = at::empty({4096}, at::kFloat);  // over the cap: a collective's own buffer
+  }
+  const std::int64_t counted = cpu_tensor_memory().allocated - before;
+  bool refused = false;
+  try {
+    at::empty({4096}, at::kFloat);  // the same, outside the scope
+  } catch (const c10::OutOfMemoryError&) {
+    refused = true;
+  }
+  set_cpu_memory_limit(0);
+  EXPECT_GE(counted, 4096 * 4);
+  EXPECT_TRUE(refused) << "the scope's end did not bring the cap back";
+}
+
 }  // namespace
 }  // namespace wick
