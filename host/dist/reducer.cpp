@@ -146,6 +146,84 @@ void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
   at::NoGradGuard no_grad;
   group_->all_gather(b.whole, b.shard, what);
   trace_ = trace_ * 1000003u + unit + 1;
+  record(true, unit);
+}
+
+void GradReducer::record(bool gather, std::size_t unit) {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  if (recording_) ops_.push_back({gather, unit});
+}
+
+void GradReducer::begin_micro_batch() {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  ops_.clear();
+  recording_ = true;
+}
+
+void GradReducer::end_micro_batch() {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  last_ops_ = ops_;
+  have_last_ = recording_;
+  recording_ = false;
+}
+
+bool GradReducer::drain(std::int64_t step) {
+  armed_ = false;
+  std::size_t done = 0;
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    recording_ = false;
+    if (!have_last_ || ops_.size() > last_ops_.size() || !std::equal(ops_.begin(), ops_.end(), last_ops_.begin()))
+      return false;
+    done = ops_.size();
+  }
+  const std::string what = "the collectives of a micro-batch given up at step " + std::to_string(step) +
+                           " (out of memory), finished with the other ranks";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // what was issued completes: the other ranks issue it too
+    for (auto& b : buckets_) {
+      if (b.work) group_->wait(b.work, what);
+      b.work.reset();
+      b.flat = b.chunk = at::Tensor();
+      b.launched = true;  // a gradient arriving now goes nowhere
+    }
+    next_ = buckets_.size();
+  }
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  release_all();
+  issue_rest(done, what);
+  return true;
+}
+
+void GradReducer::replay(std::int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    ops_.clear();
+    recording_ = false;
+  }
+  release_all();
+  issue_rest(0, "the collectives of a micro-batch at step " + std::to_string(step) +
+                    " on a rank that ran out of memory, issued with the other ranks'");
+}
+
+void GradReducer::issue_rest(std::size_t from, const std::string& what) {
+  at::NoGradGuard no_grad;
+  for (std::size_t k = from; k < last_ops_.size(); ++k) {
+    const Op& op = last_ops_[k];
+    Bucket& b = buckets_[op.unit];
+    if (op.gather) {
+      gather_unit(op.unit, what);
+      release_unit(op.unit);
+      continue;
+    }
+    auto opts = buffer_options(b);
+    if (grad_dtype_ != at::ScalarType::Undefined) opts = opts.dtype(grad_dtype_);
+    at::Tensor flat = at::zeros({b.numel}, opts);
+    at::Tensor chunk = at::empty({b.numel / group_->size()}, opts);
+    auto work = group_->reduce_scatter_async(chunk, flat);
+    group_->wait(work, what);
+  }
 }
 
 void GradReducer::release_unit(std::size_t unit) {
@@ -258,6 +336,7 @@ void GradReducer::launch(Bucket& b) {
   }
   b.chunk = at::empty({b.numel / group_->size()}, opts);
   b.work = group_->reduce_scatter_async(b.chunk, b.flat);
+  if (partitioned()) record(false, static_cast<std::size_t>(&b - buckets_.data()));
 }
 
 void GradReducer::ready(std::size_t param) {

@@ -135,6 +135,20 @@ class GradReducer {
   /// The units gathered since the last call, in order, as one number: equal
   /// on every rank when their forwards ran the same blocks.
   std::uint64_t take_gather_trace();
+  /// A micro-batch's collectives (its gathers and reduce-scatters, in the
+  /// order issued), recorded between begin and end. After a micro-batch
+  /// failed partway (out of memory), drain() issues the rest of the last
+  /// whole micro-batch's, with nothing in them (each unit gathered and freed,
+  /// zeros reduce-scattered and dropped), so they pair with the other ranks'
+  /// collectives of their micro-batch; false, issuing nothing, when there is
+  /// no whole micro-batch yet or the failed one did not begin as it did.
+  /// replay(): a whole micro-batch's, the same way. Both drop this rank's
+  /// gradients and leave every unit freed.
+  void begin_micro_batch();
+  void end_micro_batch();
+  bool can_replay() const { return have_last_; }
+  bool drain(std::int64_t step);
+  void replay(std::int64_t step);
 
  private:
   struct Bucket {
@@ -173,6 +187,16 @@ class GradReducer {
   at::ScalarType grad_dtype_ = at::ScalarType::Undefined;
   std::int64_t late_ = -1;
   std::uint64_t trace_ = 0;
+  struct Op {
+    bool gather = false;  // else a reduce-scatter
+    std::size_t unit = 0;
+    bool operator==(const Op&) const = default;
+  };
+  void record(bool gather, std::size_t unit);
+  void issue_rest(std::size_t from, const std::string& what);
+  std::mutex ops_mu_;
+  bool recording_ = false, have_last_ = false;
+  std::vector<Op> ops_, last_ops_;
   std::shared_ptr<std::atomic<bool>> alive_;
 };
 

@@ -289,6 +289,18 @@ std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Re
   auto say = [&](const std::string& msg) {
     if (!r.quiet) err_line(r.label + ": micro_batch auto: " + msg);
   };
+  if (trainer.partitioned()) {
+    // a probe would gather weights on one rank alone; a window that runs out
+    // of memory is halved with every rank (the same samples, the same result)
+    if (r.o.get_string("on_oom") != "split")
+      throw Error(r.label + ": micro_batch = 'auto' under shard = \"parameters\" starts from the whole batch and "
+                  "halves the micro-batch where memory runs out, which on_oom = \"fail\" forbids; give micro_batch "
+                  "as a number or drop on_oom");
+    say(strf("shard = \"parameters\" probes nothing (each probe would gather weights on every rank): micro_batch "
+             "%lld, halved with accumulate doubled wherever a window runs out of memory",
+             static_cast<long long>(per_rank)));
+    return {per_rank, 1};
+  }
   if (avail == 0) {
     say(strf("no memory limit known on %s (WICK_CPU_MEMORY_LIMIT sets one): micro_batch %lld", r.device.c_str(),
              static_cast<long long>(per_rank)));
@@ -961,7 +973,8 @@ nlohmann::json run_training(const RunRequest& req) {
     }
     if (trainer.has_ema() && !out.empty()) {
       // the averaged weights, loadable by model:load (fp32 where they train)
-      if (r.rank0) trainer.save_ema(out / "ema.safetensors");
+      // (ZeRO-3: every rank sends its pieces of the average, rank 0 writes)
+      if (r.rank0 || trainer.partitioned()) trainer.save_ema(out / "ema.safetensors");
       run["ema"] = (out / "ema.safetensors").string();
     }
     if (mon && mon->best) {
@@ -1170,8 +1183,8 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     if (world > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision, given_ck, micro, sh});
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
-  // the shard setting that holds the least (parameters refuses these, for now)
-  const bool z3_ok = r.o.get_double("ema") == 0 && !coupled_windows(*r.obj.model);
+  // the shard setting that holds the least (parameters refuses a window-coupled loss, for now)
+  const bool z3_ok = !coupled_windows(*r.obj.model);
   const std::string least = world > 1 ? (z3_ok ? "parameters" : "gradients") : S;
   add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 

@@ -45,16 +45,42 @@ std::int64_t block_of(std::int64_t n, std::int64_t m) {
 }  // namespace
 
 namespace {
-// Divided fp32 masters travel with the optimizer state as the elementwise
-// entry "<parameter>.<kMasterKey>" and leave it as "wick.master/<parameter>".
+// Divided fp32 masters (and ZeRO-3's divided average) travel with the
+// optimizer state as the elementwise entry "<parameter>.<kMasterKey>"
+// ("<parameter>.<kEmaKey>") and leave it as "wick.master/<parameter>"
+// ("wick.ema/<parameter>").
 const std::string kMasterKey = "wick.master";
+const std::string kEmaKey = "wick.ema";
 }  // namespace
 
 std::map<std::string, at::Tensor> Trainer::joined_state() {
-  Group& group = *cfg_.group;
   auto mine = optim_->state();
   if (divided_masters_)
     for (const auto& [name, p] : stepped_) mine[name + "." + kMasterKey] = p.detach();
+  if (divided_ema_)
+    for (const auto& [name, t] : ema_) mine[name + "." + kEmaKey] = t;
+  auto out = join_pieces(std::move(mine), "gathering the sharded optimizer state at step " + std::to_string(step_));
+  for (const auto& [name, p] : params_)
+    for (const auto& [key, prefix] : {std::pair{kMasterKey, kMasterPrefix}, std::pair{kEmaKey, kEmaPrefix}}) {
+      auto it = out.find(name + "." + key);
+      if (it == out.end()) continue;
+      out.emplace(prefix + name, it->second);
+      out.erase(it);
+    }
+  return out;
+}
+
+std::map<std::string, at::Tensor> Trainer::joined_ema() {
+  std::map<std::string, at::Tensor> mine, out;
+  for (const auto& [name, t] : ema_) mine[name + "." + kEmaKey] = t;
+  auto joined = join_pieces(std::move(mine), "gathering the average of the weights at step " + std::to_string(step_));
+  for (const auto& [name, p] : params_)
+    if (auto it = joined.find(name + "." + kEmaKey); it != joined.end()) out.emplace(name, it->second);
+  return out;
+}
+
+std::map<std::string, at::Tensor> Trainer::join_pieces(std::map<std::string, at::Tensor> mine, const std::string& what) {
+  Group& group = *cfg_.group;
   // 1. names, dtypes and shapes through the store; 2. the bytes, each rank's
   // in one message to rank 0
   nlohmann::json meta = nlohmann::json::array();
@@ -65,7 +91,6 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
     bytes.push_back(t.detach().contiguous().reshape({-1}).view(at::kByte).to(group.device()));
     total += static_cast<std::int64_t>(t.nbytes());
   }
-  const std::string what = "gathering the sharded optimizer state at step " + std::to_string(step_);
   const auto metas = group.gather_strings(meta.dump(), what);
   if (group.rank() != 0) {
     if (total > 0) {
@@ -155,13 +180,6 @@ std::map<std::string, at::Tensor> Trainer::joined_state() {
   // entries of no parameter (an optimizer's own counters): rank 0's
   for (const auto& [k, t] : mine)
     if (!claimed.count(k)) out.emplace(k, t);
-  if (divided_masters_)
-    for (const auto& [name, p] : params_) {
-      auto it = out.find(name + "." + kMasterKey);
-      if (it == out.end()) continue;
-      out.emplace(kMasterPrefix + name, it->second);
-      out.erase(it);
-    }
   return out;
 }
 

@@ -108,7 +108,6 @@ at::ScalarType half_dtype(Precision p) {
 
 std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; }
 
-const std::string kEmaPrefix = "wick.ema/";
 
 // shard = "parameters": the models whose weights a trainer holds divided now
 // (or lost with a run that failed while they were), with what to tell a
@@ -326,7 +325,9 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   if (params_.empty()) throw Error("the model has no trainable parameters");
   if (!(cfg_.ema >= 0 && cfg_.ema < 1))
     throw Error("ema: expected a decay in [0, 1) (0.999; 0: no average), got " + std::to_string(cfg_.ema));
-  if (cfg_.ema > 0) {
+  // ZeRO-3 keeps the average divided as the weights are: made below, from this rank's pieces
+  divided_ema_ = cfg_.ema > 0 && cfg_.group && cfg_.group->size() > 1 && cfg_.shard == ShardMode::Parameters;
+  if (cfg_.ema > 0 && !divided_ema_) {
     // the average starts at the weights the run starts from (rank 0's, after the broadcast below)
     at::NoGradGuard no_grad;
     for (auto& [name, p] : params_)
@@ -367,7 +368,6 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     std::map<std::string, std::size_t> unit_of_block;
     if (zero3) {
       const std::string L = "shard = \"parameters\"";
-      if (cfg_.ema > 0) throw Error(L + ": ema cannot be used with it yet (the average would need the whole weights)");
       if (coupled_windows(*model_))
         throw Error(L + ": the model's loss couples the window (a contrastive loss over all of it), whose passes "
                     "cannot gather weights block by block yet; use shard = \"gradients\"");
@@ -456,6 +456,12 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     stepped_ = params_;
     optim_->attach(params_);
   }
+  if (divided_ema_) {
+    // this rank's pieces of the average, in fp32, from what its optimizer steps
+    at::NoGradGuard no_grad;
+    for (const auto& [name, p] : stepped_)
+      ema_.emplace_back(name, p.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true));
+  }
   if (partitioned()) {
     // nothing above failed: each rank now keeps its chunks only
     reducer_->release_all();
@@ -542,7 +548,7 @@ void Trainer::update_ema() {
   const bool copy = step_ <= cfg_.ema_start;
   for (std::size_t i = 0; i < ema_.size(); ++i) {
     at::Tensor& avg = ema_[i].second;
-    const at::Tensor w = params_[i].second.detach();
+    const at::Tensor w = (divided_ema_ ? stepped_ : params_)[i].second.detach();
     if (copy) avg.copy_(w);
     // half-precision weights: one fp32 copy of one tensor at a time
     else avg.lerp_(w.scalar_type() == at::kFloat ? w : w.to(at::kFloat), 1.0 - cfg_.ema);
@@ -552,6 +558,30 @@ void Trainer::update_ema() {
 void Trainer::with_ema(const std::function<void()>& fn) {
   if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
   at::NoGradGuard no_grad;
+  if (divided_ema_) {
+    // ZeRO-3: the average's pieces into this rank's pieces of the weights,
+    // which every block gathers from while fn runs
+    reducer_->release_all();
+    const auto& pieces = reducer_->my_pieces();
+    std::vector<at::Tensor> trained;
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      at::Tensor w = reducer_->piece_view(pieces[i]);
+      trained.push_back(w.clone());
+      w.copy_(ema_[i].second.reshape({-1}));
+    }
+    auto restore = [&] {
+      reducer_->release_all();
+      for (std::size_t i = 0; i < pieces.size(); ++i) reducer_->piece_view(pieces[i]).copy_(trained[i]);
+    };
+    try {
+      fn();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    return;
+  }
   std::vector<at::Tensor> trained;
   trained.reserve(model_params_.size());
   for (std::size_t i = 0; i < model_params_.size(); ++i) {
@@ -572,7 +602,14 @@ void Trainer::with_ema(const std::function<void()>& fn) {
 
 void Trainer::save_ema(const fs::path& file) {
   if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
-  std::map<std::string, at::Tensor> avg(ema_.begin(), ema_.end());
+  std::map<std::string, at::Tensor> avg;
+  if (divided_ema_) {
+    // every rank's pieces joined on rank 0, which alone writes
+    avg = joined_ema();
+    if (cfg_.group->rank() != 0) return;
+  } else {
+    avg.insert(ema_.begin(), ema_.end());
+  }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& [name, t] : module_state(*model_)) {
     auto it = avg.find(name);
@@ -672,22 +709,37 @@ at::Tensor metric_value(const at::Tensor& v) {
 }
 }  // namespace
 
+namespace {
+// One sample of a micro-batch (its tensors' first rows, copied), or the
+// micro-batch itself when its tensors differ in their first dimension: what
+// a ZeRO-3 rank runs at loss x 0 to pair its collectives with the others'.
+Batch one_sample(const Batch& b) {
+  if (b.empty()) return b;
+  const at::Tensor& first = b.begin()->second;
+  if (first.dim() == 0 || first.size(0) <= 1) return b;
+  for (const auto& [k, t] : b)
+    if (t.dim() == 0 || t.size(0) != first.size(0)) return b;
+  Batch out;
+  for (const auto& [k, t] : b) out[k] = t.narrow(0, 0, 1).clone();
+  return out;
+}
+}  // namespace
+
 bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
                          std::map<std::string, at::Tensor>& metric_sums, std::string& oom_message) {
   Group* group = cfg_.group.get();
   const at::Device device(cfg_.device);
   // Ranks agree that none ran out of memory before the last backward starts
-  // its all-reduces: one small collective, only when recovery is on. ZeRO-3
-  // gathers weights in every forward, so no window can be redone.
+  // its all-reduces: one small collective, only when recovery is on.
   const bool zero3 = partitioned();
   const bool agree = group && cfg_.split_on_oom && !cfg_.sync_every_micro_batch && !zero3;
   const std::vector<Batch> pieces = split_window(window, split_);
   // ZeRO-3: every rank runs as many micro-batches as the rank with the most
   // (their gathers and reduce-scatters pair up); a rank with fewer runs one
-  // it ran before again, its loss times zero, adding nothing
+  // sample of one it ran before again, its loss times zero, adding nothing
   std::size_t runs = pieces.size();
   if (zero3) {
-    if (!pieces.empty() && stand_in_.empty()) stand_in_ = pieces.front();
+    if (!pieces.empty() && stand_in_.empty()) stand_in_ = one_sample(pieces.front());
     // each rank's count and whether it has a stand-in: every rank decides alike
     at::Tensor mine = at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(pieces.size()), stand_in_.empty() ? 0 : 1}, at::kLong)
                           .to(group->device());
@@ -703,10 +755,64 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
                     "for them (the ranks' gathers must pair up); give every rank data from the first window on (a "
                     "larger data set, or fewer ranks)");
   }
+  // ZeRO-3 recovers from running out of memory without a collective more per
+  // gather: a rank that runs out partway through a micro-batch issues the
+  // rest of its collectives as its last whole micro-batch issued them (with
+  // nothing in them), and those of the window's later ones, and the ranks
+  // agree once, after the window, to redo it in smaller parts. The run's
+  // first window starts with the stand-in (one sample, at loss x 0, the
+  // random state put back), so there is a whole micro-batch to follow.
+  const bool recover = zero3 && cfg_.split_on_oom;
+  const bool trace = recover && runs > 0 && !reducer_->can_replay();
   const double inv_items = 1.0 / static_cast<double>(s.items);
   const std::string where = "step " + std::to_string(step_ + 1);
-  bool agreed = false;
+  bool agreed = false, tracing = false;
   std::size_t i = 0;
+  // one micro-batch's forward and backward; false: another rank ran out of
+  // memory before this window's gradients were reduced
+  auto micro_batch = [&](const Batch& batch, bool stand_in, bool last) {
+    if (block_runner_) block_runner_->reset_runs();
+    if (zero3) reducer_->begin_micro_batch();
+    gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
+    ForwardResult r;
+    {
+      AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
+      try {
+        r = model_->forward(to_device(batch, device));
+      } catch (const c10::OutOfMemoryError&) {
+        throw;
+      } catch (const c10::Error& e) {
+        throw Error(where + ", micro-batch " + std::to_string(i + 1) + " of " + std::to_string(pieces.size()) +
+                    ": the model's forward failed on " + describe(batch) + ": " + e.what_without_backtrace());
+      }
+    }
+    const std::int64_t counted = model_->count_items(batch);
+    if (r.items != counted)
+      throw Error("the model counted " + std::to_string(counted) + " items in a micro-batch before forward and " +
+                  std::to_string(r.items) + " in forward");
+    if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
+      throw Error("the model's forward must return a one-element loss sum");
+    if (last && agree) {
+      agreed = true;
+      if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+    }
+    // this backward reduces as it goes (ZeRO-3: every backward)
+    if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm(/*early=*/!repeated_blocks());
+    at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : inv_items);
+    if (scaling()) l = l * scale_;
+    l.backward();
+    fold_grads();
+    check_late_gradients();
+    if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
+    if (zero3) {  // this micro-batch's sums, into this rank's chunks
+      reducer_->finish(step_ + 1);
+      reducer_->end_micro_batch();
+    }
+    if (stand_in) return true;
+    add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
+    for (auto& [k, v] : r.metrics) add_to(metric_sums[k], metric_value(v));
+    return true;
+  };
   try {
     if (coupled_windows(*model_) && (group || pieces.size() > 1)) {
       if (!run_coupled(pieces, s, loss_sum, metric_sums, i, agree ? &agreed : nullptr)) return false;
@@ -717,56 +823,42 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
       agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
-    for (; i < runs; ++i) {
-      const bool stand_in = i >= pieces.size();
-      const Batch& batch = stand_in ? stand_in_ : pieces[i];
-      if (block_runner_) block_runner_->reset_runs();
-      gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
-      ForwardResult r;
-      {
-        AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
-        try {
-          r = model_->forward(to_device(batch, device));
-        } catch (const c10::OutOfMemoryError&) {
-          throw;
-        } catch (const c10::Error& e) {
-          throw Error(where + ", micro-batch " + std::to_string(i + 1) + " of " + std::to_string(pieces.size()) +
-                      ": the model's forward failed on " + describe(batch) + ": " + e.what_without_backtrace());
-        }
+    if (trace) {
+      std::vector<std::pair<at::Generator, at::Tensor>> rng;
+      for (auto& [name, gen] : generators(device)) {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        rng.emplace_back(gen, gen.get_state());
       }
-      const std::int64_t counted = model_->count_items(batch);
-      if (r.items != counted)
-        throw Error("the model counted " + std::to_string(counted) + " items in a micro-batch before forward and " +
-                    std::to_string(r.items) + " in forward");
-      if (!r.loss_sum.defined() || r.loss_sum.numel() != 1)
-        throw Error("the model's forward must return a one-element loss sum");
-      const bool last = i + 1 == runs;
-      if (last && agree) {
-        agreed = true;
-        if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
+      tracing = true;
+      micro_batch(stand_in_, /*stand_in=*/true, /*last=*/false);
+      tracing = false;
+      for (auto& [gen, state] : rng) {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(state);
       }
-      // this backward reduces as it goes (ZeRO-3: every backward)
-      if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm(/*early=*/!repeated_blocks());
-      at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : inv_items);
-      if (scaling()) l = l * scale_;
-      l.backward();
-      fold_grads();
-      check_late_gradients();
-      if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
-      if (zero3 && !last) reducer_->finish(step_ + 1);  // this micro-batch's sums, into this rank's chunks
-      if (stand_in) continue;
-      add_to(loss_sum, r.loss_sum.detach().to(at::kDouble).reshape({}));
-      for (auto& [k, v] : r.metrics) add_to(metric_sums[k], metric_value(v));
     }
+    for (; i < runs; ++i)
+      if (!micro_batch(i < pieces.size() ? pieces[i] : stand_in_, i >= pieces.size(), i + 1 == runs)) return false;
     if (group && runs == 0) reducer_->arm();  // nothing to backpropagate: this rank sends zeros
+    if (zero3 && runs == 0) reducer_->finish(step_ + 1);
+    if (recover && group->sum(0, "the out-of-memory check of " + where) > 0) return false;
   } catch (const c10::OutOfMemoryError& e) {
     oom_message = e.what_without_backtrace();
     const std::string what = where + ", micro-batch " + std::to_string(std::min(i + 1, pieces.size())) + " of " +
                              std::to_string(pieces.size()) + ": out of memory: " + oom_message;
     if (!cfg_.split_on_oom) throw Error(what + " (recovery is off: on_oom = \"fail\")");
-    if (zero3)
-      throw Error(what + " (shard = \"parameters\" gathers weights during the forward on every rank, so a window "
-                  "cannot be redone in smaller parts: lower micro_batch and raise accumulate)");
+    if (zero3) {
+      // the rest of this micro-batch's collectives and the later ones', then the agreement
+      if (!reducer_->drain(step_ + 1))
+        throw Error(what + (tracing ? " (in the one-sample micro-batch that shard = \"parameters\" runs first "
+                                              "to learn its collectives: the model does not fit even so)"
+                                            : " (shard = \"parameters\": this micro-batch began with other "
+                                              "collectives than the last whole one, so this rank cannot finish it "
+                                              "with the others; lower micro_batch and raise accumulate)"));
+      for (std::size_t j = i + 1; j < runs; ++j) reducer_->replay(step_ + 1);
+      group->sum(1, "the out-of-memory check of " + where);
+      return false;
+    }
     if (group && !agree)
       throw Error(what + " (recovery across ranks needs sync = \"window\")");
     if (agreed)
@@ -994,8 +1086,8 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);
   if (group) {
-    reducer_->finish(step_ + 1);
-    if (partitioned()) check_gathers();
+    if (partitioned()) check_gathers();  // each micro-batch finished its reduction
+    else reducer_->finish(step_ + 1);
     if (sharded()) {
       // this rank's pieces take their reduced gradients (views of the chunks)
       const auto& pieces = reducer_->my_pieces();
@@ -1121,7 +1213,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     for (const auto& g : groups->groups()) s.group_lrs.emplace_back(g.log_name, g.optim->base_lr() * factor);
   ++step_;
   s.step = step_;
-  if (!ema_.empty() && !s.skipped && !divided_masters_) update_ema();
+  if (!ema_.empty() && !s.skipped && (!divided_masters_ || divided_ema_)) update_ema();
   // The numbers stay on the device until resolve(): one read for many steps.
   if (!zero_.defined() || zero_.device() != device) zero_ = at::zeros({1}, opts);
   std::vector<at::Tensor> parts{loss_sum.to(at::kDouble).reshape({1}), grad_norm.defined() ? grad_norm : zero_,
@@ -1212,7 +1304,8 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   for (auto& [k, v] : opt) opt_state.emplace_back(k, v);
   if (cfg_.master_weights && !divided_masters_)  // divided: joined with the optimizer's state
     for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
-  for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
+  if (!divided_ema_)  // divided: joined with the optimizer's state
+    for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
   std::vector<std::pair<std::string, at::Tensor>> rng;
   for (auto& [name, gen] : generators(at::Device(cfg_.device))) {
@@ -1444,7 +1537,23 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
   }
   // the average the run kept (saved without ema: it starts at the weights the run steps)
-  restore(ema_, averages, "the average of", [&](std::size_t i) {
+  if (divided_ema_) {
+    // this rank's pieces, cut out of the whole (or of the weights it steps)
+    at::NoGradGuard no_grad;
+    const auto& pieces = reducer_->my_pieces();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const std::size_t k = pieces[i].param;
+      const std::string& name = params_[k].first;
+      auto it = averages.find(name);
+      if (it != averages.end() && !it->second.sizes().equals(model_params_[k].sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": the average of '" + name + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(model_params_[k].sizes()));
+      if (it != averages.end())
+        ema_[i].second.view({-1}).copy_(it->second.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
+      else
+        ema_[i].second.copy_(stepped_[i].second.detach());
+    }
+  } else restore(ema_, averages, "the average of", [&](std::size_t i) {
     if (!divided_masters_) return params_[i].second.detach();
     auto it = masters.find(params_[i].first);
     return it != masters.end() ? it->second : model_params_[i].detach();

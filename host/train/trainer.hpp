@@ -135,6 +135,7 @@ struct EvalConfig {
 /// Master weights ride in optimizer.safetensors under this prefix (and the
 /// weights' average under "wick.ema/").
 inline const std::string kMasterPrefix = "wick.master/";
+inline const std::string kEmaPrefix = "wick.ema/";
 
 
 class Trainer {
@@ -180,6 +181,8 @@ class Trainer {
 
   /// The averaged weights (ema), by name: fp32, one per trainable parameter.
   bool has_ema() const { return !ema_.empty(); }
+  /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
+  bool partitioned() const { return reducer_ && reducer_->partitioned(); }
   const std::vector<std::pair<std::string, at::Tensor>>& ema() const { return ema_; }
   /// Runs `fn` with the averaged weights in the model, then puts the trained
   /// ones back (a copy of the trainable weights held meanwhile).
@@ -213,11 +216,14 @@ class Trainer {
   /// Sharded: every rank's optimizer state joined into one rank's (on rank 0;
   /// the others get an empty map), and a whole state cut to this rank's pieces.
   std::map<std::string, at::Tensor> joined_state();
+  /// ZeRO-3's divided average, joined: the whole of each trainable tensor's
+  /// on rank 0 (the others get an empty map).
+  std::map<std::string, at::Tensor> joined_ema();
+  /// Entries "<parameter>.<key>" of this rank's pieces joined on rank 0.
+  std::map<std::string, at::Tensor> join_pieces(std::map<std::string, at::Tensor> mine, const std::string& what);
   std::map<std::string, at::Tensor> cut_state(const std::map<std::string, at::Tensor>& whole,
                                               const std::string& where) const;
   bool sharded() const { return reducer_ && reducer_->sharded(); }
-  /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
-  bool partitioned() const { return reducer_ && reducer_->partitioned(); }
   /// A checkpointed block ran more than once in this micro-batch's forward:
   /// its parameters' gradients arrive once per run, so buckets wait for the
   /// backward's end. And an error if a gradient came after its bucket left.
@@ -264,6 +270,7 @@ class Trainer {
   // sharded master_weights: params_ are shapes on the meta device and each
   // rank's fp32 masters are its pieces in stepped_ (tensors of their own)
   bool divided_masters_ = false;
+  bool divided_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
   void update_ema();
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;

@@ -39,13 +39,14 @@ local run = wick.train { model = model, data = data, optim = optims[a.optim or "
   quiet = not a.loud, bucket_mb = a.bucket_mb or 25, shard = a.shard or "none", out = a.out, resume = a.resume or false,
   save_every = a.save_every or 0, checkpointing = a.ck or false, precision = a.precision or "fp32",
   master_weights = a.masters or false, ema = a.ema or 0, eval_data = a.eval and data or nil, eval_every = a.eval or 0,
+  eval_ema = a.eval_ema or false,
   callbacks_every_rank = a.die_at ~= nil or a.peek ~= nil,
   on_step = (a.die_at or a.peek) and function(rec)
     if a.die_at and wick.rank == 1 and rec.step == a.die_at then os.exit(3) end
     if a.peek and rec.step == a.peek then model:save(a.result .. ".peek") end
   end or nil }
 if wick.rank == 0 then model:save(a.result) end
-if run.eval then print(string.format("EVAL %d %.9f", wick.rank, run.eval.loss)) end
+if run.eval then print(string.format("EVAL %d %.9f %.9f", wick.rank, run.eval.loss, run.eval.ema_loss or 0)) end
 print("WEIGHTS " .. wick.rank .. " " .. run.memory.weights .. " " .. run.memory.peak)
 print(string.format("rank %d steps %d loss %.9f", wick.rank, run.steps, run.final_loss))
 print("MASTERS " .. wick.rank .. " " .. run.memory.master_weights)
@@ -195,6 +196,7 @@ def test_parameters_divide_the_weights_too(tmp_path, recipe, run_wick, nproc):
         p = run_wick("launch", "--nproc-per-node", nproc, recipe, *args, f"shard={shard}",
                      f"result={tmp_path / (shard + '.safetensors')}")
         got[shard] = (results(p.stdout), weights_and_peaks(p.stdout))
+        steps = int(p.stdout.split("rank 0 steps ")[1].split()[0])
     (none_res, none_w) = got["none"]
     (z3_res, z3_w) = got["parameters"]
     whole = none_w[0][0] + none_res[0][1] + none_res[0][0]  # weights + gradients + optimizer, one rank unsharded
@@ -206,8 +208,12 @@ def test_parameters_divide_the_weights_too(tmp_path, recipe, run_wick, nproc):
     assert none_w[0][0] <= total <= none_w[0][0] * 1.05, (total, none_w[0][0])
     # bytes sent: each of a window's 2 micro-batches gathers the weights twice
     # and reduce-scatters the gradients, 3 x 2 x (N-1)/N of them, against the
-    # all-reduce's 2 (N-1)/N once: 3x, plus the alignment and the small checks
-    assert 2.9 < z3_res[0][2] / none_res[0][2] < 3.3, (z3_res[0][2], none_res[0][2])
+    # all-reduce's 2 (N-1)/N once: 3x, plus the alignment and the small checks,
+    # and once a run the one-sample micro-batch its first window starts with
+    # (on_oom = "split": to know the collectives a micro-batch issues)
+    micro_batches = 2 * steps
+    per_step = z3_res[0][2] * micro_batches / (micro_batches + 1)
+    assert 2.9 < per_step / none_res[0][2] < 3.3, (z3_res[0][2], none_res[0][2])
     print(f"{nproc} ranks: state per rank {max(z3_w[r][0] + z3_res[r][1] + z3_res[r][0] for r in range(nproc)) / 2**20:.2f}"
           f" MiB against {whole / 2**20:.2f} MiB unsharded; peak {max(v[1] for v in z3_w.values()) / 2**20:.2f} MiB"
           f" against {max(v[1] for v in none_w.values()) / 2**20:.2f}; sent {z3_res[0][2]} B against {none_res[0][2]} B")
@@ -501,33 +507,46 @@ def test_sharded_master_weights_are_divided_and_checkpoint_as_one_ranks(tmp_path
 
 
 def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, recipe, run_wick):
-    """bf16-true with fp32 masters under shard = "parameters": the bf16
-    weights, the fp32 masters and the moments are divided (the ranks' master
-    bytes add up to one unsharded rank's), each micro-batch's bf16 gradients
-    are reduce-scattered in fp32, the weights are the unsharded ranks' bits;
-    the checkpoint holds every master and moment equal to the unsharded
-    ranks' and resumes unsharded to the unbroken run, and an unsharded
-    checkpoint resumes on three such ranks as on three unsharded ones. One
-    micro-batch per rank, no clipping: the same sums."""
-    common = ["precision=bf16-true", "masters=true", "clip=0", "schedule=constant", "epochs=1", "acc=1"]
+    """bf16-true with fp32 masters and an fp32 average (ema) under shard =
+    "parameters": the bf16 weights, the fp32 masters, the moments and the
+    average are divided (the ranks' master and optimizer bytes add up to one
+    unsharded rank's), each micro-batch's bf16 gradients are
+    reduce-scattered in fp32, the weights are the unsharded ranks' bits; the
+    evaluation with the average gives the unsharded ranks' loss; the
+    checkpoint holds every master, moment and average equal to the unsharded
+    ranks', as does ema.safetensors, and resumes unsharded to the unbroken
+    run, and an unsharded checkpoint resumes on three such ranks as on three
+    unsharded ones (the average too). One micro-batch per rank, no clipping:
+    the same sums."""
+    common = ["precision=bf16-true", "masters=true", "clip=0", "schedule=constant", "epochs=1", "acc=1", "ema=0.9"]
+    evals = {}
 
     def run(ranks, *more):
         verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
         p = run_wick(*verb, recipe, *common, f"micro={12 // ranks}", *more)
+        evals[more] = [l.split()[2:] for l in p.stdout.replace("[rank 1] ", "").splitlines() if l.startswith("EVAL ")]
         return masters(p.stdout)
 
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
-    held = run(2, "shard=parameters", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}")
-    whole = run(2, "max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}")
+    z3 = ("shard=parameters", "max_steps=4", f"out={sharded}", f"result={tmp_path / 'a.safetensors'}", "eval=2",
+          "eval_ema=true")
+    plain_args = ("max_steps=4", f"out={plain}", f"result={tmp_path / 'b.safetensors'}", "eval=2", "eval_ema=true")
+    held = run(2, *z3)
+    whole = run(2, *plain_args)
     assert_masters_divided(held, whole)
     assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
+    assert len(evals[z3]) == 2 and float(evals[z3][0][1]) > 0, evals  # the average's loss, on each rank
+    for (loss, ema_loss), (loss1, ema_loss1) in zip(evals[z3], evals[plain_args]):
+        assert abs(float(loss) - float(loss1)) < 1e-6 and abs(float(ema_loss) - float(ema_loss1)) < 1e-6, evals
+    assert evals[z3][0][0] != evals[z3][0][1]  # the average is not the weights
     ck = "checkpoints/step-00000004"
-    for f in ("optimizer.safetensors", "model.safetensors"):
+    for f in ("optimizer.safetensors", "model.safetensors", "../../ema.safetensors"):
         mine, theirs = load_file(str(sharded / ck / f)), load_file(str(plain / ck / f))
         assert set(mine) == set(theirs)
         for k in theirs:
             assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), (f, k)
-    assert sum(k.startswith("wick.master/") for k in load_file(str(sharded / ck / "optimizer.safetensors"))) > 4
+    kept = load_file(str(sharded / ck / "optimizer.safetensors"))
+    assert sum(k.startswith("wick.master/") for k in kept) == sum(k.startswith("wick.ema/") for k in kept) > 4
     shutil.copytree(sharded, tmp_path / "r2")
     run(2, "resume=true", f"out={tmp_path / 'r2'}", f"result={tmp_path / 'r2.safetensors'}")
     run(2, f"result={tmp_path / 'unbroken.safetensors'}")
@@ -537,6 +556,28 @@ def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, rec
     run(3, "shard=parameters", "resume=true", f"out={tmp_path / 'r3s'}", f"result={tmp_path / 'r3s.safetensors'}")
     run(3, "resume=true", f"out={tmp_path / 'r3n'}", f"result={tmp_path / 'r3n.safetensors'}")
     assert_same_weights(tmp_path / "r3s.safetensors", tmp_path / "r3n.safetensors", rtol=1e-7)
+    assert_same_weights(tmp_path / "r3s" / "ema.safetensors", tmp_path / "r3n" / "ema.safetensors", rtol=1e-7)
+
+
+def test_parameters_keep_the_average_divided_and_evaluate_it(tmp_path, recipe, run_wick):
+    """ema under shard = "parameters" in fp32: each rank keeps the average of
+    its pieces (optimizer bytes, the average included, half of the unsharded
+    rank's), the evaluation with the average gives the unsharded ranks' loss
+    (not the weights' loss), and ema.safetensors is theirs."""
+    common = ["--nproc-per-node", 2, recipe, "clip=0", "schedule=constant", "epochs=1", "acc=1", "micro=6",
+              "max_steps=4", "ema=0.9", "eval=2", "eval_ema=true", "inputs=512", "hidden=1024"]
+    got = {}
+    for shard in ["none", "parameters"]:
+        p = run_wick("launch", *common, f"shard={shard}", f"out={tmp_path / shard}",
+                     f"result={tmp_path / (shard + '.safetensors')}")
+        got[shard] = ([l.split()[2:] for l in p.stdout.replace("[rank 1] ", "").splitlines() if l.startswith("EVAL ")],
+                      results(p.stdout))
+    (evals, res), (evals1, res1) = got["parameters"], got["none"]
+    for (loss, avg), (loss1, avg1) in zip(evals, evals1):
+        assert abs(float(loss) - float(loss1)) < 1e-6 and abs(float(avg) - float(avg1)) < 1e-6, got
+        assert abs(float(avg) - float(loss)) > 1e-3, got  # the average, not the weights
+    assert res[0][0] + res[1][0] <= res1[0][0] * 1.05 and max(res[0][0], res[1][0]) < res1[0][0] * 0.55, (res, res1)
+    assert_same_weights(tmp_path / "parameters" / "ema.safetensors", tmp_path / "none" / "ema.safetensors", rtol=1e-6)
 
 
 DIE = """
@@ -599,11 +640,82 @@ def test_a_rank_that_dies_under_parameters_ends_every_rank_naming_it(tmp_path, r
     assert "wick.trainer: shard = \"parameters\" runs under wick.train only" in p.stderr, p.stderr
 
 
+# A decoder whose activations (attention over 256 tokens) outweigh its
+# weights many times: the step's peak follows the micro-batch, so a cap on
+# one rank can fit 4 sequences and not 8.
+OOM = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("text", { file = a.tokens, max_length = 256 })
+wick.seed(0)
+local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 64, intermediate_size = 176, layers = 3, heads = 4 })
+if a.cap then wick.core.set_memory_limit(wick.rank == a.cap_rank and a.cap or 0) end
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-3 }), micro_batch = a.micro,
+  accumulate = a.acc, batch_size = a.batch, max_steps = 4, shuffle = false, shard = "parameters", checkpointing = a.ck or false,
+  quiet = true, on_oom = a.on_oom }
+if wick.rank == 0 then model:save(a.result) end
+print(string.format("PEAK %d %d split %d", wick.rank, run.memory.peak, run.steps))
+"""
+
+
+def peaks(stdout):
+    return {int(l.split()[1]): int(l.split()[2]) for l in stdout.replace("[rank 1] ", "").replace("[rank 2] ", "")
+            .splitlines() if l.startswith("PEAK ")}
+
+
+@pytest.mark.parametrize("nproc,who,ck", [
+    (2, 1, "false"),  # runs out in a forward (the attention's scores)
+    (3, 0, "true"),   # in a backward's recomputation, on rank 0 of 3
+])
+def test_parameters_recover_from_running_out_of_memory_on_one_rank(tmp_path, run_wick, nproc, who, ck):
+    """shard = "parameters": one rank runs out of memory partway through a
+    micro-batch, with gathers and reduce-scatters behind it and more ahead
+    on the others. It finishes that micro-batch's collectives as its last
+    whole one issued them (with nothing in them), the ranks agree after the
+    window, and every rank redoes it in halves: the same bits as a run given
+    the halved micro-batch from the start, and one rank's result."""
+    r = tmp_path / "oom.lua"
+    r.write_text(OOM)
+    g = torch.Generator().manual_seed(1)
+    (tmp_path / "tokens.jsonl").write_text("".join(
+        '{"input_ids":[%s]}\n' % ",".join(map(str, torch.randint(0, 256, (256,), generator=g).tolist()))
+        for _ in range(64 * nproc)))
+    common = ["--nproc-per-node", nproc, r, f"tokens={tmp_path / 'tokens.jsonl'}", f"ck={ck}"]
+    whole = run_wick("launch", *common, "micro=8", "acc=2", f"result={tmp_path / 'whole.safetensors'}")
+    halved = run_wick("launch", *common, "micro=4", "acc=4", f"result={tmp_path / 'halved.safetensors'}")
+    p8, p4 = peaks(whole.stdout)[who], peaks(halved.stdout)[who]
+    assert p4 < p8 * 0.75, (p4, p8)  # the micro-batch decides the peak
+    cap = (p4 + p8) // 2
+    p = run_wick("launch", *common, "micro=8", "acc=2", f"cap={cap}", f"cap_rank={who}",
+                 f"result={tmp_path / 'capped.safetensors'}")
+    assert "out of memory in step 1: micro_batch 8 -> 4, accumulate 2 -> 4" in p.stderr, p.stderr
+    assert_same_weights(tmp_path / "capped.safetensors", tmp_path / "halved.safetensors", rtol=1e-30)
+    # another split sums in another order: AdamW's normalized steps carry the last bits a little further
+    assert_same_weights(tmp_path / "capped.safetensors", tmp_path / "whole.safetensors", rtol=2e-4)
+    # micro_batch = "auto" probes nothing here: it starts from the rank's
+    # whole share of the batch and halves it where memory runs out
+    a = run_wick("launch", *common, "micro=auto", f"batch={16 * nproc}", f"cap={cap}", f"cap_rank={who}",
+                 f"result={tmp_path / 'auto.safetensors'}")
+    assert "micro_batch 16 -> 4, accumulate 1 -> 4" in a.stderr, a.stderr  # halved twice
+    assert_same_weights(tmp_path / "auto.safetensors", tmp_path / "halved.safetensors", rtol=1e-30)
+    # recovery off, or a cap that not even one sequence fits (the one-sample
+    # micro-batch run first, at loss x 0, to learn the collectives, says so):
+    # every rank ends, the one that ran out saying why, none waiting on it
+    for extra, said in [(["on_oom=fail", f"cap={cap}"], 'recovery is off: on_oom = "fail"'),
+                        ([f"cap={p4 // 4}"], "in the one-sample micro-batch that shard = \"parameters\" runs first")]:
+        t0 = time.monotonic()
+        q = subprocess.run([WICK, "launch", *map(str, common), "micro=8", "acc=2", f"cap_rank={who}", *extra,
+                            f"result={tmp_path / 'x.safetensors'}"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "WICK_DIST_TIMEOUT": "20"})
+        assert q.returncode != 0 and said in q.stderr, q.stderr
+        assert "Exception raised from" not in q.stderr
+        assert time.monotonic() - t0 < 60
+
+
 @pytest.mark.parametrize("args,expect", [
     (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients | parameters)"),
     (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
     (["shard=parameters", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
-    (["shard=parameters", "ema=0.9"], "shard = \"parameters\": ema cannot be used with it yet"),
 ])
 def test_shard_settings_that_cannot_work_are_refused_by_name(tmp_path, recipe, run_wick, args, expect):
     p = run_wick("launch", "--nproc-per-node", 2, recipe, "micro=2", "acc=2", *args,
