@@ -249,11 +249,6 @@ int make_trainer(lua_State* L) {
   TrainerConfig c = trainer_config(o);
   if (c.device == "auto") c.device = cuda_available() ? "cuda" : "cpu";
   c.group = Group::world(c.device);
-  // the whole weights come back when the trainer ends, gathered by every rank
-  // at once: wick.train's end, not a garbage collection each rank runs when it will
-  if (c.shard == ShardMode::Parameters && c.group)
-    throw Error("wick.trainer: shard = \"parameters\" runs under wick.train only (it gathers the divided weights "
-                "back on every rank when the run ends); a custom loop can use shard = \"gradients\"");
   push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
                     kTrainerMt);
   return 1;
@@ -431,6 +426,33 @@ int trainer_comm(lua_State* L) {
   return 1;
 }
 
+// trainer:finish(): shard = "parameters" gathers the divided weights back
+// into the model, on every rank at once (each calls it at the same point of
+// its loop; a garbage collection would come at each rank's own time). The
+// trainer takes no step after it. Elsewhere it does nothing.
+int trainer_finish(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "finish");
+  t->gather_weights_back();
+  return 0;
+}
+
+// trainer:evaluate(data[, micro_batch]): the loss (and metrics) of the
+// trainer's model on `data`, on its device and precision; under shard =
+// "parameters" on every rank at once, each block gathering its weights.
+int trainer_evaluate(lua_State* L) {
+  auto& t = check_box<Trainer>(L, 1, kTrainerMt, "evaluate");
+  auto d = check_data(L, 2, "trainer:evaluate");
+  const double micro = luaL_optnumber(L, 3, 32);
+  if (!(micro >= 1 && micro <= 1e9 && std::floor(micro) == micro))
+    throw Error("trainer:evaluate: micro_batch: expected a whole number >= 1, got " + Value(micro).repr());
+  EvalStats s = t->evaluate(d, static_cast<std::int64_t>(micro));
+  lua_createtable(L, 0, 4);
+  set_number(L, "loss", s.loss);
+  set_number(L, "items", static_cast<double>(s.items));
+  push_metrics(L, s.metrics);
+  return 1;
+}
+
 // trainer:save_ema(file): the model with the averaged weights (wick.trainer{ema = 0.999}), for model:load
 int trainer_save_ema(lua_State* L) {
   auto& t = check_box<Trainer>(L, 1, kTrainerMt, "save_ema");
@@ -598,6 +620,8 @@ void open_train(lua_State* L) {
                                              {"comm", G(trainer_comm)},
                                              {"save", G(trainer_save)},
                                              {"save_ema", G(trainer_save_ema)},
+                                             {"finish", G(trainer_finish)},
+                                             {"evaluate", G(trainer_evaluate)},
                                              {"load", G(trainer_load)},
                                              {"skipped_steps", G(trainer_skipped_steps)},
                                              {"split", G(trainer_split)},

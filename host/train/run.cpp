@@ -1183,9 +1183,8 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     if (world > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision, given_ck, micro, sh});
   const std::string mixed = precision == "fp32" ? "bf16-mixed" : precision;
   const Value all_ck = blocks.empty() ? given_ck : Value(true);
-  // the shard setting that holds the least (parameters refuses a window-coupled loss, for now)
-  const bool z3_ok = !coupled_windows(*r.obj.model);
-  const std::string least = world > 1 ? (z3_ok ? "parameters" : "gradients") : S;
+  // the shard setting that holds the least
+  const std::string least = world > 1 ? "parameters" : S;
   add_row("all of these", {mixed, all_ck, halve ? micro / 2 : micro, least});
 
   const auto& bd = base.breakdown;
@@ -1234,7 +1233,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
     auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m) {
       cands.push_back({prec, ck, m, S});
       for (const std::string sh : {"gradients", "parameters"})
-        if (world > 1 && sh != S && (z3_ok || sh != "parameters")) cands.push_back({prec, ck, m, sh});
+        if (world > 1 && sh != S) cands.push_back({prec, ck, m, sh});
     };
     cand(precision, given_ck, micro);
     cand(mixed, given_ck, micro);

@@ -368,9 +368,6 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     std::map<std::string, std::size_t> unit_of_block;
     if (zero3) {
       const std::string L = "shard = \"parameters\"";
-      if (coupled_windows(*model_))
-        throw Error(L + ": the model's loss couples the window (a contrastive loss over all of it), whose passes "
-                    "cannot gather weights block by block yet; use shard = \"gradients\"");
       std::vector<std::vector<std::size_t>> of_block(blocks.size());
       std::vector<std::size_t> rest;
       for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -465,8 +462,9 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   if (partitioned()) {
     // nothing above failed: each rank now keeps its chunks only
     reducer_->release_all();
-    mark_partitioned(model_, "its weights are divided across the ranks (shard = \"parameters\") while wick.train "
-                             "runs; read them after it returns (checkpoints hold them whole)");
+    mark_partitioned(model_, "its weights are divided across the ranks (shard = \"parameters\") while it trains; "
+                             "read them after wick.train returns, or in a custom loop after trainer:finish() on every "
+                             "rank (checkpoints hold them whole)");
   }
 }
 
@@ -477,8 +475,9 @@ Trainer::~Trainer() {
   // ZeRO-3 without gather_weights_back(): a run that failed (a collective
   // here could wait on ranks gone or elsewhere), and the model says so when read
   if (partitioned() && !gathered_back_)
-    mark_partitioned(model_, "the run failed while its weights were divided across the ranks (shard = "
-                             "\"parameters\"): they are lost in this process; load the last checkpoint");
+    mark_partitioned(model_, "its trainer ended while its weights were divided across the ranks (shard = "
+                             "\"parameters\": a run that failed, or a custom loop that did not call trainer:finish() "
+                             "on every rank): they are lost in this process; load the last checkpoint");
 }
 
 void Trainer::gather_weights_back() {
@@ -493,6 +492,12 @@ void Trainer::gather_weights_back() {
   }
   gathered_back_ = true;
   mark_partitioned(model_, "");
+}
+
+void Trainer::check_not_finished(const std::string& what) const {
+  if (partitioned() && gathered_back_)
+    throw Error(what + ": the trainer was finished (its divided weights gathered back into the model, shard = "
+                "\"parameters\"); make a new trainer to go on training");
 }
 
 bool Trainer::repeated_blocks() const { return block_runner_ && block_runner_->repeated(); }
@@ -557,6 +562,7 @@ void Trainer::update_ema() {
 
 void Trainer::with_ema(const std::function<void()>& fn) {
   if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
+  check_not_finished("evaluating the average");
   at::NoGradGuard no_grad;
   if (divided_ema_) {
     // ZeRO-3: the average's pieces into this rank's pieces of the weights,
@@ -815,7 +821,7 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   };
   try {
     if (coupled_windows(*model_) && (group || pieces.size() > 1)) {
-      if (!run_coupled(pieces, s, loss_sum, metric_sums, i, agree ? &agreed : nullptr)) return false;
+      if (!run_coupled(pieces, runs, s, loss_sum, metric_sums, i, agree ? &agreed : nullptr)) return false;
       s.micro_batches = static_cast<std::int64_t>(pieces.size());
       return true;
     }
@@ -847,6 +853,9 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
     const std::string what = where + ", micro-batch " + std::to_string(std::min(i + 1, pieces.size())) + " of " +
                              std::to_string(pieces.size()) + ": out of memory: " + oom_message;
     if (!cfg_.split_on_oom) throw Error(what + " (recovery is off: on_oom = \"fail\")");
+    if (zero3 && coupled_windows(*model_))
+      throw Error(what + " (shard = \"parameters\" does not redo a window whose loss couples it: lower micro_batch "
+                  "and raise accumulate)");
     if (zero3) {
       // the rest of this micro-batch's collectives and the later ones', then the agreement
       if (!reducer_->drain(step_ + 1))
@@ -876,25 +885,36 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
 // embedding; then each micro-batch's embeddings again, with the graph and the
 // random state of the first pass, backpropagating those gradients. Memory
 // holds one micro-batch's graph at a time plus the window's embeddings.
-bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Tensor& loss_sum,
+bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, StepStats& s, at::Tensor& loss_sum,
                           std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed) {
   WindowCoupled& coupled = *coupled_windows(*model_);
   Group* group = cfg_.group.get();
   const at::Device device(cfg_.device);
   const std::string where = "step " + std::to_string(step_ + 1);
   const int world = group ? group->size() : 1;
+  // ZeRO-3: as many embeddings and backwards on every rank (their gathers
+  // pair up), a rank with fewer micro-batches running its stand-in, whose
+  // embeddings count nowhere and whose backward takes zeros; every backward
+  // reduces its gradients
+  const bool zero3 = partitioned();
   // 1. embeddings, no graph; the random state before each micro-batch
-  std::vector<std::vector<std::pair<at::Generator, at::Tensor>>> states(pieces.size());
+  std::vector<std::vector<std::pair<at::Generator, at::Tensor>>> states(runs);
   std::vector<std::vector<at::Tensor>> emb(pieces.size());
   std::vector<std::int64_t> rows(pieces.size());
-  for (i = 0; i < pieces.size(); ++i) {
+  for (i = 0; i < runs; ++i) {
     for (auto& [name, gen] : generators(device)) {
       std::lock_guard<std::mutex> lock(gen.mutex());
       states[i].emplace_back(gen, gen.get_state());
     }
-    rows[i] = model_->count_items(pieces[i]);
     at::NoGradGuard no_grad;
-    AutocastScope autocast(cfg_.precision, device);
+    AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
+    gather_root("the all-gather of the weights in no block, for the embeddings of micro-batch " + std::to_string(i + 1) +
+                " of " + where);
+    if (i >= pieces.size()) {
+      coupled.embed(to_device(stand_in_, device));
+      continue;
+    }
+    rows[i] = model_->count_items(pieces[i]);
     emb[i] = coupled.embed(to_device(pieces[i], device));
     if (emb[i].empty() || (i > 0 && emb[i].size() != emb[0].size()))
       throw Error(where + ": the model's embed() must give the same number (at least one) of embeddings for every "
@@ -942,6 +962,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
     all.push_back(local.detach().requires_grad_(true));
   }
   for (auto& e : emb) e.clear();  // only the rows in `all` are needed now
+  gather_root("the all-gather of the weights in no block, for the loss over " + where);
   ForwardResult r = coupled.window_loss(all);
   if (r.items != s.items)
     throw Error(where + ": the model's window_loss() counted " + std::to_string(r.items) + " items, the window holds " +
@@ -967,42 +988,48 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Te
   r = ForwardResult();
   // 3. each micro-batch again, with its graph, taking the cached gradients
   std::int64_t row = offset;
-  for (i = 0; i < pieces.size(); ++i) {
+  for (i = 0; i < runs; ++i) {
     for (auto& [gen, state] : states[i]) {
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(state);
     }
+    const bool stand_in = i >= pieces.size();
     std::vector<at::Tensor> e;
     if (block_runner_) block_runner_->reset_runs();
+    gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
     {
-      AutocastScope autocast(cfg_.precision, device);
-      e = coupled.embed(to_device(pieces[i], device));
+      AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
+      e = coupled.embed(to_device(stand_in ? stand_in_ : pieces[i], device));
     }
     std::vector<at::Tensor> g;
-    for (std::size_t k = 0; k < e.size(); ++k) g.push_back(grads[k].narrow(0, row, rows[i]).to(e[k].scalar_type()));
-    row += rows[i];
-    const bool last = i + 1 == pieces.size();
+    for (std::size_t k = 0; k < e.size(); ++k)
+      g.push_back(stand_in ? at::zeros_like(e[k]) : grads[k].narrow(0, row, rows[i]).to(e[k].scalar_type()));
+    if (!stand_in) row += rows[i];
+    const bool last = i + 1 == runs;
     if (last && agreed) {
       *agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
-    if (group && (last || cfg_.sync_every_micro_batch)) reducer_->arm(/*early=*/!repeated_blocks());
+    if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm(/*early=*/!repeated_blocks());
     torch::autograd::backward(e, g);
     fold_grads();
     check_late_gradients();
     if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
+    if (zero3) reducer_->finish(step_ + 1);  // this micro-batch's sums (the loss's own gradients with the first)
   }
-  if (group && pieces.empty()) {  // at the point where the others check before their last backward
+  if (group && runs == 0) {  // at the point where the others check before their last backward
     if (agreed) {
       *agreed = true;
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
     reducer_->arm();  // nothing to backpropagate: this rank sends zeros (and its temperature's share)
+    if (zero3) reducer_->finish(step_ + 1);
   }
   return true;
 }
 
 StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
+  check_not_finished("step " + std::to_string(step_ + 1));
   const auto t0 = std::chrono::steady_clock::now();
   Group* group = cfg_.group.get();
   if (window.empty() && !group) throw Error("a window needs at least one micro-batch");
@@ -1250,6 +1277,7 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
 }
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
+  check_not_finished("saving a checkpoint");
   if (partitioned()) {
     // ZeRO-3: the whole weights on every rank while rank 0 writes them
     ReleaseUnits release{reducer_.get()};
@@ -1472,6 +1500,7 @@ nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
 nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
 
 nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
+  check_not_finished("loading checkpoint " + checkpoint.string());
   // ZeRO-3: the whole weights read into every rank's gathered units, which
   // keep their chunks of them (and stay whole until the masters below are set)
   std::optional<ReleaseUnits> release;
@@ -1700,6 +1729,7 @@ EvalStats evaluate(Model& model, std::shared_ptr<const Dataset> data, const Eval
 }
 
 EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t micro_batch) {
+  check_not_finished("evaluation");
   EvalConfig ec;
   ec.micro_batch = micro_batch;
   ec.device = cfg_.device;

@@ -228,6 +228,8 @@ class Trainer {
   /// its parameters' gradients arrive once per run, so buckets wait for the
   /// backward's end. And an error if a gradient came after its bucket left.
   bool repeated_blocks() const;
+  /// ZeRO-3 after gather_weights_back(): `what` refused (its units would free the model's weights again).
+  void check_not_finished(const std::string& what) const;
   void check_late_gradients();
   /// ZeRO-3: the root unit (trainable weights in no block) gathered for a forward.
   void gather_root(const std::string& what);
@@ -248,7 +250,8 @@ class Trainer {
   /// embeddings, the loss over all of them, then backward micro-batch by
   /// micro-batch. `i` tracks the micro-batch for error messages; `agreed`,
   /// when given, is set once the ranks agreed that none ran out of memory.
-  bool run_coupled(const std::vector<Batch>& pieces, StepStats& s, at::Tensor& loss_sum,
+  /// `runs`: how many micro-batches every rank runs (ZeRO-3 pads with its stand-in).
+  bool run_coupled(const std::vector<Batch>& pieces, std::size_t runs, StepStats& s, at::Tensor& loss_sum,
                    std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed);
   /// After the window: unscale, agree on flags across ranks, clip, step.
   void finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums);

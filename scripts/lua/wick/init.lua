@@ -66,6 +66,8 @@ wick.loader = core.loader
 --   :step(window) -> {step, loss, items, lr, grad_norm, seconds, <metrics>}
 --   :save(checkpoints_dir, extra_table, keep) -> folder, :load(folder) -> extra_table, :steps()
 --   :save_ema(file): with ema = 0.999, the model with the averaged weights (model:load reads it)
+--   :evaluate(data, micro_batch) -> {loss, items, <metrics>}: the model on the trainer's device and precision
+--   :finish(): shard = "parameters": the divided weights back into the model, on every rank at once (no step after)
 wick.trainer = core.trainer
 wick.latest_checkpoint = core.latest_checkpoint
 wick.seed = core.seed

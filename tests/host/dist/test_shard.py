@@ -267,8 +267,8 @@ def test_a_run_that_fails_under_parameters_leaves_a_model_that_says_so(tmp_path,
     def said(what, message):
         return sum(1 for l in lines if l.startswith(what + "\tfalse\t") and message in l)
     assert said("first", "stop here") == 2, lines
-    assert said("save", "save: the model cannot be used now: the run failed while its weights were divided") == 2, lines
-    assert said("again", "wick.train: the model cannot be trained: the run failed while its weights") == 2, lines
+    assert said("save", "save: the model cannot be used now: its trainer ended while its weights were divided") == 2, lines
+    assert said("again", "wick.train: the model cannot be trained: its trainer ended while its weights") == 2, lines
     assert not (tmp_path / "x.safetensors").exists()
 
 
@@ -608,8 +608,7 @@ def test_a_rank_that_dies_in_a_sharded_run_ends_every_rank_naming_it(tmp_path, s
 def test_a_rank_that_dies_under_parameters_ends_every_rank_naming_it(tmp_path, recipe):
     """shard = "parameters" under wick.train: rank 1 exits at step 5; rank 0,
     waiting in a gather of some block's weights, fails within the timeout and
-    the launcher names rank 1. A custom loop (wick.trainer) is refused
-    parameters by name: its trainer ends when each rank collects it."""
+    the launcher names rank 1, under wick.train and in a custom loop."""
     t0 = time.monotonic()
     p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(recipe), "micro=2", "acc=2", "epochs=50",
                         "shard=parameters", "die_at=5", f"result={tmp_path / 'x.safetensors'}"], capture_output=True,
@@ -634,10 +633,78 @@ def test_a_rank_that_dies_under_parameters_ends_every_rank_naming_it(tmp_path, r
     assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors")
     r = tmp_path / "die.lua"
     r.write_text(DIE)
+    t0 = time.monotonic()
     p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(r), "shard=parameters"], capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "10"})
+                       text=True, timeout=120, env={**os.environ, "WICK_DIST_TIMEOUT": "3"})
     assert p.returncode == 1
-    assert "wick.trainer: shard = \"parameters\" runs under wick.train only" in p.stderr, p.stderr
+    assert "rank 1 exited with code 3" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+LOOP = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 96, inputs = 512, classes = 3, seed = 4 })
+wick.seed(5)
+local model = wick.model("mlp", { inputs = 512, hidden = { 1024, 96 }, outputs = 3 })
+local loader = wick.loader(data, { micro_batch = 2, accumulate = 2, seed = 1 })
+local trainer = wick.trainer { model = model, optim = wick.optim("adamw", { lr = 0.01 }), shard = a.shard,
+  ema = 0.9, total_steps = 2 * loader:windows_per_epoch() }
+for epoch = 0, 1 do
+  loader:start_epoch(epoch)
+  for window in loader.next, loader do trainer:step(window) end
+  print(string.format("EVAL %d %.9f", epoch, trainer:evaluate(data, 16).loss))
+  if epoch == 0 then
+    local ok, err = pcall(function() model:save(a.out .. "/early.safetensors") end)
+    print("EARLY " .. tostring(ok) .. " " .. tostring(err))
+  end
+end
+trainer:save(a.out .. "/checkpoints", { epoch = 2, window = 0 })
+trainer:save_ema(a.out .. "/ema.safetensors")
+if a.forget then
+  trainer = nil
+  collectgarbage()
+  collectgarbage()
+  local ok, err = pcall(function() model:save(a.out .. "/lost.safetensors") end)
+  print("LOST " .. tostring(ok) .. " " .. tostring(err))
+  return
+end
+trainer:finish()
+if wick.rank == 0 then model:save(a.out .. "/final.safetensors") end
+loader:start_epoch(2)
+local ok, err = pcall(function() trainer:step(loader:next()) end)
+print("AFTER " .. tostring(ok) .. " " .. tostring(err))
+"""
+
+
+def test_a_custom_loop_under_parameters_ends_where_the_unsharded_loop_ends(tmp_path, run_wick):
+    """wick.trainer with shard = "parameters" on 2 ranks: its steps, its
+    evaluations (trainer:evaluate gathers block by block), its checkpoint,
+    its average and, after trainer:finish() on every rank, the model equal
+    the same loop unsharded; reading the model before finish() is refused by
+    name, as is a step after it, and a loop that lets its trainer go without
+    finish() leaves a model that says its weights are lost."""
+    r = tmp_path / "loop.lua"
+    r.write_text(LOOP)
+    out = {}
+    for shard in ["none", "parameters"]:
+        p = run_wick("launch", "--nproc-per-node", 2, r, f"shard={shard}", f"out={tmp_path / shard}")
+        out[shard] = p.stdout.replace("[rank 1] ", "")
+    evals = {k: [float(l.split()[2]) for l in v.splitlines() if l.startswith("EVAL ")] for k, v in out.items()}
+    assert len(evals["parameters"]) == 4, out  # two epochs, two ranks
+    for a, b in zip(evals["parameters"], evals["none"]):
+        assert abs(a - b) < 1e-5 * abs(b), evals
+    z3, plain = tmp_path / "parameters", tmp_path / "none"
+    # the window's sums taken micro-batch by micro-batch (another order): AdamW carries the last bits
+    assert_same_weights(z3 / "final.safetensors", plain / "final.safetensors", rtol=5e-5)
+    assert_same_weights(z3 / "ema.safetensors", plain / "ema.safetensors", rtol=5e-5)
+    ck = "checkpoints/step-00000024/model.safetensors"
+    assert_same_weights(z3 / ck, z3 / "final.safetensors", rtol=1e-30)
+    assert "EARLY true" in out["none"]
+    assert out["parameters"].count("EARLY false") == 2 and "trainer:finish()" in out["parameters"], out["parameters"]
+    assert out["parameters"].count("AFTER false") == 2 and "the trainer was finished" in out["parameters"]
+    p = run_wick("launch", "--nproc-per-node", 2, r, "shard=parameters", "forget=true", f"out={tmp_path / 'forget'}")
+    assert p.stdout.count("LOST false") == 2 and "did not call trainer:finish()" in p.stdout, p.stdout
 
 
 # A decoder whose activations (attention over 256 tokens) outweigh its
