@@ -1519,6 +1519,14 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     else if (k.starts_with(kEmaPrefix)) averages[k.substr(kEmaPrefix.size())] = v.to(device);
     else opt_state[k] = v.to(device);
   }
+  // a checkpoint without optimizer state, for an optimizer that keeps some:
+  // written by one that keeps none (SGD without momentum); its moments would
+  // start at zero in the middle of the run without a word
+  if (opt_state.empty() && state.value("step", std::int64_t{0}) > 0 && optim_->state_bytes(stepped_) > 0)
+    throw Error("checkpoint " + checkpoint.string() + " holds no optimizer state after " +
+                std::to_string(state.value("step", std::int64_t{0})) +
+                " steps, and this run's optimizer keeps some: it was written by an optimizer that keeps none (SGD "
+                "without momentum); resume with the recipe's own optimizer, or start over");
   const auto given = sharded() ? cut_state(opt_state, "checkpoint " + checkpoint.string()) : opt_state;
   optim_->load_state(given);
   {

@@ -142,7 +142,8 @@ local wick = require "wick"
 local a = wick.args
 local data = wick.data("synthetic", { size = a.size or 256, inputs = 8, classes = 3, seed = 1 })
 local model = wick.model("mlp", { inputs = 8, hidden = { 16 }, outputs = 3 })
-local optim = a.opt == "sgd" and wick.optim("sgd", { lr = 1e-2, momentum = 0.9 }) or wick.optim("adamw", { lr = 1e-2 })
+local optim = a.opt == "sgd" and wick.optim("sgd", { lr = 1e-2, momentum = 0.9 })
+  or a.opt == "plain" and wick.optim("sgd", { lr = 1e-2 }) or wick.optim("adamw", { lr = 1e-2 })
 local run = wick.train { model = model, data = data, optim = optim, micro_batch = 8, epochs = 10, save_every = 10,
   quiet = true }
 print(string.format("status %s steps %d", run.status, run.steps))
@@ -162,6 +163,15 @@ print(string.format("status %s steps %d", run.status, run.steps))
     assert.are.equal(1, code)
     assert.truthy(err:find("holds optimizer state this run's optimizer does not take (0.bias.exp_avg, ", 1, true), err)
     assert.are.equal(before, snapshot(out))
+    -- a checkpoint of an optimizer that keeps no state, resumed by one that keeps some
+    local plain = dir .. "/stateless"
+    assert.are.equal(0, (H.run("run " .. r2 .. " out=" .. plain .. " max_steps=20 opt=plain")))
+    local kept = snapshot(plain)
+    code, _, err = H.run("run " .. r2 .. " out=" .. plain .. " max_steps=30 resume=true")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("holds no optimizer state after 20 steps, and this run's optimizer keeps some", 1, true), err)
+    assert.are.equal(kept, snapshot(plain))
+    assert.are.equal(0, (H.run("run " .. r2 .. " out=" .. plain .. " max_steps=30 resume=true opt=plain")))
     -- the same windows cut otherwise continue
     local outp
     code, outp, err = go("max_steps=30 resume=true micro_batch=4 accumulate=2")
