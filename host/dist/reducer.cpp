@@ -237,6 +237,10 @@ void GradReducer::gather_all(const std::string& what) {
   for (std::size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, what);
 }
 
+const c10::StorageImpl* GradReducer::unit_storage(std::size_t unit) const {
+  return buckets_[unit].whole.storage().unsafeGetStorageImpl();
+}
+
 void GradReducer::release_all() {
   for (std::size_t u = 0; u < buckets_.size(); ++u) release_unit(u);
 }

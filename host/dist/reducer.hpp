@@ -124,6 +124,8 @@ class GradReducer {
   /// hold no data until the next gather_unit).
   void release_unit(std::size_t unit);
   void gather_all(const std::string& what);
+  /// The storage unit `unit`'s parameters view (to tell which tensors are its).
+  const c10::StorageImpl* unit_storage(std::size_t unit) const;
   void release_all();
   /// After the whole weights were written (a checkpoint loaded into gathered
   /// units): this rank's chunks taken from them.

@@ -1279,15 +1279,31 @@ void Trainer::resolve(const std::vector<StepStats*>& steps) {
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   check_not_finished("saving a checkpoint");
   if (partitioned()) {
-    // ZeRO-3: the whole weights on every rank while rank 0 writes them
+    // ZeRO-3: one unit at a time gathered on every rank, rank 0 copying its
+    // weights to the host (FSDP's full state dict, offloaded to rank 0's
+    // CPU): a device holds one block's whole weights more, never the model
     ReleaseUnits release{reducer_.get()};
-    reducer_->gather_all("gathering the weights for checkpoint step " + std::to_string(step_));
-    return save_gathered(checkpoints_dir, extra, keep, keep_best);
+    reducer_->release_all();
+    const bool writer = cfg_.group->rank() == 0;
+    auto state = module_state(*model_);
+    std::map<const c10::StorageImpl*, std::vector<std::size_t>> of_storage;  // entries viewing each unit
+    for (std::size_t j = 0; j < state.size(); ++j)
+      of_storage[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+    for (std::size_t u = 0; u < reducer_->units(); ++u) {
+      reducer_->gather_unit(u, "gathering the weights of unit " + std::to_string(u) + " for checkpoint step " +
+                                   std::to_string(step_));
+      if (writer)
+        if (auto it = of_storage.find(reducer_->unit_storage(u)); it != of_storage.end())
+          for (auto j : it->second) state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      reducer_->release_unit(u);
+    }
+    return save_gathered(checkpoints_dir, extra, keep, keep_best, writer ? &state : nullptr);
   }
   return save_gathered(checkpoints_dir, extra, keep, keep_best);
 }
 
-fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
+fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best,
+                                const std::vector<std::pair<std::string, at::Tensor>>* model_state) {
   if (cfg_.group) {
     // Written once, by rank 0; no rank goes on until it is complete. Sharded,
     // every rank first sends its pieces' state to rank 0, which joins them.
@@ -1301,7 +1317,7 @@ fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann:
     }
     if (cfg_.group->rank() == 0 && error.empty()) {
       try {
-        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state);
+        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state, model_state);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -1314,7 +1330,8 @@ fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann:
 }
 
 fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep,
-                                   int keep_best, const std::map<std::string, at::Tensor>& opt) {
+                                   int keep_best, const std::map<std::string, at::Tensor>& opt,
+                                   const std::vector<std::pair<std::string, at::Tensor>>* model_state) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());
@@ -1327,7 +1344,8 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   const fs::path tmp = checkpoints_dir / ("." + step_dir_name(step_) + ".tmp");
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);
-  save_model(*model_, tmp / "model.safetensors");
+  if (model_state) write_safetensors(tmp / "model.safetensors", *model_state, {{"format", "pt"}});
+  else save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : opt) opt_state.emplace_back(k, v);
   if (cfg_.master_weights && !divided_masters_)  // divided: joined with the optimizer's state

@@ -237,11 +237,14 @@ class Trainer {
   /// (a rank whose forward differed would have paired its gathers with
   /// others' of other blocks); an error naming the ranks otherwise.
   void check_gathers();
-  /// save() once the weights are whole on every rank.
+  /// save() once the weights are at hand: the model's own, or `model_state`
+  /// (ZeRO-3: rank 0's host copies of every tensor, gathered unit by unit).
   std::filesystem::path save_gathered(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
-                                      int keep, int keep_best);
+                                      int keep, int keep_best,
+                                      const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
-                                         int keep_best, const std::map<std::string, at::Tensor>& opt_state);
+                                         int keep_best, const std::map<std::string, at::Tensor>& opt_state,
+                                         const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
   /// Forward and backward of every micro-batch of the window (each split in
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,

@@ -779,6 +779,43 @@ def test_parameters_recover_from_running_out_of_memory_on_one_rank(tmp_path, run
         assert time.monotonic() - t0 < 60
 
 
+SAVE = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 32, inputs = 512, classes = 3, seed = 4 })
+local model = wick.model("mlp", { inputs = 512, hidden = { 512, 512, 512 }, outputs = 3 })
+local loader = wick.loader(data, { micro_batch = 4, accumulate = 1, seed = 1 })
+local trainer = wick.trainer { model = model, optim = wick.optim("sgd", { lr = 0.01 }), shard = "parameters" }
+loader:start_epoch(0)
+trainer:step(loader:next())
+collectgarbage()
+local before = wick.core.memory(false).cpu_tensors
+wick.core.reset_peak()
+trainer:save(a.out .. "/checkpoints", { epoch = 0, window = 1 })
+print(string.format("SAVE %d %d", wick.rank, wick.core.memory(false).cpu_tensors_peak - before))
+trainer:finish()
+if wick.rank == 0 then model:save(a.out .. "/final.safetensors") end
+"""
+
+
+def test_a_checkpoint_under_parameters_gathers_one_block_at_a_time(tmp_path, run_wick):
+    """Saving under shard = "parameters" gathers one unit at a time, rank 0
+    copying each to the host as it comes: rank 1 holds one block's weights
+    more at most (on a GPU, so does rank 0's device), never the whole model;
+    the checkpoint holds the weights the model has after trainer:finish()."""
+    (tmp_path / "save.lua").write_text(SAVE)
+    p = run_wick("launch", "--nproc-per-node", 2, tmp_path / "save.lua", f"out={tmp_path}")
+    grew = {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").splitlines()
+            if l.startswith("SAVE ")}
+    block, whole = (512 * 512 + 512) * 4, (512 * 512 * 3 + 512 * 3 + 512 * 3 + 3) * 4
+    # one block's weights, and gloo's temporary of the same size (its
+    # all-gather copies through one; NCCL's does not): before, the whole model
+    assert grew[1] <= 2 * block * 1.05 and grew[1] < whole, (grew, block, whole)
+    assert grew[0] >= whole, grew                         # rank 0's host copies (the CPU is its device here)
+    assert_same_weights(tmp_path / "checkpoints" / "step-00000001" / "model.safetensors",
+                        tmp_path / "final.safetensors", rtol=1e-30)
+
+
 @pytest.mark.parametrize("args,expect", [
     (["shard=zero3"], "command line: shard=zero3: expected string (none | optimizer | gradients | parameters)"),
     (["shard=gradients", "sync=micro_batch"], "sync = \"micro_batch\" cannot be used with it"),
