@@ -226,6 +226,15 @@ void GradReducer::issue_rest(std::size_t from, const std::string& what) {
   }
 }
 
+void GradReducer::make_unit(std::size_t unit) {
+  Bucket& b = buckets_[unit];
+  if (b.gathered) return;
+  allocate_storage(b.whole, static_cast<std::size_t>(b.numel) * b.whole.element_size());
+  b.gathered = true;
+  at::NoGradGuard no_grad;
+  b.whole.zero_();  // the alignment's gaps
+}
+
 void GradReducer::release_unit(std::size_t unit) {
   Bucket& b = buckets_[unit];
   if (!b.gathered) return;

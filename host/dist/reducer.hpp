@@ -124,6 +124,9 @@ class GradReducer {
   /// hold no data until the next gather_unit).
   void release_unit(std::size_t unit);
   void gather_all(const std::string& what);
+  /// The unit's whole buffer made, its contents undefined, with no collective
+  /// (each rank about to fill it alike, from a file).
+  void make_unit(std::size_t unit);
   /// The storage unit `unit`'s parameters view (to tell which tensors are its).
   const c10::StorageImpl* unit_storage(std::size_t unit) const;
   void release_all();

@@ -1519,15 +1519,42 @@ nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoin
 
 nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
   check_not_finished("loading checkpoint " + checkpoint.string());
-  // ZeRO-3: the whole weights read into every rank's gathered units, which
-  // keep their chunks of them (and stay whole until the masters below are set)
-  std::optional<ReleaseUnits> release;
   if (partitioned()) {
-    release.emplace(reducer_.get());  // (no temporary: its end would free the units at once)
-    reducer_->gather_all("gathering the weights to load checkpoint " + checkpoint.string());
+    // ZeRO-3: every rank reads the file itself, one unit at a time: the
+    // unit's whole weights made (no collective), filled from the file, its
+    // chunk kept, freed. A device holds one block's weights more, never the model
+    ReleaseUnits release{reducer_.get()};
+    reducer_->release_all();
+    const fs::path file = checkpoint / "model.safetensors";
+    TensorFile f = read_safetensors(file);
+    auto state = module_state(*model_);
+    detail::check_fit(state, f.tensors, file.string(), {});
+    std::map<std::string, at::Tensor*> given;
+    for (auto& [n, t] : f.tensors) given[n] = &t;
+    std::map<const c10::StorageImpl*, std::vector<std::size_t>> of_storage;  // entries viewing each unit
+    for (std::size_t j = 0; j < state.size(); ++j)
+      of_storage[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+    at::NoGradGuard no_grad;
+    auto fill = [&](std::size_t j) {
+      at::Tensor& src = *given.at(state[j].first);
+      detail::copy_releasing(state[j].second, src);
+      src = at::Tensor();
+    };
+    for (std::size_t u = 0; u < reducer_->units(); ++u) {
+      auto it = of_storage.find(reducer_->unit_storage(u));
+      reducer_->make_unit(u);
+      if (it != of_storage.end()) {
+        for (auto j : it->second) fill(j);
+        of_storage.erase(it);
+      }
+      reducer_->keep_chunks_of_gathered();
+      reducer_->release_unit(u);
+    }
+    for (auto& [storage, entries] : of_storage)  // the tensors no unit divides (frozen weights, buffers)
+      for (auto j : entries) fill(j);
+  } else {
+    load_model(*model_, checkpoint / "model.safetensors");
   }
-  load_model(*model_, checkpoint / "model.safetensors");
-  if (partitioned()) reducer_->keep_chunks_of_gathered();
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);
@@ -1585,6 +1612,10 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
       if (it != masters.end() && !it->second.sizes().equals(shape.sizes()))
         throw Error("checkpoint " + checkpoint.string() + ": master weight '" + name + "' has shape " +
                     c10::str(it->second.sizes()) + ", the model's is " + c10::str(shape.sizes()));
+      if (it == masters.end() && partitioned()) {  // the loaded weights' piece (the whole ones are freed)
+        stepped_[i].second.view({-1}).copy_(reducer_->piece_view(pieces[i]));
+        continue;
+      }
       const at::Tensor whole = it != masters.end() ? it->second : model_params_[pieces[i].param].detach();
       stepped_[i].second.view({-1}).copy_(whole.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
     }

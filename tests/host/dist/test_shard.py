@@ -800,6 +800,16 @@ trainer:save(a.out .. "/checkpoints", { epoch = 0, window = 1 })
 print(string.format("SAVE %d %d", wick.rank, wick.core.memory(false).cpu_tensors_peak - before))
 trainer:finish()
 if wick.rank == 0 then model:save(a.out .. "/final.safetensors") end
+-- a new trainer (weights divided again) whose weights are perturbed, then loaded
+local again = wick.trainer { model = model, optim = wick.optim("sgd", { lr = 0.01 }), shard = "parameters" }
+again:step(loader:next())
+collectgarbage()
+before = wick.core.memory(false).cpu_tensors
+wick.core.reset_peak()
+again:load(a.out .. "/checkpoints/step-00000001")
+print(string.format("LOAD %d %d", wick.rank, wick.core.memory(false).cpu_tensors_peak - before))
+again:finish()
+if wick.rank == 0 then model:save(a.out .. "/loaded.safetensors") end
 """
 
 
@@ -807,7 +817,10 @@ def test_a_checkpoint_under_parameters_gathers_one_block_at_a_time(tmp_path, run
     """Saving under shard = "parameters" gathers one unit at a time, rank 0
     copying each to the host as it comes: rank 1 holds one block's weights
     more at most (on a GPU, so does rank 0's device), never the whole model;
-    the checkpoint holds the weights the model has after trainer:finish()."""
+    the checkpoint holds the weights the model has after trainer:finish().
+    Loading reads the file one unit at a time on every rank, keeping its
+    chunk: no rank holds more than a block more, and the loaded weights are
+    the checkpoint's."""
     (tmp_path / "save.lua").write_text(SAVE)
     p = run_wick("launch", "--nproc-per-node", 2, tmp_path / "save.lua", f"out={tmp_path}")
     grew = {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").splitlines()
@@ -819,6 +832,10 @@ def test_a_checkpoint_under_parameters_gathers_one_block_at_a_time(tmp_path, run
     assert grew[0] >= whole, grew                         # rank 0's host copies (the CPU is its device here)
     assert_same_weights(tmp_path / "checkpoints" / "step-00000001" / "model.safetensors",
                         tmp_path / "final.safetensors", rtol=1e-30)
+    loaded = {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").splitlines()
+              if l.startswith("LOAD ")}
+    assert len(loaded) == 2 and max(loaded.values()) <= block * 1.05, (loaded, block)  # before: the whole model
+    assert_same_weights(tmp_path / "loaded.safetensors", tmp_path / "final.safetensors", rtol=1e-30)
 
 
 @pytest.mark.parametrize("args,expect", [
