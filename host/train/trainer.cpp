@@ -491,6 +491,9 @@ void Trainer::gather_weights_back() {
     throw;
   }
   gathered_back_ = true;
+  // the model runs its blocks as before the trainer divided them (the
+  // partition runner would free each block's weights after it ran)
+  if (model_->block_runner() == partition_runner_.get()) model_->set_block_runner(block_runner_.get());
   mark_partitioned(model_, "");
 }
 
@@ -561,7 +564,7 @@ void Trainer::update_ema() {
 }
 
 void Trainer::with_ema(const std::function<void()>& fn) {
-  if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
+  if (!has_ema()) throw Error("the run keeps no average of its weights (ema = 0)");
   check_not_finished("evaluating the average");
   at::NoGradGuard no_grad;
   if (divided_ema_) {
@@ -607,7 +610,7 @@ void Trainer::with_ema(const std::function<void()>& fn) {
 }
 
 void Trainer::save_ema(const fs::path& file) {
-  if (ema_.empty()) throw Error("the run keeps no average of its weights (ema = 0)");
+  if (!has_ema()) throw Error("the run keeps no average of its weights (ema = 0)");
   std::map<std::string, at::Tensor> avg;
   if (divided_ema_) {
     // every rank's pieces joined on rank 0, which alone writes
@@ -716,6 +719,17 @@ at::Tensor metric_value(const at::Tensor& v) {
 }  // namespace
 
 namespace {
+// A ZeRO-3 stand-in runs in evaluation mode: its collectives are a training
+// micro-batch's, but it moves no running statistics (batch norm) and draws
+// no dropout, and one sample is no batch to normalise over.
+struct StandInMode {
+  Model& model;
+  explicit StandInMode(Model& m) : model(m) { model.train(false); }
+  ~StandInMode() { model.train(true); }
+  StandInMode(const StandInMode&) = delete;
+  StandInMode& operator=(const StandInMode&) = delete;
+};
+
 // One sample of a micro-batch (its tensors' first rows, copied), or the
 // micro-batch itself when its tensors differ in their first dimension: what
 // a ZeRO-3 rank runs at loss x 0 to pair its collectives with the others'.
@@ -777,6 +791,8 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   // one micro-batch's forward and backward; false: another rank ran out of
   // memory before this window's gradients were reduced
   auto micro_batch = [&](const Batch& batch, bool stand_in, bool last) {
+    std::optional<StandInMode> mode;
+    if (stand_in) mode.emplace(*model_);
     if (block_runner_) block_runner_->reset_runs();
     if (zero3) reducer_->begin_micro_batch();
     gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
@@ -911,6 +927,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
     gather_root("the all-gather of the weights in no block, for the embeddings of micro-batch " + std::to_string(i + 1) +
                 " of " + where);
     if (i >= pieces.size()) {
+      StandInMode mode(*model_);
       coupled.embed(to_device(stand_in_, device));
       continue;
     }
@@ -998,6 +1015,8 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
     if (block_runner_) block_runner_->reset_runs();
     gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(i + 1) + " of " + where);
     {
+      std::optional<StandInMode> mode;
+      if (stand_in) mode.emplace(*model_);
       AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
       e = coupled.embed(to_device(stand_in ? stand_in_ : pieces[i], device));
     }
@@ -1063,6 +1082,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
       std::lock_guard<std::mutex> lock(gen.mutex());
       rng.emplace_back(gen, gen.get_state());
     }
+  bool agreed_largest = false;
   for (;;) {
     clear_grads();
     loss_sum = at::Tensor();  // zero until a micro-batch adds to it
@@ -1078,6 +1098,15 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     loss_sum = at::Tensor();
     metric_sums.clear();
     if (device.is_cuda()) cuda_empty_cache();
+    // every rank decides alike (a rank with a short window, or none, would
+    // stop while the others halve on)
+    if (group && !agreed_largest) {
+      at::Tensor mine = at::full({1}, largest, at::TensorOptions().dtype(at::kLong).device(group->device()));
+      at::Tensor all = at::empty({group->size()}, mine.options());
+      group->all_gather(all, mine, "the largest micro-batches of " + std::string("step ") + std::to_string(step_ + 1));
+      largest = all.max().item<std::int64_t>();
+      agreed_largest = true;
+    }
     if ((largest + split_ - 1) / split_ <= 1)
       throw Error("step " + std::to_string(step_ + 1) + ": out of memory even at micro_batch 1 (halved " +
                   std::to_string(s.oom_retries) + " times to micro-batches of one sample)" +
@@ -1289,31 +1318,39 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
     std::map<const c10::StorageImpl*, std::vector<std::size_t>> of_storage;  // entries viewing each unit
     for (std::size_t j = 0; j < state.size(); ++j)
       of_storage[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+    // a failed copy on rank 0 (out of host memory) still takes part in every
+    // gather and in the join, and fails at the barrier with the others
+    std::string error;
     for (std::size_t u = 0; u < reducer_->units(); ++u) {
       reducer_->gather_unit(u, "gathering the weights of unit " + std::to_string(u) + " for checkpoint step " +
                                    std::to_string(step_));
-      if (writer)
-        if (auto it = of_storage.find(reducer_->unit_storage(u)); it != of_storage.end())
-          for (auto j : it->second) state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      if (writer && error.empty())
+        if (auto it = of_storage.find(reducer_->unit_storage(u)); it != of_storage.end()) try {
+            for (auto j : it->second)
+              state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+          } catch (const std::exception& e) {
+            error = "copying the weights to the host for checkpoint step " + std::to_string(step_) + ": " + e.what();
+          }
       reducer_->release_unit(u);
     }
-    return save_gathered(checkpoints_dir, extra, keep, keep_best, writer ? &state : nullptr);
+    return save_gathered(checkpoints_dir, extra, keep, keep_best, writer ? &state : nullptr, error);
   }
   return save_gathered(checkpoints_dir, extra, keep, keep_best);
 }
 
 fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best,
-                                const std::vector<std::pair<std::string, at::Tensor>>* model_state) {
+                                const std::vector<std::pair<std::string, at::Tensor>>* model_state,
+                                const std::string& failed) {
   if (cfg_.group) {
     // Written once, by rank 0; no rank goes on until it is complete. Sharded,
     // every rank first sends its pieces' state to rank 0, which joins them.
     fs::path dir = checkpoints_dir / step_dir_name(step_);
-    std::string error;
+    std::string error = failed;
     std::map<std::string, at::Tensor> opt_state;
     try {  // every rank takes part in the join; a failure on rank 0 still reaches the barrier below
       opt_state = sharded() ? joined_state() : optim_->state();
     } catch (const std::exception& e) {
-      error = e.what();
+      if (error.empty()) error = e.what();
     }
     if (cfg_.group->rank() == 0 && error.empty()) {
       try {
@@ -1567,11 +1604,13 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
   // a checkpoint without optimizer state, for an optimizer that keeps some:
   // written by one that keeps none (SGD without momentum); its moments would
   // start at zero in the middle of the run without a word
-  if (opt_state.empty() && state.value("step", std::int64_t{0}) > 0 && optim_->state_bytes(stepped_) > 0)
-    throw Error("checkpoint " + checkpoint.string() + " holds no optimizer state after " +
-                std::to_string(state.value("step", std::int64_t{0})) +
-                " steps, and this run's optimizer keeps some: it was written by an optimizer that keeps none (SGD "
-                "without momentum); resume with the recipe's own optimizer, or start over");
+  // (steps skipped on an fp16 overflow made none; the whole parameters' state
+  // decides, the same on every rank, one without pieces of its own too)
+  const std::int64_t stepped = state.value("step", std::int64_t{0}) - state.value("skipped_steps", std::int64_t{0});
+  if (opt_state.empty() && stepped > 0 && optim_->state_bytes(params_) > 0)
+    throw Error("checkpoint " + checkpoint.string() + " holds no optimizer state after " + std::to_string(stepped) +
+                " steps taken, and this run's optimizer keeps some: it was written by an optimizer that keeps none "
+                "(SGD without momentum); resume with the recipe's own optimizer, or start over");
   const auto given = sharded() ? cut_state(opt_state, "checkpoint " + checkpoint.string()) : opt_state;
   optim_->load_state(given);
   {
@@ -1798,6 +1837,18 @@ EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t mi
   // weights as in training; halving a batch on one rank would unpair them
   ec.split_on_oom = false;
   ec.autocast_cache = false;
+  {  // the same batches on every rank, or their gathers would not pair (a custom loop's data per rank)
+    Group& group = *cfg_.group;
+    at::Tensor mine = at::full({1}, static_cast<std::int64_t>(data->size()), at::TensorOptions().dtype(at::kLong).device(group.device()));
+    at::Tensor all = at::empty({group.size()}, mine.options());
+    group.all_gather(all, mine, "the sample counts of the " + ec.where);
+    const at::Tensor a = all.cpu();
+    for (int r = 0; r < group.size(); ++r)
+      if (a[r].item<std::int64_t>() != static_cast<std::int64_t>(data->size()))
+        throw Error(ec.where + ": rank " + std::to_string(r) + " evaluates " + std::to_string(a[r].item<std::int64_t>()) +
+                    " samples and rank " + std::to_string(group.rank()) + " " + std::to_string(data->size()) +
+                    "; under shard = \"parameters\" every rank evaluates the same data (its blocks' gathers pair up)");
+  }
   ReleaseUnits release{reducer_.get()};
   gather_root("the all-gather of the weights in no block, for the " + ec.where);
   return wick::evaluate(*model_, std::move(data), ec);

@@ -180,7 +180,8 @@ class Trainer {
   EvalStats evaluate(std::shared_ptr<const Dataset> data, std::int64_t micro_batch);
 
   /// The averaged weights (ema), by name: fp32, one per trainable parameter.
-  bool has_ema() const { return !ema_.empty(); }
+  /// (ZeRO-3: on every rank, one without pieces of its own too)
+  bool has_ema() const { return !ema_.empty() || divided_ema_; }
   /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
   bool partitioned() const { return reducer_ && reducer_->partitioned(); }
   const std::vector<std::pair<std::string, at::Tensor>>& ema() const { return ema_; }
@@ -241,7 +242,8 @@ class Trainer {
   /// (ZeRO-3: rank 0's host copies of every tensor, gathered unit by unit).
   std::filesystem::path save_gathered(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
                                       int keep, int keep_best,
-                                      const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
+                                      const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr,
+                                      const std::string& failed = "");
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
                                          int keep_best, const std::map<std::string, at::Tensor>& opt_state,
                                          const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
