@@ -169,7 +169,7 @@ print(string.format("status %s steps %d", run.status, run.steps))
     local kept = snapshot(plain)
     code, _, err = H.run("run " .. r2 .. " out=" .. plain .. " max_steps=30 resume=true")
     assert.are.equal(1, code)
-    assert.truthy(err:find("holds no optimizer state after 20 steps, and this run's optimizer keeps some", 1, true), err)
+    assert.truthy(err:find("holds no optimizer state after 20 steps taken, and this run's optimizer keeps some", 1, true), err)
     assert.are.equal(kept, snapshot(plain))
     assert.are.equal(0, (H.run("run " .. r2 .. " out=" .. plain .. " max_steps=30 resume=true opt=plain")))
     -- the same windows cut otherwise continue
