@@ -172,6 +172,24 @@ print(string.format("status %s steps %d", run.status, run.steps))
     assert.truthy(err:find("holds no optimizer state after 20 steps taken, and this run's optimizer keeps some", 1, true), err)
     assert.are.equal(kept, snapshot(plain))
     assert.are.equal(0, (H.run("run " .. r2 .. " out=" .. plain .. " max_steps=30 resume=true opt=plain")))
+    -- steps skipped on an fp16 overflow made no optimizer state, and a
+    -- checkpoint of such steps only resumes as any other
+    local r3 = H.write(dir .. "/r3.lua", [[
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 256, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 16 }, outputs = 3 })
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-2 }), micro_batch = 8,
+  epochs = 10, save_every = 2, quiet = true, precision = "fp16-mixed", loss_scale_init = 1e30 }
+print(string.format("status %s steps %d skipped %d", run.status, run.steps, run.skipped_steps or -1))
+]])
+    local skipped = dir .. "/skipped"
+    local outs
+    code, outs, err = H.run("run " .. r3 .. " out=" .. skipped .. " max_steps=4")
+    assert.are.equal(0, code, err)
+    assert.truthy(H.read(skipped .. "/checkpoints/step-00000004/state.json"):find('"skipped_steps": 4', 1, true))
+    code, outs, err = H.run("run " .. r3 .. " out=" .. skipped .. " max_steps=6 resume=true")
+    assert.are.equal(0, code, err)
+    assert.truthy(outs:find("status finished steps 6", 1, true), outs)
     -- the same windows cut otherwise continue
     local outp
     code, outp, err = go("max_steps=30 resume=true micro_batch=4 accumulate=2")
