@@ -366,6 +366,14 @@ void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what)
   wait(start(what, [&] { return pg_->_allgather_base(out, in); }), what);
 }
 
+std::vector<std::int64_t> Group::all_gather_ints(const std::vector<std::int64_t>& mine, const std::string& what) {
+  at::Tensor in = at::tensor(mine, at::kLong).to(device_);
+  at::Tensor out = at::empty({static_cast<std::int64_t>(mine.size()) * env_.world_size}, in.options());
+  all_gather(out, in, what);
+  const at::Tensor host = out.cpu();
+  return {host.data_ptr<std::int64_t>(), host.data_ptr<std::int64_t>() + host.numel()};
+}
+
 void Group::send(at::Tensor& t, int dst, const std::string& what) {
   std::vector<at::Tensor> v{t};
   const std::int64_t b = t.numel() * t.element_size();

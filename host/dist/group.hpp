@@ -86,6 +86,9 @@ class Group {
   /// Every rank's `in` (n elements) concatenated in rank order into `out`
   /// ([size() * n]), on every rank (blocking).
   void all_gather(at::Tensor& out, at::Tensor& in, const std::string& what);
+  /// Every rank's `mine` (the same count on each), read on the host: rank r's
+  /// values at [r * mine.size(), (r + 1) * mine.size()).
+  std::vector<std::int64_t> all_gather_ints(const std::vector<std::int64_t>& mine, const std::string& what);
   /// Point to point (blocking): `t` to rank `dst`; rank `src`'s into `t`.
   void send(at::Tensor& t, int dst, const std::string& what);
   void recv(at::Tensor& t, int src, const std::string& what);

@@ -519,13 +519,10 @@ void Trainer::gather_root(const std::string& what) {
 
 void Trainer::check_gathers() {
   Group& group = *cfg_.group;
-  const std::uint64_t mine = reducer_->take_gather_trace();
-  at::Tensor t = at::tensor({static_cast<std::int64_t>(mine)}, at::kLong).to(group.device());
-  at::Tensor all = at::empty({group.size()}, t.options());
-  group.all_gather(all, t, "comparing the ranks' block order of step " + std::to_string(step_ + 1));
-  const at::Tensor a = all.cpu();
+  const auto mine = static_cast<std::int64_t>(reducer_->take_gather_trace());
+  const auto all = group.all_gather_ints({mine}, "comparing the ranks' block order of step " + std::to_string(step_ + 1));
   for (int r = 0; r < group.size(); ++r)
-    if (a[r].item<std::int64_t>() != static_cast<std::int64_t>(mine))
+    if (all[static_cast<std::size_t>(r)] != mine)
       throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " + std::to_string(r) +
                   " ran other blocks, or the same ones in another order or number, than rank " +
                   std::to_string(group.rank()) + " (data that changes a model's path, such as clips of different "
@@ -567,38 +564,24 @@ void Trainer::with_ema(const std::function<void()>& fn) {
   if (!has_ema()) throw Error("the run keeps no average of its weights (ema = 0)");
   check_not_finished("evaluating the average");
   at::NoGradGuard no_grad;
+  // what the forward reads the weights from: the model's tensors, or
+  // (ZeRO-3) this rank's pieces of them, which every block gathers from
+  std::vector<at::Tensor> into;
   if (divided_ema_) {
-    // ZeRO-3: the average's pieces into this rank's pieces of the weights,
-    // which every block gathers from while fn runs
     reducer_->release_all();
-    const auto& pieces = reducer_->my_pieces();
-    std::vector<at::Tensor> trained;
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      at::Tensor w = reducer_->piece_view(pieces[i]);
-      trained.push_back(w.clone());
-      w.copy_(ema_[i].second.reshape({-1}));
-    }
-    auto restore = [&] {
-      reducer_->release_all();
-      for (std::size_t i = 0; i < pieces.size(); ++i) reducer_->piece_view(pieces[i]).copy_(trained[i]);
-    };
-    try {
-      fn();
-    } catch (...) {
-      restore();
-      throw;
-    }
-    restore();
-    return;
+    for (const auto& piece : reducer_->my_pieces()) into.push_back(reducer_->piece_view(piece));
+  } else {
+    for (const auto& p : model_params_) into.push_back(p.detach());
   }
   std::vector<at::Tensor> trained;
-  trained.reserve(model_params_.size());
-  for (std::size_t i = 0; i < model_params_.size(); ++i) {
-    trained.push_back(model_params_[i].detach().clone());
-    model_params_[i].detach().copy_(ema_[i].second);
+  trained.reserve(into.size());
+  for (std::size_t i = 0; i < into.size(); ++i) {
+    trained.push_back(into[i].clone());
+    into[i].copy_(ema_[i].second.reshape(into[i].sizes()));
   }
   auto restore = [&] {
-    for (std::size_t i = 0; i < model_params_.size(); ++i) model_params_[i].detach().copy_(trained[i]);
+    if (divided_ema_) reducer_->release_all();  // gathered from the average
+    for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(trained[i]);
   };
   try {
     fn();
@@ -719,6 +702,15 @@ at::Tensor metric_value(const at::Tensor& v) {
 }  // namespace
 
 namespace {
+// The entries of a module's state that view each storage: a ZeRO-3 unit's
+// parameters all view its one flat buffer.
+std::map<const c10::StorageImpl*, std::vector<std::size_t>> entries_by_storage(
+    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<const c10::StorageImpl*, std::vector<std::size_t>> out;
+  for (std::size_t j = 0; j < state.size(); ++j) out[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+  return out;
+}
+
 // A ZeRO-3 stand-in runs in evaluation mode: its collectives are a training
 // micro-batch's, but it moves no running statistics (batch norm) and draws
 // no dropout, and one sample is no batch to normalise over.
@@ -761,15 +753,13 @@ bool Trainer::run_window(const std::vector<Batch>& window, StepStats& s, at::Ten
   if (zero3) {
     if (!pieces.empty() && stand_in_.empty()) stand_in_ = one_sample(pieces.front());
     // each rank's count and whether it has a stand-in: every rank decides alike
-    at::Tensor mine = at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(pieces.size()), stand_in_.empty() ? 0 : 1}, at::kLong)
-                          .to(group->device());
-    at::Tensor all = at::empty({2 * group->size()}, mine.options());
-    group->all_gather(all, mine, "the micro-batch counts of step " + std::to_string(step_ + 1));
-    const at::Tensor a = all.cpu().view({group->size(), 2});
+    const auto a = group->all_gather_ints({static_cast<std::int64_t>(pieces.size()), stand_in_.empty() ? 0 : 1},
+                                          "the micro-batch counts of step " + std::to_string(step_ + 1));
     ++host_reads_;
-    runs = static_cast<std::size_t>(a.select(1, 0).max().item<std::int64_t>());
+    runs = 0;
+    for (std::size_t q = 0; q < a.size(); q += 2) runs = std::max(runs, static_cast<std::size_t>(a[q]));
     for (int q = 0; q < group->size(); ++q)
-      if (static_cast<std::size_t>(a[q][0].item<std::int64_t>()) < runs && a[q][1].item<std::int64_t>() == 0)
+      if (static_cast<std::size_t>(a[2 * q]) < runs && a[2 * q + 1] == 0)
         throw Error("shard = \"parameters\", step " + std::to_string(step_ + 1) + ": rank " + std::to_string(q) +
                     " has fewer micro-batches in this window than the others and has run none before to stand in "
                     "for them (the ranks' gathers must pair up); give every rank data from the first window on (a "
@@ -1101,10 +1091,8 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
     // every rank decides alike (a rank with a short window, or none, would
     // stop while the others halve on)
     if (group && !agreed_largest) {
-      at::Tensor mine = at::full({1}, largest, at::TensorOptions().dtype(at::kLong).device(group->device()));
-      at::Tensor all = at::empty({group->size()}, mine.options());
-      group->all_gather(all, mine, "the largest micro-batches of " + std::string("step ") + std::to_string(step_ + 1));
-      largest = all.max().item<std::int64_t>();
+      const auto all = group->all_gather_ints({largest}, "the largest micro-batches of step " + std::to_string(step_ + 1));
+      largest = *std::max_element(all.begin(), all.end());
       agreed_largest = true;
     }
     if ((largest + split_ - 1) / split_ <= 1)
@@ -1315,9 +1303,7 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
     reducer_->release_all();
     const bool writer = cfg_.group->rank() == 0;
     auto state = module_state(*model_);
-    std::map<const c10::StorageImpl*, std::vector<std::size_t>> of_storage;  // entries viewing each unit
-    for (std::size_t j = 0; j < state.size(); ++j)
-      of_storage[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+    auto of_storage = entries_by_storage(state);  // entries viewing each unit
     // a failed copy on rank 0 (out of host memory) still takes part in every
     // gather and in the join, and fails at the barrier with the others
     std::string error;
@@ -1568,9 +1554,7 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
     detail::check_fit(state, f.tensors, file.string(), {});
     std::map<std::string, at::Tensor*> given;
     for (auto& [n, t] : f.tensors) given[n] = &t;
-    std::map<const c10::StorageImpl*, std::vector<std::size_t>> of_storage;  // entries viewing each unit
-    for (std::size_t j = 0; j < state.size(); ++j)
-      of_storage[state[j].second.storage().unsafeGetStorageImpl()].push_back(j);
+    auto of_storage = entries_by_storage(state);  // entries viewing each unit
     at::NoGradGuard no_grad;
     auto fill = [&](std::size_t j) {
       at::Tensor& src = *given.at(state[j].first);
@@ -1839,13 +1823,11 @@ EvalStats Trainer::evaluate(std::shared_ptr<const Dataset> data, std::int64_t mi
   ec.autocast_cache = false;
   {  // the same batches on every rank, or their gathers would not pair (a custom loop's data per rank)
     Group& group = *cfg_.group;
-    at::Tensor mine = at::full({1}, static_cast<std::int64_t>(data->size()), at::TensorOptions().dtype(at::kLong).device(group.device()));
-    at::Tensor all = at::empty({group.size()}, mine.options());
-    group.all_gather(all, mine, "the sample counts of the " + ec.where);
-    const at::Tensor a = all.cpu();
+    const auto n = static_cast<std::int64_t>(data->size());
+    const auto a = group.all_gather_ints({n}, "the sample counts of the " + ec.where);
     for (int r = 0; r < group.size(); ++r)
-      if (a[r].item<std::int64_t>() != static_cast<std::int64_t>(data->size()))
-        throw Error(ec.where + ": rank " + std::to_string(r) + " evaluates " + std::to_string(a[r].item<std::int64_t>()) +
+      if (a[static_cast<std::size_t>(r)] != n)
+        throw Error(ec.where + ": rank " + std::to_string(r) + " evaluates " + std::to_string(a[static_cast<std::size_t>(r)]) +
                     " samples and rank " + std::to_string(group.rank()) + " " + std::to_string(data->size()) +
                     "; under shard = \"parameters\" every rank evaluates the same data (its blocks' gathers pair up)");
   }

@@ -70,6 +70,21 @@ def assert_same_weights(a, b, rtol=1e-5):
         assert rel < rtol, f"{k}: relative difference {rel}"
 
 
+def assert_same_entries(a, b):
+    """Two safetensors files with the same names, dtypes and bits."""
+    mine, theirs = load_file(str(a)), load_file(str(b))
+    assert set(mine) == set(theirs)
+    for k in theirs:
+        assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), (a, k)
+    return mine
+
+
+def evals_of(stdout):
+    """Each rank's EVAL line: [loss, loss with the average], as printed."""
+    return [l.split()[2:] for l in stdout.replace("[rank 1] ", "").replace("[rank 2] ", "").splitlines()
+            if l.startswith("EVAL ")]
+
+
 def results(stdout):
     """rank -> (optimizer bytes, gradient bytes, bytes sent, bytes given) at the run's end."""
     out = {}
@@ -487,11 +502,8 @@ def test_sharded_master_weights_are_divided_and_checkpoint_as_one_ranks(tmp_path
     assert_masters_divided(held, whole)
     assert_same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", rtol=1e-7)
     ck = "checkpoints/step-00000004/optimizer.safetensors"
-    mine, theirs = load_file(str(sharded / ck)), load_file(str(plain / ck))
-    assert set(mine) == set(theirs)
+    mine = assert_same_entries(sharded / ck, plain / ck)
     assert sum(k.startswith("wick.master/") for k in mine) == sum(k.startswith("wick.ema/") for k in mine) > 4
-    for k in theirs:
-        assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), k
     # resumed unsharded from the joined masters: the unbroken run's bits (bf16
     # weights round differently on another rank count, so the layout is kept)
     shutil.copytree(sharded, tmp_path / "r2")
@@ -524,7 +536,7 @@ def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, rec
     def run(ranks, *more):
         verb = ["launch", "--nproc-per-node", str(ranks)] if ranks > 1 else ["run"]
         p = run_wick(*verb, recipe, *common, f"micro={12 // ranks}", *more)
-        evals[more] = [l.split()[2:] for l in p.stdout.replace("[rank 1] ", "").splitlines() if l.startswith("EVAL ")]
+        evals[more] = evals_of(p.stdout)
         return masters(p.stdout)
 
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
@@ -541,10 +553,7 @@ def test_parameters_divide_the_masters_and_checkpoint_as_one_ranks(tmp_path, rec
     assert evals[z3][0][0] != evals[z3][0][1]  # the average is not the weights
     ck = "checkpoints/step-00000004"
     for f in ("optimizer.safetensors", "model.safetensors", "../../ema.safetensors"):
-        mine, theirs = load_file(str(sharded / ck / f)), load_file(str(plain / ck / f))
-        assert set(mine) == set(theirs)
-        for k in theirs:
-            assert mine[k].dtype == theirs[k].dtype and torch.equal(mine[k], theirs[k]), (f, k)
+        assert_same_entries(sharded / ck / f, plain / ck / f)
     kept = load_file(str(sharded / ck / "optimizer.safetensors"))
     assert sum(k.startswith("wick.master/") for k in kept) == sum(k.startswith("wick.ema/") for k in kept) > 4
     shutil.copytree(sharded, tmp_path / "r2")
@@ -573,9 +582,7 @@ def test_parameters_keep_the_average_divided_and_evaluate_it(tmp_path, recipe, r
     for shard in ["none", "parameters"]:
         p = run_wick("launch", *common, f"shard={shard}", f"out={tmp_path / shard}",
                      f"result={tmp_path / (shard + '.safetensors')}")
-        got[shard] = ([l.split()[2:] for l in p.stdout.replace("[rank 1] ", "").replace("[rank 2] ", "").splitlines()
-                       if l.startswith("EVAL ")],
-                      results(p.stdout))
+        got[shard] = (evals_of(p.stdout), results(p.stdout))
     (evals, res), (evals1, res1) = got["parameters"], got["none"]
     for (loss, avg), (loss1, avg1) in zip(evals, evals1):
         assert abs(float(loss) - float(loss1)) < 1e-6 and abs(float(avg) - float(avg1)) < 1e-6, got
