@@ -57,7 +57,7 @@ std::uint64_t parameter_count(const Config& c) {
   return n;
 }
 
-void finish_config(Config& c, const std::string& who, bool hf) {
+void finish_config(Config& c, const std::string& who, bool hf, bool nf4) {
   const char* k_hidden = "hidden_size";
   const char* k_heads = hf ? "num_attention_heads" : "heads";
   const char* k_kv = hf ? "num_key_value_heads" : "kv_heads";
@@ -76,15 +76,28 @@ void finish_config(Config& c, const std::string& who, bool hf) {
   if (c.heads % c.kv_heads)
     throw wick::Error(who + ": " + k_heads + " " + std::to_string(c.heads) + " is not a multiple of " + k_kv + " " +
                       std::to_string(c.kv_heads) + ", expected each key/value head to serve the same number of heads");
-  // before anything is allocated: the fp32 weights must fit where they are made
-  const std::uint64_t params = parameter_count(c), bytes = mul(params, 4), here = memory_here();
+  // before anything is allocated: the weights, as they are built (in their
+  // dtype; the linear layers in 4 bits with quantize = "nf4"), must fit where
+  // they are made
+  const std::uint64_t params = parameter_count(c), here = memory_here();
+  const std::string dt = c.dtype.empty() ? "fp32" : c.dtype;
+  const std::uint64_t elt = dt == "fp32" ? 4 : 2;
+  std::uint64_t bytes = mul(params, elt);
+  if (nf4 && params != std::numeric_limits<std::uint64_t>::max()) {
+    const std::uint64_t h = c.hidden, q = mul(c.heads, c.head_dim), kv = mul(c.kv_heads, c.head_dim);
+    const std::uint64_t linear =
+        mul(c.layers, add(add(mul(h, q), mul(2, mul(h, kv))), add(mul(q, h), mul(3, mul(h, c.intermediate)))));
+    // 4 bits a weight, one byte a block of 64 and 4 bytes per 256 blocks (double-quantized constants)
+    bytes = add(mul(params - std::min(params, linear), elt), add(linear / 2, add(linear / 64, linear / 4096)));
+  }
   if (bytes > here)
     throw wick::Error(who + ": vocab_size " + std::to_string(c.vocab) + ", " + k_hidden + " " + std::to_string(c.hidden) +
                       ", intermediate_size " + std::to_string(c.intermediate) + " and " +
                       (hf ? "num_hidden_layers " : "layers ") + std::to_string(c.layers) + " make " +
                       (params == std::numeric_limits<std::uint64_t>::max() ? std::string("more than 2^64")
                                                                             : std::to_string(params)) +
-                      " parameters, which need " + bytes_text(bytes) + " in fp32, more than this machine's " +
+                      " parameters, which need " + bytes_text(bytes) + " in " + dt + (nf4 ? " with NF4 linear layers" : "") +
+                      ", more than this machine's " +
                       bytes_text(here) + " of memory and swap, expected a model that fits");
 }
 

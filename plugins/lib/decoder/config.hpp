@@ -54,9 +54,10 @@ nlohmann::json read_json(const std::filesystem::path& p);
 Config config_from_hf(const nlohmann::json& j, const std::string& where, const std::string& path = "");
 /// decoder_lm's size options (family, vocab_size, hidden_size, ...).
 Config config_from_options(const wick::Options& o);
-/// Fills head_dim and checks the head counts and the size in memory; `who`
-/// names the plugin or file in errors, `hf` picks config.json's key names.
-void finish_config(Config& c, const std::string& who, bool hf = false);
+/// Fills head_dim and checks the head counts and the size in memory (the
+/// weights in c.dtype, fp32 when empty; the linear layers in NF4 with `nf4`);
+/// `who` names the plugin or file in errors, `hf` picks config.json's key names.
+void finish_config(Config& c, const std::string& who, bool hf = false, bool nf4 = false);
 /// The parameters of a decoder of these sizes (saturating at 2^64 - 1).
 std::uint64_t parameter_count(const Config& c);
 /// The options config_from_options reads.

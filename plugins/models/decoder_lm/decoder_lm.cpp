@@ -26,7 +26,8 @@ namespace {
 dec::Config config_of(const wick::Options& o, const nlohmann::json* hf, const fs::path& dir) {
   if (hf) return dec::config_from_hf(*hf, "decoder_lm: " + (dir / "config.json").string());
   dec::Config c = dec::config_from_options(o);
-  dec::finish_config(c, "decoder_lm");
+  if (o.has("dtype")) c.dtype = o.get_string("dtype");  // built in it: the size check counts it
+  dec::finish_config(c, "decoder_lm", /*hf=*/false, o.get_string("quantize") == "nf4");
   return c;
 }
 

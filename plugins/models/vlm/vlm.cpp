@@ -123,7 +123,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
                                  std::string(kWho) + ": " + (fs::path(language_dir) / "config.json").string());
       } else {
         lc = dec::config_from_options(o);
-        dec::finish_config(lc, kWho);
+        lc.dtype = o.get_string("dtype");  // built in it: the size check counts it
+        dec::finish_config(lc, kWho, /*hf=*/false, o.get_string("quantize") == "nf4");
       }
     }
     const std::string dtype = o.get_string("dtype");
