@@ -27,7 +27,43 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype) : e
   weight = register_parameter("weight", at::ones({dim}, at::TensorOptions().dtype(dtype)));
 }
 
+namespace {
+// weight * (x * rsqrt(mean(x^2) + eps)) as transformers' LlamaRMSNorm computes
+// it (in fp32, rounded to x's dtype before the weight), keeping for backward
+// x and one fp32 number per row, where autograd's composition keeps x's fp32
+// copy and the normalised rows: 24 MiB less per block of a 7 B model at
+// 1,088 tokens. The same forward bits; gradients within rounding.
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& w, double eps) {
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor r = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    const at::Tensor y = w * (xf * r).to(x.scalar_type());
+    ctx->save_for_backward({x, w, r});
+    return {y};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &r = saved[2], &gy = grads[0];
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor n = (x.to(at::kFloat) * r).to(x.scalar_type());
+      gw = (gy * n).sum_to_size(w.sizes()).to(w.scalar_type());
+    }
+    if (ctx->needs_input_grad(0)) {
+      // h = x r, r = (mean(x^2) + eps)^-1/2: dx = r gh - x r^3 mean(gh x)
+      const at::Tensor gh = (gy * w).to(at::kFloat), xf = x.to(at::kFloat);
+      gx = (gh * r - xf * (r.pow(3) * (gh * xf).mean(-1, /*keepdim=*/true))).to(x.scalar_type());
+    }
+    return {gx, gw, at::Tensor()};
+  }
+};
+}  // namespace
+
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
+    return RmsNormFunction::apply(x, weight, eps_)[0];
   const auto dtype = x.scalar_type();
   at::Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
@@ -129,8 +165,34 @@ MlpImpl::MlpImpl(const Config& c, const Build& b) {
   down_proj = register_module("down_proj", linear(c.intermediate, c.hidden, false, c, b));
 }
 
+namespace {
+// silu(g) * u, keeping g and u for backward but not silu(g): made again
+// there. The same ops, forward and backward, as autograd's composition, and
+// one [tokens, intermediate] tensor less in a block's recomputation.
+struct SwiGlu : torch::autograd::Function<SwiGlu> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g,
+                                                const at::Tensor& u) {
+    ctx->save_for_backward({g, u});
+    return {at::silu(g) * u};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &u = saved[1], &dy = grads[0];
+    // one [tokens, intermediate] temporary at a time
+    at::Tensor dg = ctx->needs_input_grad(0) ? at::silu_backward(dy * u, g) : at::Tensor();
+    at::Tensor du = ctx->needs_input_grad(1) ? at::silu(g).mul_(dy) : at::Tensor();
+    return {dg, du};
+  }
+};
+}  // namespace
+
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const at::Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
+  const at::Tensor h = at::GradMode::is_enabled() && (g.requires_grad() || u.requires_grad())
+                           ? SwiGlu::apply(g, u)[0]
+                           : at::silu(g) * u;
+  return down_proj->forward(h);
 }
 
 LayerImpl::LayerImpl(const Config& c, const Build& b) {

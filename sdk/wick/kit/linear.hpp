@@ -8,10 +8,14 @@
 /// in Model::linear_layers().
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -21,6 +25,99 @@
 #include "wick/kit/nf4.hpp"
 
 namespace wick {
+
+namespace detail {
+
+/// A LoRA adapter's product B(A(dropout(x))), as PEFT computes it (dropout
+/// drawn as at::dropout draws it, products in autocast's dtype when autocast
+/// is on, else in the adapter's), keeping for backward only x, dropout's mask
+/// as bytes and the rank-r A(h): not the dropped-out copy of x (as big as x,
+/// and two of them on a CPU, where at::dropout's mask is of x's dtype), nor
+/// its cast. h is made again from x and the mask for A's gradient, a slice of
+/// rows at a time, as are x's gradient and (on the CPU) dropout itself.
+struct LoraFunction : torch::autograd::Function<LoraFunction> {
+  static at::ScalarType compute_dtype(const at::Tensor& x, const at::Tensor& a) {
+    const auto type = x.device().type();
+    return at::autocast::is_autocast_enabled(type) ? at::autocast::get_autocast_dtype(type) : a.scalar_type();
+  }
+  // Rows of x's [tokens, features] view per slice: the temporaries of
+  // dropout(x) and of x's gradient stay near 8 MiB whatever the tokens.
+  static std::int64_t slice_rows(std::int64_t features) {
+    return std::max<std::int64_t>(1, (std::int64_t{8} << 20) / (std::max<std::int64_t>(features, 1) * 4));
+  }
+  // dropout(x) from its mask (x and mask: the same rows): at::dropout's own arithmetic
+  static at::Tensor dropped(const at::Tensor& x, const at::Tensor& mask, double p) {
+    if (!mask.defined()) return x;
+    if (x.is_cpu()) return x * mask.to(x.scalar_type()).div_(1 - p);
+    return at::native_dropout_backward(x, mask, 1.0 / (1 - p));
+  }
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& A, const at::Tensor& B, double p) {
+    const at::ScalarType dt = compute_dtype(x, A);
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // the casts are explicit
+    const std::int64_t in = A.size(1);
+    const at::Tensor Ac = A.to(dt);
+    at::Tensor a, mask;
+    if (p > 0 && x.is_cpu()) {
+      // at::dropout on the CPU draws a mask of x's dtype with bernoulli_ over
+      // the whole of x (the same draws here); kept as bytes, applied a slice
+      // of rows at a time
+      mask = at::empty_like(x, at::MemoryFormat::Contiguous).bernoulli_(1 - p).to(at::kBool);
+      const at::Tensor x2 = x.reshape({-1, in}), m2 = mask.reshape({-1, in});
+      const std::int64_t n = x2.size(0), rows = slice_rows(in);
+      a = at::empty({n, A.size(0)}, x.options().dtype(dt));
+      for (std::int64_t s = 0; s < n; s += rows) {
+        const std::int64_t k = std::min(rows, n - s);
+        a.narrow(0, s, k).copy_(at::linear(dropped(x2.narrow(0, s, k), m2.narrow(0, s, k), p).to(dt), Ac));
+      }
+      auto shape = x.sizes().vec();
+      shape.back() = A.size(0);
+      a = a.view(shape);
+    } else {
+      at::Tensor h = x;
+      if (p > 0) std::tie(h, mask) = at::native_dropout(x, p, /*train=*/true);
+      a = at::linear(h.to(dt), Ac);
+    }
+    const at::Tensor u = at::linear(a, B.to(dt));
+    ctx->save_for_backward({x, mask, A, B, a});
+    ctx->saved_data["p"] = p;
+    return {u};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &mask = saved[1], &A = saved[2], &B = saved[3], &a = saved[4];
+    const double p = ctx->saved_data["p"].toDouble();
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const at::ScalarType dt = a.scalar_type();
+    const std::int64_t r = A.size(0), in = A.size(1), out = B.size(0);
+    const at::Tensor g = grads[0].to(dt).reshape({-1, out});
+    at::Tensor gx, gA, gB;
+    if (ctx->needs_input_grad(2)) gB = g.t().mm(a.reshape({-1, r})).to(B.scalar_type());
+    const bool want_x = ctx->needs_input_grad(0), want_A = ctx->needs_input_grad(1);
+    if (want_x || want_A) {
+      const at::Tensor ga = g.mm(B.to(dt)), Ac = A.to(dt);
+      const at::Tensor x2 = x.reshape({-1, in}), m2 = mask.defined() ? mask.reshape({-1, in}) : at::Tensor();
+      const std::int64_t n = x2.size(0), rows = slice_rows(in);
+      // A's gradient summed over slices in fp32; x's written a slice at a time
+      if (want_A) gA = at::zeros({r, in}, A.options().dtype(at::kFloat));
+      if (want_x) gx = at::empty({n, in}, x.options());
+      for (std::int64_t s = 0; s < n; s += rows) {
+        const std::int64_t k = std::min(rows, n - s);
+        const at::Tensor gs = ga.narrow(0, s, k), ms = m2.defined() ? m2.narrow(0, s, k) : at::Tensor();
+        if (want_A) gA.add_(gs.t().to(at::kFloat).mm(dropped(x2.narrow(0, s, k), ms, p).to(at::kFloat)));
+        if (want_x) gx.narrow(0, s, k).copy_(dropped(gs.mm(Ac).to(x.scalar_type()), ms, p));
+      }
+      if (want_A) gA = gA.to(A.scalar_type());
+      if (want_x) gx = gx.view(x.sizes());
+    }
+    return {gx, gA, gB, at::Tensor()};
+  }
+};
+
+}  // namespace detail
 
 class LinearImpl : public torch::nn::Module {
  public:
@@ -60,8 +157,8 @@ class LinearImpl : public torch::nn::Module {
       y = at::linear(x, weight, bias.defined() ? bias : at::Tensor());
     }
     if (lora_A) {
-      at::Tensor h = dropout_ > 0 && is_training() ? at::dropout(x, dropout_, true) : x;
-      y = y + lora_B->forward(lora_A->forward(h.to(lora_A->weight.scalar_type()))).to(y.scalar_type()) * scale_;
+      const double p = dropout_ > 0 && is_training() ? dropout_ : 0.0;
+      y = y + detail::LoraFunction::apply(x, lora_A->weight, lora_B->weight, p)[0].to(y.scalar_type()) * scale_;
     }
     return y;
   }
