@@ -25,3 +25,23 @@ CASES = [
          r"r\.lua:3: optim 'qlora': layer \S+ has 9 weights, an odd count, expected an even one",
          setup=recipe(ODD_CLIP, 3)),
 ]
+
+# A model too big for this machine even as built: the size check counts the
+# dtype the weights are made in and NF4's 4 bits for the linear layers (a 7 B
+# model in NF4 and bf16 is about 4 GiB, and is built on a 24 GiB machine).
+def huge(opts):
+    def setup(d):
+        (d / "r.lua").write_text('local wick = require "wick"\n'
+                                 f'wick.model("decoder_lm", {{ vocab_size = 1000, hidden_size = 65536, intermediate_size = 262144, '
+                                 f'layers = 64, heads = 64{opts} }})\n')
+    return setup
+
+
+CASES += [
+    Case("decoder too big in bf16 with NF4 layers", ["run", "r.lua"],
+         r"r\.lua:2: .*make \d+ parameters, which need [\d.]+ TiB in bf16 with NF4 linear layers, more than this machine's",
+         setup=huge(', dtype = "bf16", quantize = "nf4"')),
+    Case("decoder too big in fp32", ["run", "r.lua"],
+         r"r\.lua:2: .*make \d+ parameters, which need [\d.]+ TiB in fp32, more than this machine's",
+         setup=huge("")),
+]
