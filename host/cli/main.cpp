@@ -90,6 +90,9 @@ constexpr const char* kEnvironment = R"(environment:
   WICK_CPU_MEMORY_LIMIT
                      cap on the bytes CPU tensors may hold (8GiB, 512MiB, ...):
                      allocations beyond it fail as a full GPU's do
+  WICK_MEMORY_PEAK_TRACE
+                     1: after each wick.train, print the tensors held at its
+                     last step's peak, summed by where they were allocated
   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
                      or SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST:
                      `wick run` joins a group of ranks
@@ -617,6 +620,9 @@ int run_cli(std::vector<std::string> args) {
   try {
     if (const char* lim = std::getenv("WICK_CPU_MEMORY_LIMIT"); lim && *lim)
       wick::set_cpu_memory_limit(wick::parse_bytes(lim, "WICK_CPU_MEMORY_LIMIT"));
+    if (const char* t = std::getenv("WICK_MEMORY_PEAK_TRACE"); t && *t && std::string(t) != "0" && std::string(t) != "1")
+      throw wick::Error(std::string("WICK_MEMORY_PEAK_TRACE: expected 1 (print where the peak's tensors were "
+                                    "allocated) or 0, got '") + t + "'");
     return actions.at(sub)();
   } catch (const UsageError& e) {
     return usage_error(e.what(), sub);

@@ -316,7 +316,9 @@ int core_train(lua_State* L) {
     lua_pushlightuserdata(L, plan_done_sentinel());
     return lua_error(L);
   }
-  push_json(L, run_training(req));
+  nlohmann::json result = run_training(req);
+  report_memory_trace();  // WICK_MEMORY_PEAK_TRACE: while the plugins' code is still loaded
+  push_json(L, result);
   return 1;
 }
 

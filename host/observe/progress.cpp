@@ -130,7 +130,9 @@ void ProgressObserver::on_end(const nlohmann::json& run) {
        fmt_bytes(num(m, "optimizer")) + " + " + (cuda ? "" : "data buffers " + fmt_bytes(num(m, "data")) + " + ") +
        "activations " + fmt_bytes(num(m, "activations")) + " + other " + fmt_bytes(num(m, "other")) +
        (cuda ? " (data buffers in host memory: " + fmt_bytes(num(m, "data")) + ")"
-             : " (other: data sets and tensors held before the first step)"));
+             : " (other: data sets and tensors held before the first step)") +
+       (num(m, "offloaded") > 0 ? "; block inputs offloaded to host memory: " + fmt_bytes(num(m, "offloaded")) + " at most"
+                                : ""));
   if (run.contains("skipped_files"))
     note(strf("wick: %lld data files could not be decoded and were skipped (named above)",
               static_cast<long long>(num(run, "skipped_files"))));

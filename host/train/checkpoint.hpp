@@ -9,6 +9,14 @@
 /// through the recomputed graph. Dropout draws the same masks and autocast
 /// casts the same way, so gradients equal those of the plain forward.
 ///
+/// With offload on, each block input the block owns whole (not a view into a
+/// larger tensor, such as a slice of the batch) moves to host memory once the
+/// block has run (pinned memory on a GPU, copied on the device's stream) and
+/// comes back for the recomputation: the device holds no block inputs between
+/// forward and backward, the host holds them instead (Unsloth's offloaded
+/// gradient checkpointing, torchtune's activation offloading). Gradients are
+/// the same bits; each input crosses the bus twice per step.
+///
 /// Model plugins never call this: they declare blocks (Model::blocks()) and
 /// run each through Model::run_block, and the host's CheckpointRunner (below)
 /// checkpoints the blocks the recipe names.
@@ -26,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "util/memory.hpp"
+#include "wick/options.hpp"
 #include "wick/model.hpp"
 
 namespace wick {
@@ -88,9 +98,47 @@ struct RngState {
   }
 };
 
+/// A copy of `t` in host memory, outside the device's count: pinned memory
+/// (the copy queued on the device's stream) for a GPU tensor; for a CPU
+/// tensor, memory from outside the counting allocator that stands for the
+/// device. Both count as offloaded (util/memory.hpp).
+inline at::Tensor offload_to_host(const at::Tensor& t) {
+  const auto bytes = static_cast<std::int64_t>(t.nbytes());
+  if (t.is_cuda()) {
+    at::Tensor pinned = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    pinned.copy_(t, /*non_blocking=*/true);
+    count_host_offload(bytes);
+    // a view whose deleter gives the count back when the last user lets go
+    return at::from_blob(
+        pinned.data_ptr(), t.sizes(), [pinned, bytes](void*) mutable {
+          pinned.reset();
+          count_host_offload(-bytes);
+        },
+        pinned.options());
+  }
+  void* p = alloc_host_offload(t.nbytes());
+  if (!p) throw c10::OutOfMemoryError("offload_activations: no host memory for a block input of " +
+                                      std::to_string(bytes) + " bytes");
+  const auto n = t.nbytes();
+  at::Tensor host = at::from_blob(p, t.sizes(), [n](void* q) { free_host_offload(q, n); }, t.options());
+  host.copy_(t);
+  return host;
+}
+
+/// Whether an input moves to the host: a floating tensor that owns its whole
+/// storage (a view into something larger, such as a slice of the batch,
+/// frees nothing on the device when copied), of at least 64 KiB.
+inline bool worth_offloading(const at::Tensor& t) {
+  return t.defined() && at::isFloatingType(t.scalar_type()) && t.nbytes() >= (64u << 10) &&
+         t.storage_offset() == 0 && t.storage().nbytes() == t.nbytes() && t.is_contiguous();
+}
+
 struct CheckpointState : torch::CustomClassHolder {
   BlockFn fn;
-  std::vector<at::Tensor> inputs;  // detached
+  bool offload = false;
+  std::vector<at::Tensor> inputs;  // detached (on the host when offloaded)
+  std::vector<std::optional<at::Device>> offloaded;  // the device of each input moved to the host
+  bool used = false;  // backward ran: the inputs are gone
   std::vector<bool> needs_grad;
   RngState rng;
   AutocastState autocast;
@@ -108,6 +156,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     st->rng = RngState::capture(st->inputs);
     st->autocast = AutocastState::now();
     std::vector<at::Tensor> out = st->fn(st->inputs);  // grad mode is off inside a custom forward
+    st->offloaded.assign(st->inputs.size(), std::nullopt);
+    if (st->offload)
+      for (std::size_t i = 0; i < st->inputs.size(); ++i)
+        if (worth_offloading(st->inputs[i])) {
+          st->offloaded[i] = st->inputs[i].device();
+          st->inputs[i] = offload_to_host(st->inputs[i]);
+        }
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
     return out;
   }
@@ -115,16 +170,24 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
+    if (st->used)
+      throw Error("a checkpointed block's backward ran twice (retain_graph): its inputs were freed after the first");
     std::vector<at::Tensor> in;
     for (std::size_t i = 0; i < st->inputs.size(); ++i) {
-      at::Tensor x = st->inputs[i].defined() ? st->inputs[i].detach() : at::Tensor();
+      at::Tensor x = !st->inputs[i].defined() ? at::Tensor()
+                     : st->offloaded[i]      ? st->inputs[i].to(*st->offloaded[i], /*non_blocking=*/true)
+                                             : st->inputs[i].detach();
       if (x.defined() && st->needs_grad[i]) x.requires_grad_(true);
       in.push_back(x);
     }
+    // The node keeps its state until the whole graph goes: the inputs go now,
+    // not with the last block's backward.
+    st->inputs.clear();
+    st->used = true;
     std::vector<at::Tensor> out;
     {
       // the generators and autocast as they were in the forward, then back
-      const RngState now = RngState::capture(st->inputs);
+      const RngState now = RngState::capture(in);
       const AutocastState ac_now = AutocastState::now();
       st->rng.restore();
       st->autocast.set();
@@ -161,10 +224,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 /// Runs fn(inputs) keeping only the inputs for backward; see the file comment.
 /// Without grad mode it is a plain call.
-inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<at::Tensor>& inputs) {
+inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<at::Tensor>& inputs,
+                                          bool offload = false) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto st = c10::make_intrusive<detail::CheckpointState>();
   st->fn = fn;
+  st->offload = offload;
   std::vector<at::Tensor> args = inputs;
   bool any = false;
   for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
@@ -181,11 +246,12 @@ inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<a
 /// others plainly.
 class CheckpointRunner : public BlockRunner {
  public:
-  explicit CheckpointRunner(std::set<std::string> blocks) : blocks_(std::move(blocks)) {}
+  explicit CheckpointRunner(std::set<std::string> blocks, bool offload = false)
+      : blocks_(std::move(blocks)), offload_(offload) {}
   std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) override {
     if (!blocks_.count(block)) return fn(inputs);
     if (at::GradMode::is_enabled() && !runs_.insert(block).second) repeated_ = true;
-    return checkpoint(fn, inputs);
+    return checkpoint(fn, inputs, offload_);
   }
   const std::set<std::string>& blocks() const { return blocks_; }
   /// Whether a checkpointed block ran more than once with gradients since
@@ -199,6 +265,7 @@ class CheckpointRunner : public BlockRunner {
 
  private:
   std::set<std::string> blocks_;
+  bool offload_ = false;
   std::set<std::string> runs_;
   bool repeated_ = false;
 };

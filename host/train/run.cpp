@@ -82,6 +82,7 @@ std::int64_t tensor_peak(bool cuda) {
 
 void reset_peaks() {
   reset_cpu_tensor_peak();
+  reset_host_offload_peak();
   reset_cuda_peak();
 }
 
@@ -229,6 +230,9 @@ Resolved resolve(const RunRequest& req) {
   }
   if (!(ck.is_bool() && !ck.as_bool()) && blocks.empty())
     throw Error(L + ": option 'checkpointing': the model declares no blocks to checkpoint");
+  if (r.o.get_bool("offload_activations") && ck.is_bool() && !ck.as_bool())
+    throw Error(L + ": option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, and "
+                "checkpointing is false; set checkpointing = true (or k, or block names) too");
   const std::string precision = r.o.get_string("precision");
   const bool scale_given = std::any_of(given.begin(), given.end(), [](const auto& kv) {
     return kv.first.rfind("loss_scale", 0) == 0 && !kv.second.is_nil();
@@ -751,7 +755,7 @@ nlohmann::json run_training(const RunRequest& req) {
   nlohmann::json run = {{"status", "running"}, {"history", nlohmann::json::array()}};
   if (!out.empty()) run["out"] = out.string();
   const double t_start = now_seconds();
-  std::int64_t peak = 0, step_peak = 0;
+  std::int64_t peak = 0, step_peak = 0, offload_peak = 0;
   std::vector<PendingStep> pending;
   nlohmann::json last;
   std::optional<double> best;
@@ -907,6 +911,7 @@ nlohmann::json run_training(const RunRequest& req) {
         const std::int64_t now_peak = cuda ? p.memory["cuda_peak"] : p.memory["peak_resident"];
         peak = std::max(peak, now_peak);
         step_peak = std::max(step_peak, cuda ? p.memory["cuda_peak"] : p.memory["cpu_tensors_peak"]);
+        offload_peak = std::max(offload_peak, host_offload_memory().peak);
         const StepStats& s = p.stats;
         if (s.split > split_before && r.rank0)
           note(strf("%s: out of memory in step %lld: micro_batch %lld -> %s, accumulate %lld -> %lld (the same batch); "
@@ -1015,6 +1020,8 @@ nlohmann::json run_training(const RunRequest& req) {
                      {"gradients", bd.at("gradients")},
                      {"optimizer", bd.at("optimizer")}, {"data", data_bytes},
                      {"other", held_before},         {"activations", std::max<std::int64_t>(0, step_peak - held)},
+                     // offload_activations: the block inputs that waited in host memory, at their most
+                     {"offloaded", offload_peak},
                      {"resident_peak", m["peak_resident"]},
                      // one rank's own figures: with shard, its part of the optimizer state and gradients
                      {"rank", group ? group->rank() : 0},

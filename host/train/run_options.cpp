@@ -146,6 +146,11 @@ const std::vector<RunOption>& run_options() {
              "activation checkpointing: false, true (every block the model declares), k (every k-th block) or a list "
              "of block names",
              true),
+      option("offload_activations", {form("offload_activations", T::Bool)}, Value(false),
+             "with checkpointing: each checkpointed block's input waits for backward in host memory (pinned, on a "
+             "GPU) instead of on the device, and comes back for the block's recomputation (the same gradients; "
+             "each input crosses the bus twice a step)",
+             true),
       option("clip_grad_norm", {with_min(form("clip_grad_norm", T::Float), 0)}, Value(0.0),
              "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)", true),
       option("clip_grad_value", {with_min(form("clip_grad_value", T::Float), 0)}, Value(0.0),
@@ -423,6 +428,7 @@ TrainerConfig trainer_config(const Options& o) {
     c.checkpointing.mode = CheckpointingConfig::Mode::Names;
     for (const auto& n : ck.as_list()) c.checkpointing.names.push_back(n.as_string());
   }
+  c.checkpointing.offload = o.get_bool("offload_activations");
   c.split_on_oom = o.get_string("on_oom") == "split";
   c.empty_cache_every = o.get_int("empty_cache_every");
   c.memory_fraction = o.get_double("memory_fraction");

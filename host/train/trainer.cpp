@@ -309,7 +309,10 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
       }
       chosen.insert(n);
     }
-  if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen);
+  if (ck.offload && chosen.empty())
+    throw Error("offload_activations: it moves the checkpointed blocks' inputs to host memory, and no block is "
+                "checkpointed; set checkpointing = true (or k, or block names) too");
+  if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen, ck.offload);
   model_->set_block_runner(block_runner_.get());
   for (const auto& p : model_->named_parameters(/*recurse=*/true))
     if (p.value().requires_grad()) {

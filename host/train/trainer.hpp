@@ -51,6 +51,7 @@ struct CheckpointingConfig {
   enum class Mode { None, All, EveryK, Names } mode = Mode::None;
   std::int64_t k = 1;
   std::vector<std::string> names;
+  bool offload = false;  // the checkpointed blocks' inputs wait in host memory
 };
 
 struct TrainerConfig {

@@ -11,8 +11,15 @@
 #include <cstring>
 #include <mutex>
 
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
+#include <algorithm>
+#include <array>
+#include <map>
 #include <unordered_map>
+#include <vector>
 
 #include "wick/options.hpp"
 
@@ -73,7 +80,11 @@ class CountingAllocator final : public c10::Allocator {
     void* ctx = inner.release_context();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      blocks_[data] = Block{ctx, inner_deleter, bytes};
+      Block& b = blocks_[data] = Block{ctx, inner_deleter, bytes};
+      if (trace_) {
+        b.frames = static_cast<int>(::backtrace(b.stack.data(), static_cast<int>(b.stack.size())));
+        if (now >= snap_peak_ + (1 << 20)) snapshot(now);
+      }
     }
     return {data, data, &release, device};
   }
@@ -87,7 +98,11 @@ class CountingAllocator final : public c10::Allocator {
   CpuTensorMemory stats() const {
     return {allocated_.load(), peak_.load(), limit_.load(), failures_.load()};
   }
-  void reset_peak() { peak_.store(allocated_.load()); }
+  void reset_peak() {
+    peak_.store(allocated_.load());
+    std::lock_guard<std::mutex> lock(mu_);
+    snap_peak_ = 0;
+  }
   void set_limit(std::int64_t bytes) { limit_.store(bytes); }
 
  private:
@@ -95,7 +110,69 @@ class CountingAllocator final : public c10::Allocator {
     void* ctx;
     c10::DeleterFnPtr deleter;
     std::int64_t bytes;
+    std::array<void*, 28> stack{};
+    int frames = 0;
   };
+  // WICK_MEMORY_PEAK_TRACE: the live blocks at the peak (within 1 MiB), by
+  // where they were allocated, printed at exit: where a step's memory goes.
+  bool trace_ = [] {
+    const char* v = std::getenv("WICK_MEMORY_PEAK_TRACE");
+    return v && std::strcmp(v, "1") == 0;  // other values: the CLI refuses them
+  }();
+  std::int64_t snap_peak_ = 0;
+  std::vector<Block> snap_;
+  void snapshot(std::int64_t now) {
+    snap_peak_ = now;
+    snap_.clear();
+    for (const auto& [p, b] : blocks_) snap_.push_back(b);
+  }
+
+ public:
+  void report_trace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!trace_ || snap_.empty()) return;
+    std::map<std::string, std::pair<std::int64_t, int>> by_site;
+    for (const auto& b : snap_) {
+      std::string site;
+      int shown = 0;
+      for (int i = 1; i < b.frames && shown < 6; ++i) {
+        Dl_info info{};
+        std::string name = "?";
+        if (dladdr(b.stack[i], &info) && info.dli_sname) {
+          int st = 0;
+          char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+          name = st == 0 && d ? d : info.dli_sname;
+          std::free(d);
+        } else if (info.dli_fname) {
+          // a hidden symbol (a plugin's): its library and offset, for addr2line
+          char off[32];
+          std::snprintf(off, sizeof off, "+0x%zx",
+                        static_cast<std::size_t>(static_cast<char*>(b.stack[i]) - static_cast<char*>(info.dli_fbase)));
+          const char* base = std::strrchr(info.dli_fname, '/');
+          name = std::string("?") + (base ? base + 1 : info.dli_fname) + off;
+        }
+        // the first frame outside LibTorch's dispatch and kernels, then its callers
+        const bool lib = name == "?" || name.rfind("?lib", 0) == 0 || name.rfind("at::", 0) == 0 || name.rfind("c10::", 0) == 0 ||
+                         name.rfind("std::", 0) == 0 || name.rfind("wick::(anonymous namespace)::Counting", 0) == 0;
+        if (shown == 0 && lib) continue;
+        if (name.size() > 120) name = name.substr(0, 120);
+        site += "\n      " + name;
+        ++shown;
+      }
+      auto& e = by_site[site];
+      e.first += b.bytes;
+      e.second += 1;
+    }
+    std::vector<std::pair<std::int64_t, std::pair<int, std::string>>> rows;
+    for (const auto& [site, e] : by_site) rows.push_back({e.first, {e.second, site}});
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "wick: memory peak trace: %s held at the peak\n", format(snap_peak_).c_str());
+    for (std::size_t i = 0; i < rows.size() && i < 25; ++i)
+      std::fprintf(stderr, "  %s in %d block(s)%s\n", format(rows[i].first).c_str(), rows[i].second.first,
+                   rows[i].second.second.c_str());
+  }
+
+ private:
   static void release(void* p);
 
   // Bytes as a person reads them: 96 B, 3.0 KiB, 1.50 MiB, 8.00 GiB (small
@@ -132,6 +209,8 @@ void CountingAllocator::release(void* p) {
   if (b.deleter) b.deleter(b.ctx);
 }
 
+
+
 struct Installer {
   Installer() {
     install_memory_tracking();
@@ -156,6 +235,33 @@ void install_memory_tracking() {
   });
 }
 
+namespace {
+std::atomic<std::int64_t> g_offload_held{0}, g_offload_peak{0};
+}  // namespace
+
+HostOffloadMemory host_offload_memory() { return {g_offload_held.load(), g_offload_peak.load()}; }
+void reset_host_offload_peak() { g_offload_peak.store(g_offload_held.load()); }
+void count_host_offload(std::int64_t bytes) {
+  const std::int64_t now = g_offload_held.fetch_add(bytes) + bytes;
+  std::int64_t p = g_offload_peak.load();
+  while (now > p && !g_offload_peak.compare_exchange_weak(p, now)) {
+  }
+}
+void* alloc_host_offload(std::size_t bytes) {
+  // 64-byte aligned, as LibTorch's CPU allocator aligns
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p) count_host_offload(static_cast<std::int64_t>(bytes));
+  return p;
+}
+void free_host_offload(void* p, std::size_t bytes) {
+  if (!p) return;
+  std::free(p);
+  count_host_offload(-static_cast<std::int64_t>(bytes));
+}
+
+void report_memory_trace() {
+  if (g_alloc) g_alloc->report_trace();
+}
 CpuTensorMemory cpu_tensor_memory() { return g_alloc ? g_alloc->stats() : CpuTensorMemory{}; }
 void reset_cpu_tensor_peak() {
   if (g_alloc) g_alloc->reset_peak();

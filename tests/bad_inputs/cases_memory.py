@@ -26,6 +26,15 @@ def limit(value, name=None):
                 r"WICK_CPU_MEMORY_LIMIT: expected a size", setup=recipe(SMALL), env={"WICK_CPU_MEMORY_LIMIT": value})
 
 
+# a model with blocks to checkpoint (mlp: one per hidden layer)
+def offload(settings):
+    return recipe("local wick = require 'wick'\n"
+                  "local data = wick.data('synthetic', { size = 64, inputs = 32, classes = 4 })\n"
+                  "local model = wick.model('mlp', { inputs = 32, hidden = { 64, 64 }, outputs = 4 })\n"
+                  "wick.train { model = model, data = data, optim = wick.optim('sgd', { lr = 0.1 }), micro_batch = 16,\n"
+                  f"  max_steps = 1, {settings} }}\n")
+
+
 CASES = [
     limit("abc"),
     limit("-1"),
@@ -33,6 +42,15 @@ CASES = [
     limit("inf"),
     limit("0x100000"),
     limit("8 parsecs"),
+    Case("offload_activations without checkpointing", ["run", "recipe.lua"],
+         r"recipe\.lua:4: .*option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, "
+         r"and checkpointing is false; set checkpointing = true",
+         setup=offload("offload_activations = true")),
+    Case("offload_activations not a boolean", ["run", "recipe.lua"], r"recipe\.lua:4: .*offload_activations.*boolean",
+         setup=offload("checkpointing = true, offload_activations = 'yes'")),
+    Case("WICK_MEMORY_PEAK_TRACE=yes", ["run", "recipe.lua"],
+         r"WICK_MEMORY_PEAK_TRACE: expected 1 \(print where the peak's tensors were allocated\) or 0, got 'yes'",
+         setup=recipe(SMALL), env={"WICK_MEMORY_PEAK_TRACE": "yes"}),
     Case("cap below a step even at micro_batch 1", ["run", "recipe.lua"],
          r"step 1: out of memory even at micro_batch 1 .*tensors would hold [0-9.]+ MiB .*over the cap of 66\.00 MiB",
          setup=recipe(BIG), env={"WICK_CPU_MEMORY_LIMIT": "66MiB"}),

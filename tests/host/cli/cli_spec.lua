@@ -196,4 +196,26 @@ end
     assert.are.equal(1, code)
     assert.truthy(err:find("recipe /nonexistent/recipe.lua does not exist", 1, true))
   end)
+  it("WICK_MEMORY_PEAK_TRACE=1 names where the tensors held at a step's peak were allocated", function()
+    local dir = H.tmpdir()
+    local text = [[
+local wick = require 'wick'
+local data = wick.data('synthetic', { size = 64, inputs = 32, classes = 4 })
+local model = wick.model('mlp', { inputs = 32, hidden = { 512, 512 }, outputs = 4 })
+wick.train { model = model, data = data, optim = wick.optim('adamw', { lr = 1e-3 }), micro_batch = 16, max_steps = 2,
+  checkpointing = true }
+]]
+    local code, _, err = H.recipe(dir, "r.lua", text, "", "WICK_MEMORY_PEAK_TRACE=1")
+    assert.are.equal(0, code, err)
+    local total = err:match("wick: memory peak trace: ([%d.]+ %a+) held at the peak")
+    assert.truthy(total, err)
+    -- the biggest sites first, each with the frames that allocated it: the
+    -- optimizer's moments are among them (AdamW's two per weight)
+    assert.truthy(err:find("in %d+ block%(s%)"), err)
+    assert.truthy(err:find("wick::Trainer::", 1, true), err)
+    -- without the variable: nothing of it
+    local code2, _, err2 = H.recipe(dir, "r.lua", text, "")
+    assert.are.equal(0, code2, err2)
+    assert.falsy(err2:find("memory peak trace", 1, true))
+  end)
 end)

@@ -159,6 +159,80 @@ TEST(Checkpointing, LowersThePeakHeldByTensors) {
 
 std::shared_ptr<Optimizer> sgd(double lr) { return test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(lr)}}); }
 
+// offload_activations: the checkpointed blocks' inputs wait in host memory
+// (here: outside the counting allocator that stands for the device).
+TEST(Checkpointing, OffloadGivesTheSameBitsAndKeepsNoBlockInputOnTheDevice) {
+  auto m = mlp(64, {256, 256, 256, 256, 256, 256, 256, 256}, 10, "gelu");
+  const Batch b = batch(1024, 64, 10);
+  static std::map<Model*, std::unique_ptr<CheckpointRunner>> runners;
+  struct Seen {
+    std::int64_t after_forward, offloaded_after_forward, offloaded_after_backward, peak;
+    at::Tensor loss;
+    std::vector<at::Tensor> grads;
+  };
+  auto run = [&](bool offload) {
+    zero(*m);
+    runners[m.get()] = std::make_unique<CheckpointRunner>(all_blocks(*m), offload);
+    m->set_block_runner(runners[m.get()].get());
+    Seen s;
+    const std::int64_t base = cpu_tensor_memory().allocated;
+    reset_cpu_tensor_peak();
+    auto r = m->forward(b);
+    s.after_forward = cpu_tensor_memory().allocated - base;
+    s.offloaded_after_forward = host_offload_memory().held;
+    r.loss_sum.backward();
+    s.offloaded_after_backward = host_offload_memory().held;
+    s.peak = cpu_tensor_memory().peak - base;
+    s.loss = r.loss_sum.detach();
+    s.grads = grads_of(*m);
+    return s;
+  };
+  const Seen on_device = run(false), offloaded = run(true);
+  m->set_block_runner(nullptr);
+  EXPECT_TRUE(at::equal(on_device.loss, offloaded.loss));
+  for (std::size_t i = 0; i < on_device.grads.size(); ++i)
+    EXPECT_TRUE(at::equal(on_device.grads[i], offloaded.grads[i])) << "parameter " << i;
+  // blocks 2, 4, ... 14 take a [1024, 256] fp32 input each (1 MiB), made by
+  // the block before; block 0's input is the batch itself, which stays
+  const std::int64_t input = 1024 * 256 * 4;
+  EXPECT_EQ(on_device.offloaded_after_forward, 0);
+  EXPECT_GE(offloaded.offloaded_after_forward, 7 * input);
+  EXPECT_LE(on_device.after_forward - offloaded.after_forward, offloaded.offloaded_after_forward);
+  EXPECT_GE(on_device.after_forward - offloaded.after_forward, 7 * input)
+      << "the device still holds the block inputs: " << on_device.after_forward << " bytes against "
+      << offloaded.after_forward;
+  EXPECT_EQ(offloaded.offloaded_after_backward, 0) << "each block's input is let go after its backward";
+  EXPECT_LT(offloaded.peak, on_device.peak - 4 * input);
+}
+
+TEST(Checkpointing, OffloadOfAViewIntoALargerTensorCopiesNothing) {
+  // a slice of the batch (frames in chunks) frees nothing on the device when copied
+  at::Tensor w = (at::randn({256, 256}) * 0.1).requires_grad_();
+  at::Tensor whole = at::randn({1024, 256});
+  auto block = [w](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{at::tanh(in[0].mm(w))}; };
+  auto out = checkpoint(block, {whole.narrow(0, 0, 512)}, /*offload=*/true)[0];
+  EXPECT_EQ(host_offload_memory().held, 0);
+  out.sum().backward();
+  EXPECT_TRUE(w.grad().defined());
+}
+
+TEST(Checkpointing, ASecondBackwardThroughACheckpointedBlockIsAnError) {
+  at::Tensor w = at::randn({8, 8}).requires_grad_();
+  auto block = [w](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0].mm(w)}; };
+  at::Tensor x = at::randn({4, 8}).requires_grad_();
+  at::Tensor loss = checkpoint(block, {x})[0].sum();
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_THAT(test::error_of([&] { loss.backward(); }), HasSubstr("backward ran twice"));
+}
+
+TEST(Checkpointing, OffloadWithoutCheckpointingIsRefused) {
+  CheckpointingConfig c;
+  c.offload = true;
+  EXPECT_THAT(test::error_of([&] { Trainer t(mlp(4, {8, 8}, 2), sgd(0.1), nullptr, {.checkpointing = c}); }),
+              HasSubstr("offload_activations"));
+}
+
+
 // The blocks a trainer checkpoints on an mlp with four hidden layers (blocks 0, 2, 4, 6).
 std::vector<std::string> chosen_blocks(CheckpointingConfig c) {
   Trainer t(mlp(4, {8, 8, 8, 8}, 2), sgd(0.1), nullptr, {.checkpointing = c});
