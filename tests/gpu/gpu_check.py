@@ -36,7 +36,7 @@ if a.model == "decoder" then
   wick.seed(3)
   model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128,
                                      layers = 2, heads = 4, kv_heads = 2 })
-  if a.qlora == "true" then wick.optim("qlora", { r = 4, alpha = 8, compute_dtype = "fp32" }):apply(model) end
+  if tostring(a.qlora) == "true" then wick.optim("qlora", { r = 4, alpha = 8, compute_dtype = "fp32" }):apply(model) end
 else
   data = wick.data("synthetic", { size = tonumber(a.size) or 256, inputs = 32, classes = 4, seed = 2 })
   wick.seed(3)
@@ -47,6 +47,7 @@ local run = wick.train {
   micro_batch = tonumber(a.micro) or 16, accumulate = tonumber(a.acc) or 2, epochs = 1, max_steps = tonumber(a.steps) or 8,
   precision = a.precision or "fp32", workers = tonumber(a.workers) or 0, seed = 4, quiet = true, out = a.out,
   memory_fraction = tonumber(a.fraction) or 0, empty_cache_every = tonumber(a.empty) or 0, overwrite = true,
+  checkpointing = tostring(a.checkpointing) == "true", offload_activations = tostring(a.offload) == "true",
 }
 model:save(a.weights)
 local f = assert(io.open(a.result, "w"))
@@ -201,6 +202,16 @@ def check_qlora(r: Runner):
     return f"loss {cpu['final_loss']:.5f}", f"loss {dev['final_loss']:.5f}", f"relative {e:.1e} (< 1e-3)", e < 1e-3
 
 
+def check_offload(r: Runner):
+    # the block inputs to pinned host memory and back: the same bits as checkpointing alone
+    kept = r.run(model="decoder", micro=4, checkpointing="true")
+    moved = r.run(model="decoder", micro=4, checkpointing="true", offload="true")
+    d = max_weight_diff(moved["weights"], kept["weights"])
+    off = moved["run"].get("memory", {}).get("offloaded", 0)
+    return ("checkpointing", f"+ offload ({off / 2**10:.0f} KiB on the host)", f"max |dw| {d:.1e} (= 0), offloaded > 0",
+            d == 0 and off > 0)
+
+
 def check_ranks(r: Runner):
     one = r.run(micro=8, acc=4)
     two = r.run(launch=2, micro=8, acc=2)
@@ -219,6 +230,7 @@ CHECKS = {
     "out-of-memory split": check_oom_split,
     "pinned copies": check_pinned,
     "qlora": check_qlora,
+    "offload_activations": check_offload,
     "2 ranks": check_ranks,
 }
 
