@@ -7,13 +7,13 @@
 -- chunked head's logits), next to the seed's own figure.
 -- A full-depth step of a 7 B model takes long on 2 cores, so each model runs
 -- with every tower (the options recipe.depth names: the language model's
--- layers, the vision tower's, CLIP's text layers) at one layer, then each
--- tower at two, and the figures are extrapolated per layer of each tower
+-- layers, the vision tower's, CLIP's text layers) at k layers (k= , default
+-- 2), then each tower at 2k, and the figures are extrapolated per layer of each tower
 -- (weights, gradients, state and kept block inputs grow by layer; the rest
 -- does not). full= also measures those seeds at full depth; check= runs one
--- in fp32 with micro-batch 1 (fast kernels on any CPU) at one, two and all
+-- in fp32 with micro-batch 1 (fast kernels on any CPU) at k, 2k and all
 -- layers: the check that the extrapolation holds.
---   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [check=000]
+--   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [check=000] [k=2]
 -- DIR: media made by bench/seeds.sh (images resized to 224 and 336 px,
 -- 100-frame clips). Each optimizer step is a window of 2 micro-batches (the
 -- peak does not grow with the window: later micro-batches add into gradients
@@ -96,22 +96,29 @@ local function describe(recipe, depth)
   return table.concat(parts, ", ")
 end
 
--- every tower at one layer, then each at two; the full depth extrapolated per layer of each
+-- every tower at k layers, then each at 2k; the full depth extrapolated per
+-- layer of each tower. k = 2 by default: with one layer the step's peak can
+-- sit elsewhere (the head, the tower) than where it sits at depth (one
+-- block's recomputation above every kept block input), and the slope from
+-- 1 to 2 layers then mixes the two (seed 003: 48 MiB a layer, against the
+-- 8 MiB its block inputs add from 2 layers on).
+local K = tonumber(a.k or 2)
+if not K or K < 1 or K % 1 ~= 0 then error("k=" .. tostring(a.k) .. ": expected a whole number of layers >= 1", 0) end
 local function extrapolated(recipe, optim, over)
   local base_depth = {}
-  for _, k in ipairs(recipe.depth) do base_depth[k] = 1 end
+  for _, k in ipairs(recipe.depth) do base_depth[k] = K end
   local base = measure(recipe, base_depth, optim, over)
   show(describe(recipe, base_depth), base, recipe.goal)
   local est = {}
   for _, k in ipairs(keys) do est[k] = base[k] end
   for _, key in ipairs(recipe.depth) do
     local d = {}
-    for _, k in ipairs(recipe.depth) do d[k] = 1 end
-    d[key] = 2
+    for _, k in ipairs(recipe.depth) do d[k] = K end
+    d[key] = 2 * K
     local r = measure(recipe, d, optim, over)
     show(describe(recipe, d), r, recipe.goal)
     local real = recipe.model.real[key]
-    for _, k in ipairs(keys) do est[k] = est[k] + (real - 1) * (r[k] - base[k]) end
+    for _, k in ipairs(keys) do est[k] = est[k] + (real - K) / K * (r[k] - base[k]) end
   end
   local parts = {}
   for _, k in ipairs(recipe.depth) do parts[#parts + 1] = k .. " " .. recipe.model.real[k] end
@@ -124,7 +131,7 @@ if a.check then
   local recipe = recipe_of(name)
   recipe.model.real.dtype = "fp32"
   local over = { precision = "fp32", micro_batch = 1 }
-  print(string.format("check, seed %s in fp32 with micro-batch 1: extrapolated from one and two layers, and measured", name))
+  print(string.format("check, seed %s in fp32 with micro-batch 1: extrapolated from %d and %d layers, and measured", name, K, 2 * K))
   header()
   local est = extrapolated(recipe, nil, over)
   local m = measure(recipe, nil, nil, over)

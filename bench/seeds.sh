@@ -2,9 +2,9 @@
 # The seeds' workloads at their real shapes: makes the media once (still
 # images, resized by the data sets to 224 and 336 px, and 4-second clips at
 # 25 fps: 100 frames), then bench/seeds.lua measures each seed's optimizer
-# step, with every tower at one layer and each at two, extrapolated per layer
+# step, with every tower at k layers and each at 2k (k=2 unless k= says), extrapolated per layer
 # (full=004 also at full depth; check=000 checks the extrapolation in fp32).
-#   bench/seeds.sh [seeds=000,001,002,003,004] [full=004] [check=000]
+#   bench/seeds.sh [seeds=000,001,002,003,004] [full=004] [check=000] [k=2]
 # WICK names the wick to run (default: this tree's build/bin/wick).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
