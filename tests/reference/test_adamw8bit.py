@@ -140,10 +140,12 @@ def test_matches_independent_reference(setup, run_wick):
         assert not torch.allclose(want, init[name], atol=1e-3), name  # training moved it
         # equal up to float rounding, but for the few elements whose moment fell
         # on a midpoint between two codes at some step (rounded either way, then
-        # diverging a little): at most 0.5% of them, by under a tenth of lr
+        # diverging a little): at most 0.5% of them, by under a fifth of lr (on
+        # an AVX2 CPU the largest was under a tenth; on an AVX-512 one, whose
+        # products round otherwise, 0.104 of lr, 2 elements of 19,264)
         off = ((got[name] - want).abs() > 2e-6 + 1e-4 * want.abs()).float().mean()
         assert off < 5e-3, (name, off)
-        assert (got[name] - want).abs().max() < 0.1 * OPTS["lr"], name
+        assert (got[name] - want).abs().max() < 0.2 * OPTS["lr"], name
         s = ref.state[i]
         assert state[f"{name}.step"].item() == STEPS
         if "m_codes" in s:
