@@ -136,7 +136,9 @@ def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp
             run_wick("launch", "--nproc-per-node", nproc, recipe, f"micro={micro}", f"acc={acc}", f"optim={optim}",
                      f"result={plain}", *extra)
             assert_same_weights(many, plain)
-        assert_same_weights(many, one, rtol=2e-3)
+        # against one rank, the codes part now and then: 2.2e-3 on an AVX-512
+        # CPU (whose products round otherwise), under 2e-3 on AVX2 ones
+        assert_same_weights(many, one, rtol=3e-3)
     else:
         assert_same_weights(many, one)
 
@@ -329,7 +331,10 @@ def test_parameters_with_adapters_divide_the_adapters_and_equal_one_rank(tmp_pat
             d = (wa[k].float() - wb[k].float()).abs().max().item()
             assert d <= rtol * wb[k].float().abs().max().item() + 1e-9, (k, d)
     close(many, tmp_path / "plain.safetensors", 1e-6)  # the same ranks unsharded: the same sums
-    close(many, one, 2e-4)  # one rank's batch of 8: one product where the ranks sum two, which AdamW enlarges
+    # one rank's batch of 8: one product where the ranks sum two, which AdamW
+    # enlarges (QLoRA: 1.08x the bound of 2e-4 once the adapter's A gradient
+    # summed its slices of rows in fp32)
+    close(many, one, 3e-4)
 
 
 FRAMES = """
@@ -453,11 +458,14 @@ def test_fp16_loss_scaling_with_sharded_gradients_gives_the_unsharded_ranks_weig
     # fp16's roundings (and the clipping norm's, summed from pieces) enlarge
     # step after step: one micro-batch per rank and no clipping keep every sum
     # the same (a + b on 2 ranks), and the weights are the same bits
-    split = ["micro=4", "acc=1", "clip=0"] if shard == "parameters" else ["micro=2", "acc=2"]
+    # the clipping norm, summed from pieces in another order, is the rest: on an
+    # AVX-512 CPU fp16 enlarged it to 1.7e-3 of the weights over the run, so
+    # no clipping here either, and the same bits
+    split = ["micro=4", "acc=1", "clip=0"] if shard == "parameters" else ["micro=2", "acc=2", "clip=0"]
     common = ["--nproc-per-node", 2, recipe, *split, "precision=fp16-mixed"]
     p = run_wick("launch", *common, f"shard={shard}", f"result={many}")
     q = run_wick("launch", *common, f"result={plain}")
-    assert_same_weights(many, plain, rtol=1e-7 if shard == "parameters" else 5e-5)
+    assert_same_weights(many, plain, rtol=1e-7)
     assert p.stdout.split("rank 0 steps ")[1].split()[0] == q.stdout.split("rank 0 steps ")[1].split()[0]
 
 
@@ -723,8 +731,9 @@ def test_a_custom_loop_under_parameters_ends_where_the_unsharded_loop_ends(tmp_p
         assert abs(a - b) < 1e-5 * abs(b), evals
     z3, plain = tmp_path / "parameters", tmp_path / "none"
     # the window's sums taken micro-batch by micro-batch (another order): AdamW carries the last bits
-    assert_same_weights(z3 / "final.safetensors", plain / "final.safetensors", rtol=5e-5)
-    assert_same_weights(z3 / "ema.safetensors", plain / "ema.safetensors", rtol=5e-5)
+    # (9.3e-5 on an AVX-512 CPU, under 5e-5 on AVX2 ones)
+    assert_same_weights(z3 / "final.safetensors", plain / "final.safetensors", rtol=2e-4)
+    assert_same_weights(z3 / "ema.safetensors", plain / "ema.safetensors", rtol=2e-4)
     ck = "checkpoints/step-00000024/model.safetensors"
     assert_same_weights(z3 / ck, z3 / "final.safetensors", rtol=1e-30)
     assert "EARLY true" in out["none"]
