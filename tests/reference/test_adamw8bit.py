@@ -140,12 +140,14 @@ def test_matches_independent_reference(setup, run_wick):
         assert not torch.allclose(want, init[name], atol=1e-3), name  # training moved it
         # equal up to float rounding, but for the few elements whose moment fell
         # on a midpoint between two codes at some step (rounded either way, then
-        # diverging a little): at most 0.5% of them, by under a fifth of lr (on
-        # an AVX2 CPU the largest was under a tenth; on an AVX-512 one, whose
-        # products round otherwise, 0.104 of lr, 2 elements of 19,264)
+        # diverging a little): at most 3% of them, by under half of lr. On an
+        # AVX2 CPU it was 0.5% and a tenth of lr; on an AVX-512 one, whose MKL
+        # picks its code path by alignment and its threads by the machine's
+        # load, 0.1% and 0.104 lr idle, 1.9% under ctest's load. A wrong 8-bit
+        # update moves most elements by a whole lr.
         off = ((got[name] - want).abs() > 2e-6 + 1e-4 * want.abs()).float().mean()
-        assert off < 5e-3, (name, off)
-        assert (got[name] - want).abs().max() < 0.2 * OPTS["lr"], name
+        assert off < 3e-2, (name, off)
+        assert (got[name] - want).abs().max() < 0.5 * OPTS["lr"], name
         s = ref.state[i]
         assert state[f"{name}.step"].item() == STEPS
         if "m_codes" in s:
