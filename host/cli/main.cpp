@@ -26,6 +26,7 @@
 #include "lua/runtime.hpp"
 #include "media/make_clips.hpp"
 #include "plugin/registry.hpp"
+#include "train/run_folder.hpp"
 #include "train/run_options.hpp"
 #include "util/args.hpp"
 #include "util/layout.hpp"
@@ -345,7 +346,7 @@ int cmd_plan(const std::string& recipe, const std::string& device_memory_text, c
       if (recipe.empty()) throw UsageError("'wick plan' needs a recipe file");
       recipe_first(recipe, pairs, "plan");
       key_values(pairs, "recipe");  // refused here once, not by every rank
-      if (!device_memory_text.empty()) wick::parse_bytes(device_memory_text, "--device-memory");
+      if (!device_memory_text.empty()) wick::parse_bytes(device_memory_text, "--device-memory", /*need_unit=*/true);
       wick::LaunchOptions o;
       o.nproc_per_node = ranks;
       o.verb = "plan";
@@ -358,7 +359,7 @@ int cmd_plan(const std::string& recipe, const std::string& device_memory_text, c
   std::int64_t device_memory = 0;
   if (!device_memory_text.empty()) {
     try {
-      device_memory = wick::parse_bytes(device_memory_text, "--device-memory");
+      device_memory = wick::parse_bytes(device_memory_text, "--device-memory", /*need_unit=*/true);
     } catch (const wick::Error& e) {
       throw UsageError(e.what());
     }
@@ -384,6 +385,7 @@ int cmd_generate(const std::string& dir, const std::vector<std::string>& pairs) 
 
 int cmd_report(const std::string& dir, const std::string& out) {
   if (dir.empty()) throw UsageError("'wick report' needs a run folder");
+  if (!out.empty()) wick::refuse_run_file(out, "wick report -o");
   wick::LuaRuntime rt;
   rt.call("wick.report", "main", {dir, out});
   return 0;

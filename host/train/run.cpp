@@ -21,6 +21,7 @@
 #include "observe/runlog.hpp"
 #include "plugin/registry.hpp"
 #include "train/loader.hpp"
+#include "train/run_folder.hpp"
 #include "train/run_options.hpp"
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
@@ -471,6 +472,8 @@ void remove_run(const fs::path& out, const std::string& recipe) {
 }  // namespace
 
 nlohmann::json run_training(const RunRequest& req) {
+  // the first signal from here on stops the run after its step, with a checkpoint
+  const StepLoopScope owns_signals;
   Resolved r = resolve(req);
   const std::string& L = r.label;
   const bool cuda = is_cuda(r.device);
@@ -484,6 +487,10 @@ nlohmann::json run_training(const RunRequest& req) {
   // A folder that holds a run is refused unless the recipe continues it
   // (resume) or replaces it (overwrite): nothing of a run is lost by reuse.
   PriorRun prior;
+  // One writer per folder for the whole run: a second run (another process,
+  // or one started from this run's callback) is refused, not interleaved.
+  RunFolderLock lock;
+  if (!out.empty() && r.rank0) lock = RunFolderLock(out, L);
   if (!out.empty()) {
     prior = prior_run(out);
     if (prior.holds && !r.o.get_bool("resume") && !r.o.get_bool("overwrite"))
@@ -949,6 +956,7 @@ nlohmann::json run_training(const RunRequest& req) {
     flush();
     if (progress) progress->finish_line();
     if (interrupted_run) {
+      signal_honoured();
       save("interrupted");
       run["status"] = "interrupted";
       if (r.rank0)
