@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +125,19 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  const pid_t launcher = ::getpid();
+  // Where the launcher tells the ranks that one of them has ended: a rank
+  // that returns before wick.train would leave the others waiting for it at
+  // the rendezvous for the whole WICK_DIST_TIMEOUT (dist/group.cpp reads it).
+  std::string news_dir = (std::filesystem::temp_directory_path() / "wick-launch-XXXXXX").string();
+  if (!::mkdtemp(news_dir.data())) news_dir.clear();
+  struct RemoveNews {
+    std::string dir;
+    ~RemoveNews() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_news{news_dir};
   std::vector<Child> children(static_cast<std::size_t>(nproc));
   for (int r = 0; r < nproc; ++r) {
     Child& c = children[static_cast<std::size_t>(r)];
@@ -137,6 +153,10 @@ int launch(const LaunchOptions& o) {
       ::setpgid(0, 0);
       std::signal(SIGINT, SIG_DFL);
       std::signal(SIGTERM, SIG_DFL);
+      // a launcher killed outright (kill -9, the OOM killer) takes its ranks
+      // with it: none runs on alone writing the run folder or holding a device
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(1);  // it died before the line above
       if (c.rank != 0) {
         ::dup2(out_pipe[1], 1);
         ::dup2(err_pipe[1], 2);
@@ -148,6 +168,7 @@ int launch(const LaunchOptions& o) {
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!news_dir.empty()) ::setenv("WICK_LAUNCH_NEWS", news_dir.c_str(), 1);
       // share the cores: N ranks each with every core's worth of threads would fight
       if (!std::getenv("OMP_NUM_THREADS")) {
         const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -173,6 +194,7 @@ int launch(const LaunchOptions& o) {
   }
 
   int failed_rank = -1, failed_status = 0, forwarded = 0;
+  std::vector<int> ended_early;  // ranks that ended cleanly while others still ran
   auto stop_at = std::chrono::steady_clock::time_point::max();
   std::size_t running = children.size();
   while (running > 0) {
@@ -200,6 +222,12 @@ int launch(const LaunchOptions& o) {
       drain(c, c.out, c.out_buf, stdout, true);
       drain(c, c.err, c.err_buf, stderr, true);
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (ok && running > 0 && failed_rank < 0) {
+        ended_early.push_back(c.rank);
+        if (!news_dir.empty()) {
+          std::ofstream(std::filesystem::path(news_dir) / ("ended-" + std::to_string(c.rank))) << "0\n";
+        }
+      }
       if (!ok && failed_rank < 0) {
         failed_rank = c.rank;
         failed_status = status;
@@ -224,8 +252,13 @@ int launch(const LaunchOptions& o) {
   if (failed_rank >= 0 || forwarded)
     for (auto& c : children) signal_group(c, SIGKILL);
   if (failed_rank >= 0) {
-    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
-                 describe_status(failed_status).c_str());
+    std::string early;
+    for (int r : ended_early) early += (early.empty() ? "" : ", ") + std::to_string(r);
+    if (!early.empty())
+      early = " (rank" + std::string(ended_early.size() > 1 ? "s " : " ") + early +
+              " had already ended with code 0 while the others ran: every rank must make the same wick.train calls)";
+    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped%s\n", failed_rank,
+                 describe_status(failed_status).c_str(), early.c_str());
     return 1;
   }
   return 0;

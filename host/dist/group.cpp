@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <filesystem>
 #include <thread>
 #include <unistd.h>
 
@@ -268,8 +269,19 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
       return rank_list(out);
     };
     const std::string me = "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
+    // (wick launch's news: a rank that has already ended will never arrive)
+    const char* news = std::getenv("WICK_LAUNCH_NEWS");
     while (!store_->check(keys)) {
       const auto now = std::chrono::steady_clock::now();
+      if (news && *news)
+        for (int r = 0; r < env_.world_size; ++r) {
+          std::error_code ec;
+          if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec) &&
+              !store_->check({keys[static_cast<std::size_t>(r)]}))
+            throw Error(me + ": rank " + std::to_string(r) + " ended (exit code 0) without reaching the rendezvous "
+                        "at " + where + ": its recipe returned before this wick.train; every rank must make the "
+                        "same wick.train calls");
+        }
       if (now > deadline)
         throw Error(me + ": the rendezvous at " + where + " timed out after " + seconds_text(timeout) + ": " +
                     missing() + " never arrived (WICK_DIST_TIMEOUT sets how long ranks wait)");

@@ -8,6 +8,7 @@
 
 #include "util/args.hpp"
 #include "util/layout.hpp"
+#include "util/system.hpp"
 #include "wick/options.hpp"
 
 namespace fs = std::filesystem;
@@ -54,6 +55,24 @@ int traceback(lua_State* L) {
   return 1;
 }
 
+// The state the first SIGINT or SIGTERM interrupts (lua.c's way): the handler
+// arms a count hook, and the hook raises "interrupted by SIG..." in whatever
+// Lua code runs, once the loop or the recipe that owns the signal had its grace.
+lua_State* g_interruptible = nullptr;
+
+void on_interrupt_hook(lua_State* L, lua_Debug*) {
+  if (!interrupted()) return;
+  if (interrupt_due()) {
+    lua_sethook(L, nullptr, 0, 0);
+    luaL_error(L, "interrupted by %s", signal_name(interrupt_signal()).c_str());
+  }
+}
+
+void arm_interrupt(int) {
+  // lua_sethook is safe to call from a signal handler (lua.c and luajit.c do)
+  if (lua_State* L = g_interruptible) lua_sethook(L, on_interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1000);
+}
+
 }  // namespace
 
 fs::path LuaRuntime::package_dir() {
@@ -98,6 +117,9 @@ LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : 
   // as wick.train option overrides (core.train)
   lua_newtable(L_);
   lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args_used");
+  g_interruptible = L_;
+  set_interrupt_hook(arm_interrupt);
+  if (interrupted()) arm_interrupt(interrupt_signal());
 }
 
 std::vector<std::pair<std::string, std::string>> LuaRuntime::unused_args() {
@@ -131,7 +153,13 @@ void LuaRuntime::set_plan(std::int64_t device_memory) {
   lua_setfield(L_, LUA_REGISTRYINDEX, "wick.plan");
 }
 
-LuaRuntime::~LuaRuntime() { lua_close(L_); }
+LuaRuntime::~LuaRuntime() {
+  if (g_interruptible == L_) {
+    set_interrupt_hook(nullptr);
+    g_interruptible = nullptr;
+  }
+  lua_close(L_);
+}
 
 void LuaRuntime::run_string(const std::string& code, const std::string& chunk_name) {
   lua_pushcfunction(L_, traceback);

@@ -205,7 +205,11 @@ RunObjects collect_run_table(lua_State* L, int t, const std::string& label, std:
     else if (key == "loss_scale" && lua_istable(L, v)) {
       lua_pushnil(L);
       while (lua_next(L, v)) {
-        const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        if (lua_type(L, -2) != LUA_TSTRING)
+          throw Error(label + ": loss_scale: expected a number or a table of named keys (init, growth, backoff, "
+                      "interval), got a list (key " + std::string(luaL_typename(L, -2)) + " " +
+                      (lua_type(L, -2) == LUA_TNUMBER ? Value(lua_tonumber(L, -2)).repr() : "?") + ")");
+        const std::string k = lua_tostring(L, -2);
         if (k != "init" && k != "growth" && k != "backoff" && k != "interval")
           throw Error(label + ": loss_scale: unknown key '" + k + "' (expected init, growth, backoff, interval)");
         options["loss_scale_" + k] = to_value(L, -1, label + ": option 'loss_scale': '" + k + "'");
@@ -510,6 +514,7 @@ int core_seed(lua_State* L) {
 }
 
 int core_interrupted(lua_State* L) {
+  signal_polled();  // a recipe that asks stops by itself: its Lua code gets a callback's grace
   lua_pushboolean(L, interrupted());
   lua_pushnumber(L, interrupt_signal());
   return 2;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "observe/events.hpp"
+#include "util/system.hpp"
 #include "wick/kit/safetensors.hpp"  // write_file_atomic
 
 namespace fs = std::filesystem;
@@ -157,7 +158,8 @@ void RunLogObserver::on_end(const nlohmann::json& summary) {
 }
 
 void RunLogObserver::on_failure(const std::string& error, const nlohmann::json& summary) {
-  nlohmann::json f = {{"status", "failed"}, {"error", error}};
+  // ended by SIGINT or SIGTERM in a callback that did not return: said so, not "failed"
+  nlohmann::json f = {{"status", interrupted() ? "interrupted" : "failed"}, {"error", error}};
   for (const char* k : {"steps", "final_loss", "seconds"})
     if (summary.contains(k)) f[k] = summary[k];
   finish(f);

@@ -1,7 +1,11 @@
 #include "util/system.hpp"
 #include "util/memory.hpp"
 
+#include <atomic>
 #include <csignal>
+#include <ctime>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +28,18 @@
 namespace wick {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
+std::atomic<int> g_loops{0};           // StepLoopScopes alive
+std::atomic<bool> g_honoured{false};   // a loop stopped for the signal
+std::atomic<bool> g_polled{false};     // the recipe watches interrupted() itself
+std::atomic<bool> g_hook_fired{false}; // Lua code was interrupted
+std::atomic<double> g_signal_at{0};    // monotonic seconds
+std::atomic<void (*)(int)> g_hook{nullptr};
+
+double monotonic_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 void on_signal(int sig) {
   if (g_signal) {
@@ -32,7 +48,33 @@ void on_signal(int sig) {
     std::raise(sig);
     return;
   }
+  g_signal_at = monotonic_seconds();
   g_signal = sig;
+  if (auto hook = g_hook.load()) hook(sig);
+}
+
+// Seconds the signal may go unanswered before the process ends by itself:
+// Lua code answers at once (its hook), a loop at its step's end, a callback
+// within its grace; what is left is C++ code that never looks (a plugin
+// tokenizing or building a data set, a model's constructor).
+constexpr double kStuckSeconds = 3;
+
+void watch_for_stuck_interrupt() {
+  for (;;) {
+    ::usleep(200 * 1000);
+    const int sig = g_signal;
+    if (!sig || g_honoured || g_hook_fired) continue;
+    const bool owned = g_loops > 0 || g_polled;
+    // a loop's step may take minutes: it is only cut short where its Lua code was
+    if (g_loops > 0) continue;
+    const double grace = owned ? kCallbackGraceSeconds + kStuckSeconds : kStuckSeconds;
+    if (monotonic_seconds() - g_signal_at.load() < grace) continue;
+    const std::string msg = "wick: " + signal_name(sig) + ": the recipe was in code that does not stop by itself "
+                            "(a plugin building data or a model); ended without finishing it\n";
+    if (::write(2, msg.data(), msg.size()) < 0) {
+    }
+    std::_Exit(128 + sig);
+  }
 }
 
 // VmRSS and VmHWM in bytes, from one read of /proc/self/status (once per step).
@@ -60,10 +102,31 @@ void install_signal_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+  static std::once_flag watcher;
+  std::call_once(watcher, [] { std::thread(watch_for_stuck_interrupt).detach(); });
 }
 
 bool interrupted() { return g_signal != 0; }
 int interrupt_signal() { return g_signal; }
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal " + std::to_string(sig);
+}
+
+StepLoopScope::StepLoopScope() { ++g_loops; }
+StepLoopScope::~StepLoopScope() { --g_loops; }
+void signal_honoured() { g_honoured = true; }
+void signal_polled() { g_polled = true; }
+
+bool interrupt_due() {
+  if (!g_signal || g_honoured) return false;
+  if ((g_loops > 0 || g_polled) && monotonic_seconds() - g_signal_at.load() < kCallbackGraceSeconds) return false;
+  g_hook_fired = true;
+  return true;
+}
+
+void set_interrupt_hook(void (*hook)(int sig)) { g_hook = hook; }
 
 std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident) {
   std::map<std::string, std::int64_t> m;

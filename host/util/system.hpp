@@ -23,9 +23,41 @@ std::int64_t cuda_total_memory(int device);
 
 /// SIGINT and SIGTERM set a flag instead of killing the process, so the
 /// training loop can finish its step, save and exit. A second signal kills.
+/// With no step to finish (recipe code, data being built or tokenized, a
+/// callback that does not return) the first signal ends the recipe: the
+/// interrupt hook (the Lua binding's, which raises an error in the running
+/// Lua code) is called from the handler, and a process still stuck in C++
+/// code after the grace below ends, saying so. SIGXFSZ is ignored so that
+/// a write over `ulimit -f` fails with EFBIG and is reported like a full disk.
 void install_signal_handlers();
 bool interrupted();
 int interrupt_signal();
+/// "SIGINT", "SIGTERM" or "signal N".
+std::string signal_name(int sig);
+
+/// While one lives, a training loop owns the first signal: it stops after the
+/// step it is in. Lua code running meanwhile (a callback) gets
+/// kCallbackGraceSeconds to return before it is interrupted.
+class StepLoopScope {
+ public:
+  StepLoopScope();
+  ~StepLoopScope();
+  StepLoopScope(const StepLoopScope&) = delete;
+  StepLoopScope& operator=(const StepLoopScope&) = delete;
+};
+constexpr double kCallbackGraceSeconds = 10;
+/// The signal has been acted on (a loop stopped and saved for it): nothing
+/// else ends the recipe for it; interrupted() stays true.
+void signal_honoured();
+/// A recipe asked interrupted(): it watches for the signal in its own loop,
+/// so its Lua code gets the same grace as a callback.
+void signal_polled();
+/// Whether the running Lua code should be ended now for the signal (called by
+/// the interrupt hook; false while a grace runs or once the signal was honoured).
+bool interrupt_due();
+/// Called from the signal handler (async-signal-safe work only) on the first
+/// signal; the Lua binding sets one that arms a hook in its state.
+void set_interrupt_hook(void (*hook)(int sig));
 
 /// Silences LibTorch's internal log lines unless TORCH_CPP_LOG_LEVEL is set.
 void quiet_torch_logs();

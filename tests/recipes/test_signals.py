@@ -1,0 +1,167 @@
+"""Signals and process lifetime. Inside wick.train the first SIGINT or SIGTERM
+finishes the step and saves (recipe_spec.lua); with no step to finish it ends
+the recipe: Lua code at once, a callback that does not return after its grace,
+code that never looks (a JIT-compiled loop, a plugin's C++) within seconds,
+each saying so, run.json saying so. A write over `ulimit -f` is an error that
+names the file, not a silent death by SIGXFSZ. The ranks of a `wick launch`
+killed outright die with it; a rank that returns before wick.train ends the
+run at once, named."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import WICK
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start(tmp_path, name, code, *args):
+    (tmp_path / name).write_text(code)
+    return subprocess.Popen([WICK, "run", tmp_path / name, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+
+
+def wait_for(path, what):
+    for _ in range(600):
+        if path.exists() and path.stat().st_size > 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never saw {what}")
+
+
+@pytest.mark.parametrize("loop,expect", [
+    # interpreted Lua (a C function each turn): its hook raises at once
+    ("local n = 0 while true do n = n + #tostring(n) end", "interrupted by SIGTERM"),
+    # a JIT-compiled loop never meets the hook: the process ends by itself, saying why
+    ("while true do end", "code that does not stop by itself"),
+])
+def test_one_signal_ends_a_recipe_with_no_step_to_finish(tmp_path, loop, expect):
+    ready = tmp_path / "ready"
+    p = start(tmp_path, "busy.lua", f"local f = io.open({str(ready)!r}, 'w') f:write('1') f:close()\n{loop}\n")
+    wait_for(ready, "the recipe start")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, stderr = p.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15, stderr
+    assert p.returncode != 0
+    assert expect in stderr, stderr
+    assert "terminate called" not in stderr
+
+
+CALLBACK = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 64, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 })
+wick.train { model = model, data = data, optim = wick.optim("sgd", { lr = 0.01 }), micro_batch = 8,
+  max_steps = 100, quiet = true, out = a.out,
+  on_step = function(rec)
+    if rec.step == 3 then
+      local f = io.open(a.ready, "w") f:write("1") f:close()
+      local n = 0
+      while true do n = n + #tostring(n) end
+    end
+  end }
+"""
+
+
+def test_a_callback_that_never_returns_is_interrupted_after_its_grace_and_run_json_says_so(tmp_path):
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    p = start(tmp_path, "cb.lua", CALLBACK, f"out={out}", f"ready={ready}")
+    wait_for(ready, "the callback")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=90)
+    took = time.monotonic() - t0
+    assert 5 < took < 40, (took, stderr)  # the grace is 10 s: a callback that returns in time finishes its step
+    assert p.returncode == 1
+    assert "interrupted by SIGINT" in stderr, stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "interrupted" and "interrupted by SIGINT" in meta["error"], meta
+
+
+WRITES = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 64, inputs = 64, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 64, hidden = { 512 }, outputs = 3 })
+wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 8,
+  max_steps = 4, save_every = 2, quiet = true, out = a.out }
+"""
+
+
+def test_a_write_over_ulimit_f_is_an_error_naming_the_file(tmp_path):
+    out = tmp_path / "run"
+    (tmp_path / "w.lua").write_text(WRITES)
+    # 200 KiB a file: run.json and the metrics fit, a checkpoint's 400 KiB of AdamW state does not
+    p = subprocess.run(["bash", "-c", f"ulimit -f 200; exec {WICK} run {tmp_path / 'w.lua'} out={out}"],
+                       capture_output=True, text=True, timeout=120, env=ENV)
+    assert p.returncode == 1, (p.returncode, p.stderr)  # not 128 + SIGXFSZ
+    assert "File too large" in p.stderr, p.stderr
+    assert "wick: error:" in p.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "failed" and "File too large" in meta["error"], meta
+    # no half-written checkpoint looks whole
+    for d in (out / "checkpoints").glob("step-*"):
+        assert not (d / "state.json").exists(), d
+
+
+LAUNCHED = """
+local wick = require "wick"
+local a = wick.args
+if a.early == true and wick.rank == 1 then print("rank 1 returns early") return end
+local data = wick.data("synthetic", { size = 100000, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 })
+local f = io.open(a.ready .. wick.rank, "w") f:write(tostring(wick.core.process().pid)) f:close()
+wick.train { model = model, data = data, optim = wick.optim("sgd", { lr = 0.01 }), micro_batch = 4,
+  epochs = 1000, quiet = true }
+"""
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie waits for its (dead) parent's reaper: it no longer runs
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_ranks_die_with_a_launcher_killed_outright(tmp_path):
+    (tmp_path / "l.lua").write_text(LAUNCHED)
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([WICK, "launch", "--nproc-per-node", "2", tmp_path / "l.lua", f"ready={ready}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    for r in (0, 1):
+        wait_for(tmp_path / f"ready{r}", f"rank {r}")
+    time.sleep(1)
+    pids = [int((tmp_path / f"ready{r}").read_text()) for r in (0, 1)]
+    assert all(alive(q) for q in pids)
+    p.kill()
+    p.wait()
+    for _ in range(100):
+        if not any(alive(q) for q in pids):
+            break
+        time.sleep(0.1)
+    left = [q for q in pids if alive(q)]
+    for q in left:
+        os.kill(q, signal.SIGKILL)
+    assert not left, f"ranks {left} outlived their launcher"
+
+
+def test_a_rank_that_returns_before_wick_train_ends_the_run_at_once_named(tmp_path):
+    (tmp_path / "l.lua").write_text(LAUNCHED)
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", tmp_path / "l.lua", "early=true",
+                        f"ready={tmp_path / 'ready'}"], capture_output=True, text=True, timeout=300,
+                       env={**ENV, "WICK_DIST_TIMEOUT": "240"})
+    took = time.monotonic() - t0
+    assert p.returncode == 1, p.stderr
+    assert took < 60, (took, p.stderr)  # not the 240 s of WICK_DIST_TIMEOUT
+    assert "rank 1 ended (exit code 0) without reaching the rendezvous" in p.stderr, p.stderr
+    assert "rank 1 had already ended with code 0 while the others ran" in p.stderr, p.stderr
