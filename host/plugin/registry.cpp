@@ -347,7 +347,7 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
     const Value& v = it->second;
     auto bad = [&](const std::string& what) {
       return Error(plugin + ": option '" + spec.name + "': expected " + what + ", got " +
-                   v.type_name() + " " + v.repr());
+                   v.type_name() + " " + v.repr() + (what == "integer" ? v.not_exact_note() : ""));
     };
     std::vector<const Value*> items;
     Value converted = v;

@@ -281,7 +281,7 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
       std::vector<std::string> types;
       for (const auto& f : o.forms) types.push_back(to_string(f.type));
       throw Error(label + ": option '" + o.name + "': expected " + join(types, " or ") + ", got " + v.type_name() +
-                  " " + v.repr());
+                  " " + v.repr() + v.not_exact_note());
     }
     out[o.name] = validate_options(label, {*fitting}, {{o.name, v}}).at(o.name);
   }
@@ -296,6 +296,13 @@ Options validate_run_options(const std::string& label, const std::map<std::strin
     } else if (has("batch_size")) {
       throw Error(label + ": option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate");
     }
+    if (has("out") && out["out"].as_string().empty())
+      throw Error(label + ": option 'out': expected a run folder's path, got \"\" (leave out unset to write nothing)");
+    if (out["ema_start"].as_int() > 0 && !(out["ema"].as_double() > 0))
+      throw Error(label + ": option 'ema_start' needs 'ema', the average's decay (0.999, ...)");
+    if (mb.is_string() && out["accumulate"].as_int() != 1)
+      throw Error(label + ": option 'accumulate' goes with a micro_batch given: micro_batch = 'auto' finds accumulate "
+                  "itself from batch_size (micro_batch x accumulate x ranks)");
     if (out["resume"].as_bool() && out["overwrite"].as_bool())
       throw Error(label + ": options 'resume' and 'overwrite' exclude each other: continue the run in out, or replace it");
     if (out["overwrite"].as_bool() && !has("out"))

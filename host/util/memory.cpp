@@ -272,7 +272,7 @@ void set_cpu_memory_limit(std::int64_t bytes) {
   g_alloc->set_limit(bytes);
 }
 
-std::int64_t parse_bytes(const std::string& text, const std::string& what) {
+std::int64_t parse_bytes(const std::string& text, const std::string& what, bool need_unit) {
   const char* s = text.c_str();
   char* end = nullptr;
   const double v = std::strtod(s, &end);
@@ -292,6 +292,9 @@ std::int64_t parse_bytes(const std::string& text, const std::string& what) {
                      std::string(s, static_cast<std::size_t>(end - s)).find_first_of("xXpP") == std::string::npos;
   if (!plain || mult == 0 || !std::isfinite(v) || v < 0)
     throw Error(what + ": expected a size such as 8GiB, 512MiB, 2GB or a number of bytes, got '" + text + "'");
+  if (need_unit && unit.empty() && plain)
+    throw Error(what + ": '" + text + "' has no unit: expected a size such as " + text + "GiB or " + text +
+                "GB (or " + text + "B for bytes)");
   // beyond what an int64 holds (1e30) would wrap to a negative size
   if (v * mult >= 9.2e18)
     throw Error(what + ": expected a size below 8 EiB, got '" + text + "'");

@@ -63,6 +63,6 @@ void free_host_offload(void* p, std::size_t bytes);
 void report_memory_trace();
 
 /// "8GiB", "512MB", "1e9" -> bytes; throws wick::Error naming `what` otherwise.
-std::int64_t parse_bytes(const std::string& text, const std::string& what);
+std::int64_t parse_bytes(const std::string& text, const std::string& what, bool need_unit = false);
 
 }  // namespace wick

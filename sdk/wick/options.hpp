@@ -55,6 +55,16 @@ struct Value {
 
   /// A short rendering for messages: 3, 0.5, "relu", {1, 2}.
   std::string repr() const;
+  /// For an integer expected: why a whole number read as a number (past 2^53,
+  /// where Lua's numbers stop being exact integers), or "".
+  std::string not_exact_note() const {
+    const bool whole_past = std::holds_alternative<double>(v) && std::isfinite(std::get<double>(v)) &&
+                            std::floor(std::get<double>(v)) == std::get<double>(v) &&
+                            std::fabs(std::get<double>(v)) >= 9007199254740992.0;
+    return whole_past ? " (past 2^53 = 9007199254740992, where Lua's numbers are no longer exact integers: "
+                        "2^53 + 1 reads as 2^53)"
+                      : "";
+  }
   /// The Lua-ish name of the value's type: nil, boolean, integer, number, string, list.
   std::string type_name() const;
 };

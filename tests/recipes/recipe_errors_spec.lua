@@ -115,6 +115,17 @@ describe("recipe errors", function()
       "recipe.lua:5: wick.train: option 'memory_fraction': expected a value in [0, 1], got integer 2")
     fails_with(prelude .. "wick.train { model = m, data = d, optim = o, micro_batch = 'auto' }\n",
       "option 'micro_batch': 'auto' needs batch_size")
+    -- options that would have been ignored without a word
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, micro_batch = 'auto', batch_size = 8, accumulate = 2 }\n",
+      "recipe.lua:5: wick.train: option 'accumulate' goes with a micro_batch given: micro_batch = 'auto' finds accumulate")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, out = '', save_every = 1 }\n",
+      "recipe.lua:5: wick.train: option 'out': expected a run folder's path, got \"\"")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, seed = 2^53 + 1 }\n",
+      "option 'seed': expected integer, got number 9007199254740992 (past 2^53 = 9007199254740992, where Lua's numbers are no longer exact integers")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, ema_start = 10 }\n",
+      "recipe.lua:5: wick.train: option 'ema_start' needs 'ema'")
+    fails_with(prelude .. "wick.train { model = m, data = d, optim = o, precision = 'fp16-mixed', loss_scale = { 1, 2 } }\n",
+      "loss_scale: expected a number or a table of named keys (init, growth, backoff, interval), got a list")
     fails_with(prelude .. "wick.train { model = m, data = d, optim = o, precision = 'fp16-mixed', loss_scale = { init = 8, growht = 2 } }\n",
       "loss_scale: unknown key 'growht' (expected init, growth, backoff, interval)")
     fails_with(prelude .. "wick.train(wick.preset('gpu_9gb', { model = m, data = d, optim = o }))\n",

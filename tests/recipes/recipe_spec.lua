@@ -311,12 +311,16 @@ describe("memory knobs", function()
     local measured = tonumber(json:match('"peak":(%d+)')) - tonumber(json:match('"other":(%d+)'))
     assert.truthy(math.abs(estimate - measured) < 0.15 * measured, estimate .. " vs " .. measured)
     -- a cap the recipe as given does not fit: the suggestion changes something
-    local _, out2 = H.run("plan " .. path .. " --device-memory " .. math.floor(estimate * 0.95))
+    local _, out2 = H.run("plan " .. path .. " --device-memory " .. math.floor(estimate * 0.95) .. "B")
     assert.truthy(out2:find("fastest that fits", 1, true), out2)
     assert.falsy(out2:find('precision = "fp32", checkpointing = false, micro_batch = 256,', 1, true), out2)
     local bad, _, berr = H.run("plan " .. path .. " --device-memory lots")
     assert.are.equal(2, bad, berr)  -- a usage error
     assert.truthy(berr:find("--device-memory: expected a size such as 8GiB", 1, true), berr)
+    -- a number alone would be bytes: 12 means 12 GB to whoever typed it
+    bad, _, berr = H.run("plan " .. path .. " --device-memory 12")
+    assert.are.equal(2, bad, berr)
+    assert.truthy(berr:find("--device-memory: '12' has no unit: expected a size such as 12GiB or 12GB", 1, true), berr)
   end)
 
   it("presets merge into a recipe and train with their knobs", function()

@@ -939,7 +939,7 @@ def test_plan_on_ranks_gives_each_shard_settings_per_rank_figures(tmp_path, reci
     # a cap between the gradients row's peak and the unsharded one's
     if g_peak < peak * 0.97:
         cap = int((g_peak + peak) / 2 * 2 ** 20 / 0.9)
-        out = run_wick(*args[:2], "--device-memory", str(cap), *args[2:]).stdout
+        out = run_wick(*args[:2], "--device-memory", f"{cap}B", *args[2:]).stdout
         assert 'shard = "gradients" (peak' in out or 'shard = "parameters" (peak' in out, out
     for bad, says in (("0", "--ranks expects a whole number from 1 to 64, not '0'"),
                       ("two", "--ranks expects a whole number from 1 to 64, not 'two'")):
