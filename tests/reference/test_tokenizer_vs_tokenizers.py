@@ -5,7 +5,8 @@ languages' gettext catalogs), special tokens included, and decoding gives
 what the library's decoders give: byte-level (GPT-2, Qwen2, LLaMA-3 with its
 BOS template and ignore_merges) and with byte fallback (LLaMA-2 and LLaVA-1.5's
 Prepend/Replace normalizers, Mistral's Metaspace), with added tokens'
-lstrip, rstrip, single_word and normalized flags."""
+lstrip, rstrip, single_word and normalized flags; and on one-line documents
+of hundreds of KB, which wick once encoded in quadratic time."""
 import glob
 import json
 
@@ -228,6 +229,30 @@ def test_ids_of_the_tokenizers_users_bring_equal_the_tokenizers_library(tmp_path
     assert want[0] == tok.token_to_id("<|begin_of_text|>" if style == "llama3" else "<s>")  # the template's BOS
     if style != "llama3":
         assert fallback > 100  # characters outside the alphabet went through their bytes
+
+
+def long_lines(texts):
+    """One-line documents of hundreds of KB, where encoding time once grew
+    with the square of the length (issue 33): the corpus as one line, a
+    megabyte of words, half a megabyte of spaces (Replace and Metaspace put
+    U+2581 for each), and chat turns between added tokens."""
+    return [" ".join(t.replace("\n", " ") for t in texts), "word " * 200_000, " " * 500_000,
+            "<|im_start|>user\nHallo Welt<|im_end|>\n" * 10_000]
+
+
+@pytest.mark.parametrize("style", ["gpt2", "qwen2", "llama2", "mistral", "llama3"])
+def test_ids_of_long_lines_equal_the_tokenizers_library(tmp_path, run_wick, style):
+    texts = corpus()
+    tok = (build(style, texts) if style in ("gpt2", "qwen2") else build_llama3(texts) if style == "llama3"
+           else build_byte_fallback(style, texts))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    docs = long_lines(texts)
+    assert min(len(d.encode()) for d in docs) > 300_000
+    got = encode_decode_with_wick(tmp_path, run_wick, docs)
+    for text, g in zip(docs, got):
+        want = tok.encode(text).ids
+        ids = g["ids"] if isinstance(g["ids"], list) else []
+        assert len(ids) == len(want) and ids == want, (text[:40], len(ids), len(want))
 
 
 def _small(tmp_path):
