@@ -364,6 +364,16 @@ UNSUPPORTED = {
         _set("post_processor", dict(TEMPLATE_BOS, single=[{"Sequence": {"id": "A", "type_id": 0}},
                                                           {"SpecialToken": {"id": "<s>", "type_id": 0}}])),
         r"uses a post-processor template with tokens after the sequence \(post_processor\.single\[1\]\)"),
+    # the library's normalized text is "_G_r_" for "Gr", but its pieces "__", "G", "_", "r", "_"
+    "an empty Replace pattern": (_set("normalizer", {"type": "Sequence", "normalizers": [
+                                     {"type": "NFC"}, {"type": "Replace", "pattern": {"String": ""}, "content": "_"}]}),
+                                 r"normalizer\.normalizers\[1\]\.pattern\.String is \"\", expected a non-empty string"),
+    "a truncation section": (_set("truncation", {"direction": "Right", "max_length": 512, "strategy": "LongestFirst",
+                                                 "stride": 0}),
+                             r"truncation is \{.*, expected null: wick does not truncate in the tokenizer"),
+    "a padding section": (_set("padding", {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                                           "pad_id": 0, "pad_type_id": 0, "pad_token": "<s>"}),
+                          r"padding is \{.*, expected null: wick does not pad in the tokenizer"),
     "a CTC decoder": (_set("decoder", {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True}),
                       r"uses decoder CTC"),
 }

@@ -74,7 +74,7 @@ class Text : public wick::Dataset {
       std::int64_t k = 0;
       if (o.has("files"))
         for (const auto& f : o.at("files").as_list()) {
-          docs.push_back(text_doc(read_file(f.as_string())));
+          docs.push_back(text_doc(read_file(f.as_string()), "", f.as_string()));
           docs.back().source = k++;
         }
       if (o.has("file")) read_jsonl(o.get_string("file"), k, docs);
@@ -172,13 +172,18 @@ class Text : public wick::Dataset {
     return ss.str();
   }
 
-  Doc text_doc(const std::string& text, const std::string& prompt = "") const {
+  // The document's tokens; the tokenizer's errors name it (`where`: its file, and JSONL line).
+  Doc text_doc(const std::string& text, const std::string& prompt, const std::string& where) const {
     Doc d;
-    d.ids = encode(prompt);
-    d.labels.assign(d.ids.size(), kIgnore);
-    for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
-      d.ids.push_back(id);
-      d.labels.push_back(id);
+    try {
+      d.ids = encode(prompt);
+      d.labels.assign(d.ids.size(), kIgnore);
+      for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
+        d.ids.push_back(id);
+        d.labels.push_back(id);
+      }
+    } catch (const wick::Error& e) {
+      throw wick::Error("data 'text': " + where + ": " + e.what());
     }
     d.ids.push_back(eos_);
     d.labels.push_back(eos_);
@@ -193,16 +198,17 @@ class Text : public wick::Dataset {
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       const std::size_t before = docs.size();
-      auto r = wick::text::parse_jsonl_line(line, path + ":" + std::to_string(n), vocab_);
+      const std::string where = path + ":" + std::to_string(n);
+      auto r = wick::text::parse_jsonl_line(line, where, vocab_);
       if (r.kind == wick::text::JsonlRecord::Ids) {
         Doc d;
         d.ids = std::move(r.ids);
         d.labels = r.labels.empty() ? d.ids : std::move(r.labels);
         docs.push_back(std::move(d));
       } else if (r.kind == wick::text::JsonlRecord::PromptCompletion) {
-        docs.push_back(text_doc(r.text, r.prompt));
+        docs.push_back(text_doc(r.text, r.prompt, where));
       } else if (r.kind == wick::text::JsonlRecord::Text) {
-        docs.push_back(text_doc(r.text));
+        docs.push_back(text_doc(r.text, "", where));
       }
       for (std::size_t k = before; k < docs.size(); ++k) {
         docs[k].source = source;

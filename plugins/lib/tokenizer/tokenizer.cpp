@@ -188,13 +188,26 @@ std::string normal_form(const std::string& s, bool compat) {
   return out;
 }
 
-// `s` with each occurrence of `from` (not empty; leftmost first, none
-// overlapping) replaced by `to`, built in one pass into `out` (replacing in
-// place moved the rest of the text at each occurrence: quadratic in a run of
-// them). False as soon as `out` would pass `limit` bytes.
+// `s` with each occurrence of `from` (leftmost first, none overlapping)
+// replaced by `to`, built in one pass into `out` (replacing in place moved the
+// rest of the text at each occurrence: quadratic in a run of them). An empty
+// `from` matches at every character boundary, the start and the end
+// included, but not in an empty text, as the tokenizers library's Replace
+// decoder does to each token ("ab" -> "XaXbX"). False as soon as `out` would
+// pass `limit` bytes.
 bool replace_into(std::string& out, std::string_view s, std::string_view from, std::string_view to,
                   std::size_t limit = std::string::npos) {
   out.clear();
+  if (from.empty()) {
+    if (s.empty()) return true;
+    for (std::size_t i = 0; i < s.size(); i += char_size(s, i)) {
+      if (out.size() + to.size() + char_size(s, i) > limit) return false;
+      out.append(to).append(s.substr(i, char_size(s, i)));
+    }
+    if (out.size() + to.size() > limit) return false;
+    out.append(to);
+    return true;
+  }
   std::size_t at = 0;
   for (std::size_t f = s.find(from); f != std::string_view::npos; f = s.find(from, at)) {
     if (out.size() + (f - at) + to.size() > limit) return false;
@@ -272,6 +285,15 @@ class Bpe : public Tokenizer {
     const nlohmann::json json = wick::read_json_file(path);
     where_ = "tokenizer " + path;
     const wick::JsonFields j(json, where_);
+    // encode() gives a text's ids whole: the data plugins cut each document to
+    // their max_length (text_length) and pad batches themselves, so these
+    // sections would either cut text before packing or put padding among the
+    // labels; refused rather than silently skipped
+    for (const char* k : {"truncation", "padding"})
+      if (j.has(k))
+        j.bad(k, std::string("null: wick does not ") + (k[0] == 't' ? "truncate" : "pad") +
+                     " in the tokenizer (its data plugins cut documents to their max_length option and pad batches "
+                     "themselves); set \"" + k + "\": null");
     const wick::JsonFields m = j.object("model");
     if (m.string("type", "BPE") != "BPE") unsupported("model type " + m.string("type"));
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -383,7 +405,7 @@ class Bpe : public Tokenizer {
     for (const auto& d : decoder_) {
       switch (d.kind) {
         case DecodeStep::Replace:
-          if (!d.a.empty()) for (auto& t : toks) t = replaced(t, d.a, d.b);
+          for (auto& t : toks) t = replaced(t, d.a, d.b);
           break;
         case DecodeStep::Metaspace:  // the first token's replacements dropped (unless never prepended), the rest spaces
           for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = replaced(toks[i], d.a, i == 0 && d.n > 0 ? "" : " ");
@@ -473,7 +495,8 @@ class Bpe : public Tokenizer {
   };
   struct NormStep {
     enum Kind { Nfc, Nfkc, Prepend, Replace } kind;
-    std::string a, b;
+    std::string a, b;  // Prepend: the text; Replace: from, to
+    std::string key;   // where tokenizer.json has it: "normalizer.normalizers[2]"
   };
   struct DecodeStep {
     enum Kind { Replace, Metaspace, ByteFallback, Fuse, Strip } kind;
@@ -518,15 +541,24 @@ class Bpe : public Tokenizer {
 
   void read_normalizer(const wick::JsonFields& j) {
     if (!j.has("normalizer") || j.json()["normalizer"].is_null()) return;
-    for (const auto& s : steps_of(j, "normalizer", "normalizers")) {
-      const std::string t = s.string("type");
-      if (t == "NFC") norm_.push_back({NormStep::Nfc, "", ""});
-      else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", ""});
-      else if (t == "Prepend") norm_.push_back({NormStep::Prepend, s.string("prepend"), ""});
+    const auto steps = steps_of(j, "normalizer", "normalizers");
+    const bool sequence = j.object("normalizer").string("type") == "Sequence";
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const auto& s = steps[i];
+      const std::string t = s.string("type"), key = sequence ? "normalizer.normalizers[" + std::to_string(i) + "]" : "normalizer";
+      if (t == "NFC") norm_.push_back({NormStep::Nfc, "", "", key});
+      else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", "", key});
+      else if (t == "Prepend") norm_.push_back({NormStep::Prepend, s.string("prepend"), "", key});
       else if (t == "Replace") {
         const wick::JsonFields pat = s.object("pattern");
         if (!pat.has("String")) unsupported("a Replace normalizer with a regex pattern");
-        norm_.push_back({NormStep::Replace, pat.string("String"), s.string("content")});
+        // tokenizers puts the content at every character boundary, and then
+        // cuts pieces by its offset bookkeeping, not by the normalized text
+        // ("Gr" becomes "_G_r_", but the pieces "__", "G", "_", "r", "_")
+        if (pat.string("String").empty())
+          pat.bad("String", "a non-empty string (the tokenizers library inserts the content at every character "
+                            "boundary and cuts the result by its offsets, which wick does not reproduce)");
+        norm_.push_back({NormStep::Replace, pat.string("String"), s.string("content"), key});
       } else unsupported("normalizer " + t);
     }
   }
@@ -648,14 +680,37 @@ class Bpe : public Tokenizer {
     }
   }
 
+  // The normalizers in turn. Each step's text is bounded (kNormGrowth times
+  // the input's size plus kNormSlack bytes; NFKC grows text at most 11-fold,
+  // a Replace of " " with "\u2581" 3-fold): a stack of Replace "a" -> "aa"
+  // doubles it at each step, and the tokenizers library then runs for ever.
   std::string normalize(std::string s) const {
-    for (const auto& n : norm_) switch (n.kind) {
+    const std::size_t size = s.size(), limit = kNormGrowth * size + kNormSlack;
+    for (const auto& n : norm_) {
+      switch (n.kind) {
         case NormStep::Nfc: s = normal_form(s, false); break;
         case NormStep::Nfkc: s = normal_form(s, true); break;
         case NormStep::Prepend: if (!s.empty()) s = n.a + s; break;
-        case NormStep::Replace: if (!n.a.empty()) s = replaced(s, n.a, n.b); break;  // an empty pattern skipped, as before
+        case NormStep::Replace: {
+          std::string out;
+          if (!replace_into(out, s, n.a, n.b, limit)) too_long(n, size, limit);
+          s.swap(out);
+          break;
+        }
       }
+      if (s.size() > limit) too_long(n, size, limit);
+    }
     return s;
+  }
+
+  [[noreturn]] void too_long(const NormStep& n, std::size_t size, std::size_t limit) const {
+    std::string step = n.kind == NormStep::Replace ? "Replace " + wick::json_brief(n.a) + " with " + wick::json_brief(n.b)
+                       : n.kind == NormStep::Prepend ? "Prepend " + wick::json_brief(n.a)
+                       : n.kind == NormStep::Nfc ? "NFC" : "NFKC";
+    throw Error(where_ + ": " + n.key + " (" + step + ") makes a text of " + std::to_string(size) +
+                " bytes longer than " + std::to_string(limit) + " bytes, the limit on normalized text (" +
+                std::to_string(kNormGrowth) + " times the text's size plus " + std::to_string(kNormSlack) +
+                " bytes): a normalizer that multiplies the text is refused rather than run for ever");
   }
 
   // Calls emit(segment, -1, at_start) for text and emit("", id, false) for
@@ -839,6 +894,7 @@ class Bpe : public Tokenizer {
   }
 
   static constexpr std::size_t kCachedPieceBytes = 256, kCacheEntries = 1 << 16;
+  static constexpr std::size_t kNormGrowth = 64, kNormSlack = 4096;
   std::string path_, where_;
   std::unordered_map<std::string, std::int64_t> vocab_;
   std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> rank, merged id

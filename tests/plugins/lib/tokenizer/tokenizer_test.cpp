@@ -1,9 +1,10 @@
 // The BPE tokenizer's internal promises: its pre-tokenizer regex runs
 // PCRE2's JIT-compiled matcher, and its cache of pieces stays bounded on text
 // of ever new words while the ids stay what they were (issue 19); it encodes
-// in time linear in a line's length (issue 33). The long lines below take
-// well under a second each; encoded in quadratic time, as before, each took
-// hours, past ctest's timeout: the tests assert no time, the timeout does.
+// in time linear in a line's length, and refuses a normalizer that
+// multiplies the text (issue 33). The long lines below take well under a
+// second each; encoded in quadratic time, as before, each took hours, past
+// ctest's timeout: the tests assert no time, the timeout does.
 
 #include <gtest/gtest.h>
 
@@ -182,4 +183,42 @@ TEST(BpeTokenizer, ReplacesThroughALongLineInLinearTime) {
   EXPECT_EQ(std::vector<std::int64_t>(ids.begin(), ids.begin() + 5), (std::vector<std::int64_t>{4, 3, 9, 8, 5}));
   EXPECT_EQ(std::vector<std::int64_t>(ids.end() - 4, ids.end()), (std::vector<std::int64_t>{3, 9, 8, 5}));
   std::filesystem::remove_all(metaspace.parent_path());
+}
+
+TEST(BpeTokenizer, RefusesANormalizerThatMultipliesTheText) {
+  // 16 doublings: 65536 times the text, which the tokenizers library builds for as long as it takes
+  const auto path = write_tokenizer([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+    for (int i = 0; i < 16; ++i)
+      j["normalizer"]["normalizers"].push_back({{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "aa"}});
+  });
+  auto tok = wick::text::bpe_tokenizer(path.string());
+  std::string msg;
+  try {
+    tok->encode(std::string(10000, 'a'), false);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  // 10,000 x 2^7 is the first past 64 x 10,000 + 4096
+  EXPECT_NE(msg.find("tokenizer " + path.string() + ": normalizer.normalizers[6] (Replace \"a\" with \"aa\") makes a text "
+                     "of 10000 bytes longer than 644096 bytes, the limit on normalized text (64 times the text's size "
+                     "plus 4096 bytes)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(tok->encode("hello", false).size(), 3u);  // a text it leaves alone is encoded
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST(BpeTokenizer, AReplaceDecoderWithAnEmptyPatternFillsEveryBoundaryOfEachToken) {
+  // as the tokenizers library's: decoders.Replace("", "X").decode(["ab", "c"]) is "XaXbXXcX"
+  const auto path = write_tokenizer([](nlohmann::json& j) {
+    j["model"]["vocab"] = {{"<unk>", 0}, {"h", 1}, {"i", 2}, {"hi", 3}};
+    j["model"]["merges"] = {"h i"};
+    j["model"]["unk_token"] = "<unk>";
+    j["pre_tokenizer"] = nullptr;
+    j["decoder"] = {{"type", "Replace"}, {"pattern", {{"String", ""}}}, {"content", "X"}};
+  });
+  auto tok = wick::text::bpe_tokenizer(path.string());
+  EXPECT_EQ(tok->decode({3, 1}), "XhXiXXhX");
+  std::filesystem::remove_all(path.parent_path());
 }
