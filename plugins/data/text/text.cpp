@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <wick/kit/crc32c.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <cstdio>
@@ -229,7 +230,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v4\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v5\n" + tok + "\n" + eos + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -247,39 +248,72 @@ class Text : public wick::Dataset {
     return cache_path_;
   }
 
+  // The tensors of a cache file, in the order their CRC-32C runs over them.
+  static constexpr const char* kCacheTensors[] = {"ids", "labels", "offsets", "source", "line"};
+
+  // The documents of a cache file. One that cannot be used (unreadable,
+  // inconsistent, or with bytes that no longer match its checksum) is
+  // named on stderr, and the sources are tokenized again and the file
+  // rewritten: a damaged cache is never trained on.
   static bool read_cache(const fs::path& file, std::vector<Doc>& docs) {
     std::error_code ec;
     if (!fs::exists(file, ec)) return false;
+    std::string why;
     try {
-      auto f = wick::read_safetensors(file);
-      const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
-      const at::Tensor *source = f.get("source"), *line = f.get("line");
-      if (!ids || !labels || !offsets || !source || !line) return false;
-      if (source->numel() + 1 != offsets->numel() || line->numel() + 1 != offsets->numel()) return false;
-      const auto* pi = ids->data_ptr<std::int64_t>();
-      const auto* pl = labels->data_ptr<std::int64_t>();
-      const auto* po = offsets->data_ptr<std::int64_t>();
-      // a damaged cache is tokenized again, never read past its end
-      if (ids->numel() != labels->numel() || offsets->numel() < 1 || po[0] != 0 ||
-          po[offsets->numel() - 1] != ids->numel())
-        return false;
-      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d)
-        if (po[d + 1] < po[d]) return false;
-      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
-        Doc doc;
-        doc.ids.assign(pi + po[d], pi + po[d + 1]);
-        doc.labels.assign(pl + po[d], pl + po[d + 1]);
-        doc.source = source->data_ptr<std::int64_t>()[d];
-        doc.line = line->data_ptr<std::int64_t>()[d];
-        docs.push_back(std::move(doc));
-      }
-      return true;
-    } catch (const std::exception&) {
-      docs.clear();  // unreadable: tokenize again and rewrite it
-      return false;
+      why = read_cache_tensors(file, docs);
+    } catch (const std::exception& e) {
+      why = e.what();
     }
+    if (why.empty()) return true;
+    docs.clear();
+    std::fprintf(stderr, "wick: data 'text': the token cache %s is damaged (%s): tokenizing the sources again\n",
+                 file.c_str(), why.c_str());
+    return false;
   }
 
+  // "" when `docs` was read, else what is wrong with the file.
+  static std::string read_cache_tensors(const fs::path& file, std::vector<Doc>& docs) {
+    auto f = wick::read_safetensors(file);
+    std::uint32_t crc = 0;
+    for (const char* name : kCacheTensors) {
+      const at::Tensor* t = f.get(name);
+      if (!t) return std::string("no tensor ") + name;
+      if (t->scalar_type() != at::kLong || t->dim() != 1) return std::string("tensor ") + name + " is not a list of int64";
+      crc = wick::crc32c(t->data_ptr(), static_cast<std::size_t>(t->numel()) * sizeof(std::int64_t), crc);
+    }
+    const auto stored = f.metadata.find("crc32c");
+    if (stored == f.metadata.end()) return "no crc32c in its metadata";
+    if (stored->second != crc_hex(crc)) return "its CRC-32C is " + crc_hex(crc) + ", its metadata says " + stored->second;
+    const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
+    const at::Tensor *source = f.get("source"), *line = f.get("line");
+    if (source->numel() + 1 != offsets->numel() || line->numel() + 1 != offsets->numel()) return "offsets, source and line disagree";
+    const auto* pi = ids->data_ptr<std::int64_t>();
+    const auto* pl = labels->data_ptr<std::int64_t>();
+    const auto* po = offsets->data_ptr<std::int64_t>();
+    // never read past its end
+    if (ids->numel() != labels->numel() || offsets->numel() < 1 || po[0] != 0 || po[offsets->numel() - 1] != ids->numel())
+      return "its offsets do not span its ids";
+    for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d)
+      if (po[d + 1] < po[d]) return "its offsets decrease";
+    for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
+      Doc doc;
+      doc.ids.assign(pi + po[d], pi + po[d + 1]);
+      doc.labels.assign(pl + po[d], pl + po[d + 1]);
+      doc.source = source->data_ptr<std::int64_t>()[d];
+      doc.line = line->data_ptr<std::int64_t>()[d];
+      docs.push_back(std::move(doc));
+    }
+    return "";
+  }
+
+  static std::string crc_hex(std::uint32_t crc) {
+    char s[16];
+    std::snprintf(s, sizeof s, "%08x", crc);
+    return s;
+  }
+
+  // Written through a temporary file renamed over the old one
+  // (write_safetensors), with the CRC-32C of its tensors in the metadata.
   static void write_cache(const fs::path& file, const std::vector<Doc>& docs) {
     std::vector<std::int64_t> ids, labels, offsets{0}, source, line;
     for (const auto& d : docs) {
@@ -289,11 +323,15 @@ class Text : public wick::Dataset {
       source.push_back(d.source);
       line.push_back(d.line);
     }
+    std::uint32_t crc = 0;
+    for (const auto* v : {&ids, &labels, &offsets, &source, &line})  // kCacheTensors' order
+      crc = wick::crc32c(v->data(), v->size() * sizeof(std::int64_t), crc);
     try {
       fs::create_directories(file.parent_path());
       wick::write_safetensors(file, {{"ids", at::tensor(ids, at::kLong)}, {"labels", at::tensor(labels, at::kLong)},
                                      {"offsets", at::tensor(offsets, at::kLong)},
-                                     {"source", at::tensor(source, at::kLong)}, {"line", at::tensor(line, at::kLong)}});
+                                     {"source", at::tensor(source, at::kLong)}, {"line", at::tensor(line, at::kLong)}},
+                              {{"crc32c", crc_hex(crc)}});
     } catch (const std::exception&) {
       // a cache that cannot be written is only slower next time
     }
