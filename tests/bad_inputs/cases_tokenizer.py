@@ -1,7 +1,11 @@
 """tokenizer.json (byte-level BPE) and data `text`'s JSONL lines: what the
 tokenizers library refuses (merges of tokens outside the vocabulary, merges
 that are not two tokens, ids outside u32, wrong-typed fields) is refused,
-naming the file and the key; JSONL fields of the wrong type name the line."""
+naming the file and the key; so are truncation and padding sections (wick's
+data plugins cut and pad themselves), an empty Replace pattern, and
+normalizers that multiply the text (naming the step, the document and the
+limit); JSONL fields of the wrong type
+name the line."""
 import json
 
 from harness import Case
@@ -33,6 +37,24 @@ def jsonl(lines):
 
 def data(name, lines, message):
     return Case(name, ["run", "r.lua"], r"r\.lua:2: .*data 'text': d\.jsonl:" + message, setup=jsonl(lines))
+
+
+def data_with(edit, lines):
+    """d.jsonl's lines read by data `text` with m/tokenizer.json (edited)."""
+    def setup(d):
+        (d / "m").mkdir()
+        j = tokenizer_json()
+        edit(j)
+        (d / "m" / "tokenizer.json").write_text(json.dumps(j))
+        (d / "d.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        (d / "r.lua").write_text('local wick = require "wick"\n'
+                                 'wick.data("text", { file = "d.jsonl", tokenizer = "m/tokenizer.json", cache_dir = "none" })\n')
+    return setup
+
+
+def replace_stack(n, a, b):
+    return lambda j: j.__setitem__("normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": a}, "content": b}] * n})
 
 
 def append_merge(m):
@@ -107,6 +129,27 @@ CASES = [
          setup=lambda d: (write_decoder(d / "m"), (d / "m" / "tokenizer.json").mkdir())),
     Case("tokenizer.json is not JSON", ["generate", "m", "max_new_tokens=2"], r"m/tokenizer\.json is not valid JSON: ",
          setup=lambda d: (write_decoder(d / "m"), (d / "m" / "tokenizer.json").write_text('{"model": '))),
+    # 16 doublings: 65536 times the text, which the tokenizers library builds for as long as it takes
+    Case("Replace normalizers that multiply the text", ["run", "r.lua"],
+         r"r\.lua:2: .*data 'text': d\.jsonl:2: tokenizer m/tokenizer\.json: normalizer\.normalizers\[6\] "
+         r"\(Replace \"a\" with \"aa\"\) makes a text of 1000 bytes longer than 68096 bytes, the limit on normalized "
+         r"text \(64 times the text's size plus 4096 bytes\)",
+         setup=data_with(replace_stack(16, "a", "aa"), [{"text": "hello"}, {"text": "a" * 1000}])),
+    gen("an empty Replace pattern", lambda j: j.__setitem__("normalizer", {
+            "type": "Replace", "pattern": {"String": ""}, "content": "_"}),
+        TOK + r"normalizer\.pattern\.String is \"\", expected a non-empty string \(the tokenizers library inserts "
+        r"the content at every character boundary"),
+    gen("a truncation section", lambda j: j.__setitem__("truncation", {
+            "direction": "Right", "max_length": 512, "strategy": "LongestFirst", "stride": 0}),
+        TOK + r"truncation is \{.*, expected null: wick does not truncate in the tokenizer \(its data plugins cut "
+        r"documents to their max_length option and pad batches themselves\); set \"truncation\": null"),
+    gen("a padding section", lambda j: j.__setitem__("padding", {
+            "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+            "pad_type_id": 0, "pad_token": "<|endoftext|>"}),
+        TOK + r"padding is \{.*, expected null: wick does not pad in the tokenizer .*; set \"padding\": null"),
+    Case("a padding section, read by data text", ["run", "r.lua"],
+         r"r\.lua:2: .*" + TOK + r"padding is \{.*, expected null",
+         setup=data_with(lambda j: j.__setitem__("padding", {"strategy": {"Fixed": 8}, "pad_id": 0}), [{"text": "hi"}])),
     data("completion a number", ['{"prompt": "Q", "completion": 5}'], r"1: completion is 5, expected a string"),
     data("prompt without completion", ['{"text": "a"}', '{"prompt": "Q"}'], r"2: completion is missing, expected a string"),
     data("text a list", ['{"text": ["a"]}'], r"1: text is \[\"a\"\], expected a string"),

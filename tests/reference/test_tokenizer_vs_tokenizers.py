@@ -5,7 +5,8 @@ languages' gettext catalogs), special tokens included, and decoding gives
 what the library's decoders give: byte-level (GPT-2, Qwen2, LLaMA-3 with its
 BOS template and ignore_merges) and with byte fallback (LLaMA-2 and LLaVA-1.5's
 Prepend/Replace normalizers, Mistral's Metaspace), with added tokens'
-lstrip, rstrip, single_word and normalized flags."""
+lstrip, rstrip, single_word and normalized flags; and on one-line documents
+of hundreds of KB, which wick once encoded in quadratic time."""
 import glob
 import json
 
@@ -230,6 +231,30 @@ def test_ids_of_the_tokenizers_users_bring_equal_the_tokenizers_library(tmp_path
         assert fallback > 100  # characters outside the alphabet went through their bytes
 
 
+def long_lines(texts):
+    """One-line documents of hundreds of KB, where encoding time once grew
+    with the square of the length (issue 33): the corpus as one line, a
+    megabyte of words, half a megabyte of spaces (Replace and Metaspace put
+    U+2581 for each), and chat turns between added tokens."""
+    return [" ".join(t.replace("\n", " ") for t in texts), "word " * 200_000, " " * 500_000,
+            "<|im_start|>user\nHallo Welt<|im_end|>\n" * 10_000]
+
+
+@pytest.mark.parametrize("style", ["gpt2", "qwen2", "llama2", "mistral", "llama3"])
+def test_ids_of_long_lines_equal_the_tokenizers_library(tmp_path, run_wick, style):
+    texts = corpus()
+    tok = (build(style, texts) if style in ("gpt2", "qwen2") else build_llama3(texts) if style == "llama3"
+           else build_byte_fallback(style, texts))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    docs = long_lines(texts)
+    assert min(len(d.encode()) for d in docs) > 300_000
+    got = encode_decode_with_wick(tmp_path, run_wick, docs)
+    for text, g in zip(docs, got):
+        want = tok.encode(text).ids
+        ids = g["ids"] if isinstance(g["ids"], list) else []
+        assert len(ids) == len(want) and ids == want, (text[:40], len(ids), len(want))
+
+
 def _small(tmp_path):
     """A small trained byte-level BPE as JSON, and texts to encode."""
     texts = MULTILINGUAL * 4
@@ -339,6 +364,16 @@ UNSUPPORTED = {
         _set("post_processor", dict(TEMPLATE_BOS, single=[{"Sequence": {"id": "A", "type_id": 0}},
                                                           {"SpecialToken": {"id": "<s>", "type_id": 0}}])),
         r"uses a post-processor template with tokens after the sequence \(post_processor\.single\[1\]\)"),
+    # the library's normalized text is "_G_r_" for "Gr", but its pieces "__", "G", "_", "r", "_"
+    "an empty Replace pattern": (_set("normalizer", {"type": "Sequence", "normalizers": [
+                                     {"type": "NFC"}, {"type": "Replace", "pattern": {"String": ""}, "content": "_"}]}),
+                                 r"normalizer\.normalizers\[1\]\.pattern\.String is \"\", expected a non-empty string"),
+    "a truncation section": (_set("truncation", {"direction": "Right", "max_length": 512, "strategy": "LongestFirst",
+                                                 "stride": 0}),
+                             r"truncation is \{.*, expected null: wick does not truncate in the tokenizer"),
+    "a padding section": (_set("padding", {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                                           "pad_id": 0, "pad_type_id": 0, "pad_token": "<s>"}),
+                          r"padding is \{.*, expected null: wick does not pad in the tokenizer"),
     "a CTC decoder": (_set("decoder", {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True}),
                       r"uses decoder CTC"),
 }

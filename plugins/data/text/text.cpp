@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <wick/kit/crc32c.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <cstdio>
@@ -74,7 +75,7 @@ class Text : public wick::Dataset {
       std::int64_t k = 0;
       if (o.has("files"))
         for (const auto& f : o.at("files").as_list()) {
-          docs.push_back(text_doc(read_file(f.as_string())));
+          docs.push_back(text_doc(read_file(f.as_string()), "", f.as_string()));
           docs.back().source = k++;
         }
       if (o.has("file")) read_jsonl(o.get_string("file"), k, docs);
@@ -172,13 +173,18 @@ class Text : public wick::Dataset {
     return ss.str();
   }
 
-  Doc text_doc(const std::string& text, const std::string& prompt = "") const {
+  // The document's tokens; the tokenizer's errors name it (`where`: its file, and JSONL line).
+  Doc text_doc(const std::string& text, const std::string& prompt, const std::string& where) const {
     Doc d;
-    d.ids = encode(prompt);
-    d.labels.assign(d.ids.size(), kIgnore);
-    for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
-      d.ids.push_back(id);
-      d.labels.push_back(id);
+    try {
+      d.ids = encode(prompt);
+      d.labels.assign(d.ids.size(), kIgnore);
+      for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
+        d.ids.push_back(id);
+        d.labels.push_back(id);
+      }
+    } catch (const wick::Error& e) {
+      throw wick::Error("data 'text': " + where + ": " + e.what());
     }
     d.ids.push_back(eos_);
     d.labels.push_back(eos_);
@@ -193,16 +199,17 @@ class Text : public wick::Dataset {
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       const std::size_t before = docs.size();
-      auto r = wick::text::parse_jsonl_line(line, path + ":" + std::to_string(n), vocab_);
+      const std::string where = path + ":" + std::to_string(n);
+      auto r = wick::text::parse_jsonl_line(line, where, vocab_);
       if (r.kind == wick::text::JsonlRecord::Ids) {
         Doc d;
         d.ids = std::move(r.ids);
         d.labels = r.labels.empty() ? d.ids : std::move(r.labels);
         docs.push_back(std::move(d));
       } else if (r.kind == wick::text::JsonlRecord::PromptCompletion) {
-        docs.push_back(text_doc(r.text, r.prompt));
+        docs.push_back(text_doc(r.text, r.prompt, where));
       } else if (r.kind == wick::text::JsonlRecord::Text) {
-        docs.push_back(text_doc(r.text));
+        docs.push_back(text_doc(r.text, "", where));
       }
       for (std::size_t k = before; k < docs.size(); ++k) {
         docs[k].source = source;
@@ -223,7 +230,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v4\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v5\n" + tok + "\n" + eos + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -241,39 +248,72 @@ class Text : public wick::Dataset {
     return cache_path_;
   }
 
+  // The tensors of a cache file, in the order their CRC-32C runs over them.
+  static constexpr const char* kCacheTensors[] = {"ids", "labels", "offsets", "source", "line"};
+
+  // The documents of a cache file. One that cannot be used (unreadable,
+  // inconsistent, or with bytes that no longer match its checksum) is
+  // named on stderr, and the sources are tokenized again and the file
+  // rewritten: a damaged cache is never trained on.
   static bool read_cache(const fs::path& file, std::vector<Doc>& docs) {
     std::error_code ec;
     if (!fs::exists(file, ec)) return false;
+    std::string why;
     try {
-      auto f = wick::read_safetensors(file);
-      const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
-      const at::Tensor *source = f.get("source"), *line = f.get("line");
-      if (!ids || !labels || !offsets || !source || !line) return false;
-      if (source->numel() + 1 != offsets->numel() || line->numel() + 1 != offsets->numel()) return false;
-      const auto* pi = ids->data_ptr<std::int64_t>();
-      const auto* pl = labels->data_ptr<std::int64_t>();
-      const auto* po = offsets->data_ptr<std::int64_t>();
-      // a damaged cache is tokenized again, never read past its end
-      if (ids->numel() != labels->numel() || offsets->numel() < 1 || po[0] != 0 ||
-          po[offsets->numel() - 1] != ids->numel())
-        return false;
-      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d)
-        if (po[d + 1] < po[d]) return false;
-      for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
-        Doc doc;
-        doc.ids.assign(pi + po[d], pi + po[d + 1]);
-        doc.labels.assign(pl + po[d], pl + po[d + 1]);
-        doc.source = source->data_ptr<std::int64_t>()[d];
-        doc.line = line->data_ptr<std::int64_t>()[d];
-        docs.push_back(std::move(doc));
-      }
-      return true;
-    } catch (const std::exception&) {
-      docs.clear();  // unreadable: tokenize again and rewrite it
-      return false;
+      why = read_cache_tensors(file, docs);
+    } catch (const std::exception& e) {
+      why = e.what();
     }
+    if (why.empty()) return true;
+    docs.clear();
+    std::fprintf(stderr, "wick: data 'text': the token cache %s is damaged (%s): tokenizing the sources again\n",
+                 file.c_str(), why.c_str());
+    return false;
   }
 
+  // "" when `docs` was read, else what is wrong with the file.
+  static std::string read_cache_tensors(const fs::path& file, std::vector<Doc>& docs) {
+    auto f = wick::read_safetensors(file);
+    std::uint32_t crc = 0;
+    for (const char* name : kCacheTensors) {
+      const at::Tensor* t = f.get(name);
+      if (!t) return std::string("no tensor ") + name;
+      if (t->scalar_type() != at::kLong || t->dim() != 1) return std::string("tensor ") + name + " is not a list of int64";
+      crc = wick::crc32c(t->data_ptr(), static_cast<std::size_t>(t->numel()) * sizeof(std::int64_t), crc);
+    }
+    const auto stored = f.metadata.find("crc32c");
+    if (stored == f.metadata.end()) return "no crc32c in its metadata";
+    if (stored->second != crc_hex(crc)) return "its CRC-32C is " + crc_hex(crc) + ", its metadata says " + stored->second;
+    const at::Tensor *ids = f.get("ids"), *labels = f.get("labels"), *offsets = f.get("offsets");
+    const at::Tensor *source = f.get("source"), *line = f.get("line");
+    if (source->numel() + 1 != offsets->numel() || line->numel() + 1 != offsets->numel()) return "offsets, source and line disagree";
+    const auto* pi = ids->data_ptr<std::int64_t>();
+    const auto* pl = labels->data_ptr<std::int64_t>();
+    const auto* po = offsets->data_ptr<std::int64_t>();
+    // never read past its end
+    if (ids->numel() != labels->numel() || offsets->numel() < 1 || po[0] != 0 || po[offsets->numel() - 1] != ids->numel())
+      return "its offsets do not span its ids";
+    for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d)
+      if (po[d + 1] < po[d]) return "its offsets decrease";
+    for (std::int64_t d = 0; d + 1 < offsets->numel(); ++d) {
+      Doc doc;
+      doc.ids.assign(pi + po[d], pi + po[d + 1]);
+      doc.labels.assign(pl + po[d], pl + po[d + 1]);
+      doc.source = source->data_ptr<std::int64_t>()[d];
+      doc.line = line->data_ptr<std::int64_t>()[d];
+      docs.push_back(std::move(doc));
+    }
+    return "";
+  }
+
+  static std::string crc_hex(std::uint32_t crc) {
+    char s[16];
+    std::snprintf(s, sizeof s, "%08x", crc);
+    return s;
+  }
+
+  // Written through a temporary file renamed over the old one
+  // (write_safetensors), with the CRC-32C of its tensors in the metadata.
   static void write_cache(const fs::path& file, const std::vector<Doc>& docs) {
     std::vector<std::int64_t> ids, labels, offsets{0}, source, line;
     for (const auto& d : docs) {
@@ -283,11 +323,15 @@ class Text : public wick::Dataset {
       source.push_back(d.source);
       line.push_back(d.line);
     }
+    std::uint32_t crc = 0;
+    for (const auto* v : {&ids, &labels, &offsets, &source, &line})  // kCacheTensors' order
+      crc = wick::crc32c(v->data(), v->size() * sizeof(std::int64_t), crc);
     try {
       fs::create_directories(file.parent_path());
       wick::write_safetensors(file, {{"ids", at::tensor(ids, at::kLong)}, {"labels", at::tensor(labels, at::kLong)},
                                      {"offsets", at::tensor(offsets, at::kLong)},
-                                     {"source", at::tensor(source, at::kLong)}, {"line", at::tensor(line, at::kLong)}});
+                                     {"source", at::tensor(source, at::kLong)}, {"line", at::tensor(line, at::kLong)}},
+                              {{"crc32c", crc_hex(crc)}});
     } catch (const std::exception&) {
       // a cache that cannot be written is only slower next time
     }

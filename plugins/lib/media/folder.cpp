@@ -292,7 +292,11 @@ class MediaFolder : public wick::Dataset {
                           "to the tokenizer's added_tokens or set image_token");
       it.ids = prompt_ids;
       it.labels.assign(prompt_ids.size(), kIgnore);
-      for (auto id : tokenizer_->encode(it.text, /*add_special_tokens=*/false)) it.ids.push_back(id), it.labels.push_back(id);
+      try {
+        for (auto id : tokenizer_->encode(it.text, /*add_special_tokens=*/false)) it.ids.push_back(id), it.labels.push_back(id);
+      } catch (const wick::Error& e) {
+        throw wick::Error(where + ": the text of " + it.path + ": " + e.what());
+      }
       it.ids.push_back(eos_);
       it.labels.push_back(eos_);
       if (static_cast<std::int64_t>(it.ids.size()) > text_length_) {

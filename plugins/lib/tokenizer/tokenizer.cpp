@@ -10,7 +10,9 @@
 #include <cctype>
 #include <climits>
 #include <fstream>
+#include <memory>
 #include <queue>
+#include <string_view>
 #include <utility>
 
 #include <wick/kit/json_fields.hpp>
@@ -99,15 +101,18 @@ const ByteMap& byte_map() {
   return m;
 }
 
+// The length of the UTF-8 character starting at s[i], by its first byte
+// (cut short at the end of s).
+std::size_t char_size(std::string_view s, std::size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+  return std::min(n, s.size() - i);
+}
+
 // UTF-8 characters of a string.
 std::vector<std::string> chars(const std::string& s) {
   std::vector<std::string> out;
-  for (std::size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
-    out.push_back(s.substr(i, n));
-    i += n;
-  }
+  for (std::size_t i = 0; i < s.size(); i += char_size(s, i)) out.push_back(s.substr(i, char_size(s, i)));
   return out;
 }
 
@@ -134,31 +139,36 @@ class Regex {
   // Split with "Isolated" behaviour: matches and the text between them are
   // pieces, as the tokenizers library splits: every match counts, an empty
   // one too (it cuts the text there), but not an empty match right where the
-  // last match ended (the search then moves on one character).
-  std::vector<std::string> split(const std::string& s) const {
-    std::vector<std::string> out;
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+  // last match ended (the search then moves on one character). Calls
+  // piece(offset, size) for each, in order.
+  template <class F>
+  void split(const std::string& s, F&& piece) const {
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+        pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
     std::size_t from = 0, prev = 0, last_end = 0;
     bool matched = false;
+    // PCRE2 checks the UTF-8 from the start offset to the subject's end on
+    // each call, which made a long line quadratic: the first call checks it
+    // all (an invalid text stays one piece, as before), the others skip it
+    std::uint32_t options = 0;
     while (from <= s.size()) {
-      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), from, 0, md, nullptr);
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), from, options, md.get(), nullptr);
       if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      options = PCRE2_NO_UTF_CHECK;
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
       const std::size_t b = ov[0], e = ov[1];
       if (e == b && matched && e == last_end) {
         if (from >= s.size()) break;
-        from += chars(s.substr(from, 4)).front().size();
+        from += char_size(s, from);
         continue;
       }
       from = last_end = e;
       matched = true;
-      if (b > prev) out.push_back(s.substr(prev, b - prev));
-      if (e > b) out.push_back(s.substr(b, e - b));
+      if (b > prev) piece(prev, b - prev);
+      if (e > b) piece(b, e - b);
       prev = e;
     }
-    if (prev < s.size()) out.push_back(s.substr(prev));
-    pcre2_match_data_free(md);
-    return out;
+    if (prev < s.size()) piece(prev, s.size() - prev);
   }
 
  private:
@@ -178,10 +188,41 @@ std::string normal_form(const std::string& s, bool compat) {
   return out;
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  if (from.empty()) return;
-  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
+// `s` with each occurrence of `from` (leftmost first, none overlapping)
+// replaced by `to`, built in one pass into `out` (replacing in place moved the
+// rest of the text at each occurrence: quadratic in a run of them). An empty
+// `from` matches at every character boundary, the start and the end
+// included, but not in an empty text, as the tokenizers library's Replace
+// decoder does to each token ("ab" -> "XaXbX"). False as soon as `out` would
+// pass `limit` bytes.
+bool replace_into(std::string& out, std::string_view s, std::string_view from, std::string_view to,
+                  std::size_t limit = std::string::npos) {
+  out.clear();
+  if (from.empty()) {
+    if (s.empty()) return true;
+    for (std::size_t i = 0; i < s.size(); i += char_size(s, i)) {
+      if (out.size() + to.size() + char_size(s, i) > limit) return false;
+      out.append(to).append(s.substr(i, char_size(s, i)));
+    }
+    if (out.size() + to.size() > limit) return false;
+    out.append(to);
+    return true;
+  }
+  std::size_t at = 0;
+  for (std::size_t f = s.find(from); f != std::string_view::npos; f = s.find(from, at)) {
+    if (out.size() + (f - at) + to.size() > limit) return false;
+    out.append(s.substr(at, f - at)).append(to);
+    at = f + from.size();
+  }
+  if (out.size() + (s.size() - at) > limit) return false;
+  out.append(s.substr(at));
+  return true;
+}
+
+std::string replaced(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  replace_into(out, s, from, to);
+  return out;
 }
 
 // The code point at s[i] (a valid UTF-8 sequence), or -1.
@@ -244,6 +285,15 @@ class Bpe : public Tokenizer {
     const nlohmann::json json = wick::read_json_file(path);
     where_ = "tokenizer " + path;
     const wick::JsonFields j(json, where_);
+    // encode() gives a text's ids whole: the data plugins cut each document to
+    // their max_length (text_length) and pad batches themselves, so these
+    // sections would either cut text before packing or put padding among the
+    // labels; refused rather than silently skipped
+    for (const char* k : {"truncation", "padding"})
+      if (j.has(k))
+        j.bad(k, std::string("null: wick does not ") + (k[0] == 't' ? "truncate" : "pad") +
+                     " in the tokenizer (its data plugins cut documents to their max_length option and pad batches "
+                     "themselves); set \"" + k + "\": null");
     const wick::JsonFields m = j.object("model");
     if (m.string("type", "BPE") != "BPE") unsupported("model type " + m.string("type"));
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -310,6 +360,11 @@ class Bpe : public Tokenizer {
     std::erase_if(added_, [](const Added& a) { return a.pattern.empty(); });
     // the earliest match, the longest among those starting there
     std::stable_sort(added_.begin(), added_.end(), [](const Added& x, const Added& y) { return x.pattern.size() > y.pattern.size(); });
+    for (std::size_t i = 0; i < added_.size(); ++i) {
+      auto& table = first_byte_[added_[i].normalized];
+      table.resize(256);
+      table[static_cast<unsigned char>(added_[i].pattern[0])].push_back(i);
+    }
     read_pre_tokenizer(j);
     read_post_processor(j);
     read_decoder(j);
@@ -350,10 +405,10 @@ class Bpe : public Tokenizer {
     for (const auto& d : decoder_) {
       switch (d.kind) {
         case DecodeStep::Replace:
-          for (auto& t : toks) replace_all(t, d.a, d.b);
+          for (auto& t : toks) t = replaced(t, d.a, d.b);
           break;
         case DecodeStep::Metaspace:  // the first token's replacements dropped (unless never prepended), the rest spaces
-          for (std::size_t i = 0; i < toks.size(); ++i) replace_all(toks[i], d.a, i == 0 && d.n > 0 ? "" : " ");
+          for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = replaced(toks[i], d.a, i == 0 && d.n > 0 ? "" : " ");
           break;
         case DecodeStep::ByteFallback: {
           std::vector<std::string> out;
@@ -440,7 +495,8 @@ class Bpe : public Tokenizer {
   };
   struct NormStep {
     enum Kind { Nfc, Nfkc, Prepend, Replace } kind;
-    std::string a, b;
+    std::string a, b;  // Prepend: the text; Replace: from, to
+    std::string key;   // where tokenizer.json has it: "normalizer.normalizers[2]"
   };
   struct DecodeStep {
     enum Kind { Replace, Metaspace, ByteFallback, Fuse, Strip } kind;
@@ -485,15 +541,24 @@ class Bpe : public Tokenizer {
 
   void read_normalizer(const wick::JsonFields& j) {
     if (!j.has("normalizer") || j.json()["normalizer"].is_null()) return;
-    for (const auto& s : steps_of(j, "normalizer", "normalizers")) {
-      const std::string t = s.string("type");
-      if (t == "NFC") norm_.push_back({NormStep::Nfc, "", ""});
-      else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", ""});
-      else if (t == "Prepend") norm_.push_back({NormStep::Prepend, s.string("prepend"), ""});
+    const auto steps = steps_of(j, "normalizer", "normalizers");
+    const bool sequence = j.object("normalizer").string("type") == "Sequence";
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const auto& s = steps[i];
+      const std::string t = s.string("type"), key = sequence ? "normalizer.normalizers[" + std::to_string(i) + "]" : "normalizer";
+      if (t == "NFC") norm_.push_back({NormStep::Nfc, "", "", key});
+      else if (t == "NFKC") norm_.push_back({NormStep::Nfkc, "", "", key});
+      else if (t == "Prepend") norm_.push_back({NormStep::Prepend, s.string("prepend"), "", key});
       else if (t == "Replace") {
         const wick::JsonFields pat = s.object("pattern");
         if (!pat.has("String")) unsupported("a Replace normalizer with a regex pattern");
-        norm_.push_back({NormStep::Replace, pat.string("String"), s.string("content")});
+        // tokenizers puts the content at every character boundary, and then
+        // cuts pieces by its offset bookkeeping, not by the normalized text
+        // ("Gr" becomes "_G_r_", but the pieces "__", "G", "_", "r", "_")
+        if (pat.string("String").empty())
+          pat.bad("String", "a non-empty string (the tokenizers library inserts the content at every character "
+                            "boundary and cuts the result by its offsets, which wick does not reproduce)");
+        norm_.push_back({NormStep::Replace, pat.string("String"), s.string("content"), key});
       } else unsupported("normalizer " + t);
     }
   }
@@ -615,100 +680,111 @@ class Bpe : public Tokenizer {
     }
   }
 
+  // The normalizers in turn. Each step's text is bounded (kNormGrowth times
+  // the input's size plus kNormSlack bytes; NFKC grows text at most 11-fold,
+  // a Replace of " " with "\u2581" 3-fold): a stack of Replace "a" -> "aa"
+  // doubles it at each step, and the tokenizers library then runs for ever.
   std::string normalize(std::string s) const {
-    for (const auto& n : norm_) switch (n.kind) {
+    const std::size_t size = s.size(), limit = kNormGrowth * size + kNormSlack;
+    for (const auto& n : norm_) {
+      switch (n.kind) {
         case NormStep::Nfc: s = normal_form(s, false); break;
         case NormStep::Nfkc: s = normal_form(s, true); break;
         case NormStep::Prepend: if (!s.empty()) s = n.a + s; break;
-        case NormStep::Replace: replace_all(s, n.a, n.b); break;
+        case NormStep::Replace: {
+          std::string out;
+          if (!replace_into(out, s, n.a, n.b, limit)) too_long(n, size, limit);
+          s.swap(out);
+          break;
+        }
       }
+      if (s.size() > limit) too_long(n, size, limit);
+    }
     return s;
+  }
+
+  [[noreturn]] void too_long(const NormStep& n, std::size_t size, std::size_t limit) const {
+    std::string step = n.kind == NormStep::Replace ? "Replace " + wick::json_brief(n.a) + " with " + wick::json_brief(n.b)
+                       : n.kind == NormStep::Prepend ? "Prepend " + wick::json_brief(n.a)
+                       : n.kind == NormStep::Nfc ? "NFC" : "NFKC";
+    throw Error(where_ + ": " + n.key + " (" + step + ") makes a text of " + std::to_string(size) +
+                " bytes longer than " + std::to_string(limit) + " bytes, the limit on normalized text (" +
+                std::to_string(kNormGrowth) + " times the text's size plus " + std::to_string(kNormSlack) +
+                " bytes): a normalizer that multiplies the text is refused rather than run for ever");
   }
 
   // Calls emit(segment, -1, at_start) for text and emit("", id, false) for
   // the added tokens (those with `normalized` as given) found in `text`:
   // the earliest match, the longest there; single_word ones only between
   // non-word characters; lstrip/rstrip ones take the whitespace beside them.
+  // One pass over the text: at each byte only the tokens starting with it
+  // are tried (searching the rest of the text for each token at each match
+  // was quadratic in the matches).
   template <class F>
   void split_added(const std::string& text, bool normalized, F&& emit) const {
+    const auto& first = first_byte_[normalized];
     std::size_t pos = 0;
-    bool any = false;
-    for (const auto& a : added_) any = any || a.normalized == normalized;
-    while (pos < text.size() && any) {
-      std::size_t best = std::string::npos;
+    for (std::size_t f = 0; f < text.size() && !first.empty(); ++f) {
+      const auto& cands = first[static_cast<unsigned char>(text[f])];
       const Added* tok = nullptr;
-      for (const auto& a : added_) {
-        if (a.normalized != normalized) continue;
-        for (std::size_t f = text.find(a.pattern, pos); f != std::string::npos && (best == std::string::npos || f < best);
-             f = text.find(a.pattern, f + 1)) {
-          if (a.single_word) {
-            const std::size_t e = f + a.pattern.size();
-            if ((f > 0 && word_char(code_point(text, char_before(text, f)))) || (e < text.size() && word_char(code_point(text, e))))
-              continue;
-          }
-          best = f, tok = &a;
-          break;
-        }
+      for (std::size_t k = 0; k < cands.size() && !tok; ++k) {
+        const Added& a = added_[cands[k]];
+        if (text.compare(f, a.pattern.size(), a.pattern) != 0) continue;
+        const std::size_t e = f + a.pattern.size();
+        if (a.single_word && ((f > 0 && word_char(code_point(text, char_before(text, f)))) ||
+                              (e < text.size() && word_char(code_point(text, e)))))
+          continue;
+        tok = &a;
       }
-      if (!tok) break;
-      std::size_t b = best, e = best + tok->pattern.size();
+      if (!tok) continue;
+      std::size_t b = f, e = f + tok->pattern.size();
       if (tok->lstrip)
         while (b > pos && space_char(code_point(text, char_before(text, b)))) b = char_before(text, b);
       if (tok->rstrip)
-        while (e < text.size() && space_char(code_point(text, e))) e += chars(text.substr(e, 4)).front().size();
+        while (e < text.size() && space_char(code_point(text, e))) e += char_size(text, e);
       if (b > pos) emit(text.substr(pos, b - pos), -1, pos == 0);
       emit(std::string(), tok->id, false);
       pos = e;
+      f = e - 1;  // the next match starts at e or after
     }
-    if (pos < text.size()) emit(text.substr(pos), -1, pos == 0);
+    if (pos == 0 && !text.empty()) emit(text, -1, true);
+    else if (pos < text.size()) emit(text.substr(pos), -1, false);
   }
 
   // Pre-tokenizes one normalized segment and runs BPE over each piece.
   void encode_normalized(const std::string& s, bool at_start, std::vector<std::int64_t>& ids) const {
-    if (s.empty()) return;
-    std::vector<std::pair<std::string, bool>> pieces{{s, at_start}};  // a piece and whether it begins the input
-    for (const auto& step : pre_) {
-      std::vector<std::pair<std::string, bool>> next;
-      for (auto& [p, first] : pieces) {
-        std::string q = p;
-        if (step.kind == PreStep::ByteLevel && step.prefix_space && !q.starts_with(" ")) q = " " + q;
-        if (step.kind == PreStep::Metaspace) {
-          replace_all(q, " ", step.replacement);
-          if ((step.prepend == "always" || (step.prepend == "first" && first)) && !q.starts_with(step.replacement))
-            q = step.replacement + q;
-          if (!step.split) {
-            next.emplace_back(std::move(q), first);
-            continue;
-          }
-          // on the replacement, each one joined to what follows it unless that is one too
-          std::vector<std::string> parts;
-          std::size_t from = 0;
-          for (std::size_t at = q.find(step.replacement); at != std::string::npos; at = q.find(step.replacement, from)) {
-            if (at > from) parts.push_back(q.substr(from, at - from));
-            parts.push_back(step.replacement);
-            from = at + step.replacement.size();
-          }
-          if (from < q.size()) parts.push_back(q.substr(from));
-          std::vector<std::string> merged;
-          for (std::size_t i = parts.size(); i-- > 0;) {
-            const bool delim = parts[i] == step.replacement;
-            const bool next_delim = i + 1 < parts.size() && parts[i + 1] == step.replacement;
-            if (delim && i + 1 < parts.size() && !next_delim && !merged.empty()) merged.back() = parts[i] + merged.back();
-            else merged.push_back(parts[i]);
-          }
-          for (std::size_t i = merged.size(); i-- > 0;) next.emplace_back(std::move(merged[i]), first && i + 1 == merged.size());
-          continue;
+    if (!s.empty()) pre_tokenize(s, at_start, 0, ids);
+  }
+
+  // Runs the pre-tokenizer's steps from the k-th on over one piece (whether
+  // it begins the input: `first`), each piece a step cuts going through the
+  // next steps at once, then through BPE: no step holds all of a long line's
+  // pieces.
+  void pre_tokenize(const std::string& p, bool first, std::size_t k, std::vector<std::int64_t>& ids) const {
+    if (k == pre_.size()) return bpe(p, ids);
+    const PreStep& step = pre_[k];
+    if (step.kind == PreStep::Metaspace) {
+      const std::string& r = step.replacement;
+      std::string q = replaced(p, " ", r);
+      if ((step.prepend == "always" || (step.prepend == "first" && first)) && !q.starts_with(r)) q = r + q;
+      if (!step.split) return pre_tokenize(q, first, k + 1, ids);
+      // cut before each replacement: each joined to what follows it up to the next
+      std::size_t cut = 0;
+      bool f = first;
+      for (std::size_t at = q.find(r); at != std::string::npos; at = q.find(r, at + r.size()))
+        if (at > cut) {
+          pre_tokenize(q.substr(cut, at - cut), std::exchange(f, false), k + 1, ids);
+          cut = at;
         }
-        if (!step.regex) {
-          next.emplace_back(std::move(q), first);
-          continue;
-        }
-        bool f = first;
-        for (auto& r : step.regex->split(q)) next.emplace_back(std::move(r), std::exchange(f, false));
-      }
-      pieces.swap(next);
+      if (cut < q.size()) pre_tokenize(q.substr(cut), f, k + 1, ids);
+      return;
     }
-    for (const auto& [p, first] : pieces) bpe(p, ids);
+    std::string prefixed;
+    if (step.kind == PreStep::ByteLevel && step.prefix_space && !p.starts_with(" ")) prefixed = " " + p;
+    const std::string& q = prefixed.empty() ? p : prefixed;
+    if (!step.regex) return pre_tokenize(q, first, k + 1, ids);
+    bool f = first;
+    step.regex->split(q, [&](std::size_t at, std::size_t n) { pre_tokenize(q.substr(at, n), std::exchange(f, false), k + 1, ids); });
   }
 
   void bpe(const std::string& piece, std::vector<std::int64_t>& ids) const {
@@ -742,7 +818,9 @@ class Bpe : public Tokenizer {
   // until none applies: the tokenizers library's order, in O(n log n).
   std::vector<std::int64_t> merge(const std::string& word) const {
     std::vector<std::int64_t> sym;
-    for (const auto& c : chars(word)) {
+    std::string c;  // one character at a time: a long word's characters are never held as strings at once
+    for (std::size_t at = 0; at < word.size(); at += c.size()) {
+      c.assign(word, at, char_size(word, at));
       if (auto it = vocab_.find(c); it != vocab_.end()) {
         sym.push_back(it->second);
         continue;
@@ -794,9 +872,10 @@ class Bpe : public Tokenizer {
   }
 
   std::string decode_byte_level(const std::vector<std::int64_t>& ids) const {
-    std::string out, pending;
+    std::string out, pending, c;
     auto flush = [&] {
-      for (const auto& c : chars(pending)) {
+      for (std::size_t at = 0; at < pending.size(); at += c.size()) {
+        c.assign(pending, at, char_size(pending, at));
         auto it = byte_map().to_byte.find(c);
         if (it != byte_map().to_byte.end()) out.push_back(static_cast<char>(it->second));
       }
@@ -815,11 +894,15 @@ class Bpe : public Tokenizer {
   }
 
   static constexpr std::size_t kCachedPieceBytes = 256, kCacheEntries = 1 << 16;
+  static constexpr std::size_t kNormGrowth = 64, kNormSlack = 4096;
   std::string path_, where_;
   std::unordered_map<std::string, std::int64_t> vocab_;
   std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> rank, merged id
   std::unordered_map<std::int64_t, std::string> by_id_, added_ids_;
   std::vector<Added> added_;
+  // [normalized][first byte]: the added tokens whose pattern starts with it,
+  // in added_'s order (longest first); empty where there are none
+  std::vector<std::vector<std::size_t>> first_byte_[2];
   std::vector<NormStep> norm_;
   std::vector<PreStep> pre_;
   std::vector<std::vector<std::int64_t>> template_;  // the single template: special ids, {} for the sequence

@@ -1,7 +1,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include "../../../test_util.hpp"
 #include "wick/data.hpp"
@@ -61,6 +63,43 @@ TEST(TextData, TokenizedDocumentsAreCachedOnDiskUntilTheSourceChanges) {
   auto off = opts;
   off["cache_dir"] = Value("none");
   EXPECT_FALSE(test::make<Dataset>("text", PluginKind::Data, off)->attributes().at("cached").as_bool());
+}
+
+TEST(TextData, ACacheWithAFlippedByteIsTokenizedAgainToTheSameIds) {
+  test::TempDir dir;
+  const auto file = dir.path / "d.jsonl";
+  std::ofstream(file) << R"({"prompt": "Q:", "completion": "ab"})" "\n" << R"({"text": "hello"})" "\n";
+  const std::map<std::string, Value> opts{{"file", Value(file.string())}, {"cache_dir", Value((dir.path / "cache").string())}};
+  auto fresh = test::make<Dataset>("text", PluginKind::Data, opts);
+  const std::string cache = fresh->attributes().at("cache_file").as_string();
+  // the first id's low byte, 8 + the header's length into the file: 'Q' becomes 'P', a valid id, the labels unchanged
+  std::string bytes;
+  {
+    std::ifstream in(cache, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 8u);
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = (header << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  ASSERT_NE(bytes.find("\"ids\""), std::string::npos);
+  ASSERT_EQ(bytes[8 + header], 'Q');
+  bytes[8 + header] ^= 0x01;
+  std::ofstream(cache, std::ios::binary | std::ios::trunc) << bytes;
+  testing::internal::CaptureStderr();
+  auto again = test::make<Dataset>("text", PluginKind::Data, opts);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(again->attributes().at("cached").as_bool());
+  EXPECT_THAT(err, HasSubstr("wick: data 'text': the token cache " + cache + " is damaged (its CRC-32C is "));
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  ASSERT_EQ(again->size(), fresh->size());
+  for (std::int64_t i = 0; i < fresh->size(); ++i) {
+    EXPECT_EQ(row(again->get(i).at("input_ids")), row(fresh->get(i).at("input_ids")));
+    EXPECT_EQ(row(again->get(i).at("labels")), row(fresh->get(i).at("labels")));
+  }
+  // and rewritten whole: the next run reads it
+  auto third = test::make<Dataset>("text", PluginKind::Data, opts);
+  EXPECT_TRUE(third->attributes().at("cached").as_bool());
+  EXPECT_EQ(row(third->get(0).at("input_ids")), row(fresh->get(0).at("input_ids")));
 }
 
 TEST(TextData, PackingCutsTheConcatenatedDocumentsIntoChunks) {
