@@ -8,6 +8,12 @@ def recipe(text):
     return setup
 
 
+TRAIN = ("local wick = require 'wick'\n"
+         "local d = wick.data('synthetic', {{ size = 8, inputs = 4, classes = 2 }})\n"
+         "local m = wick.model('mlp', {{ inputs = 4, hidden = {{ 4 }}, outputs = 2 }})\n"
+         "local o = wick.optim('sgd', {{ lr = 0.1 }})\n"
+         "wick.train {{ model = m, data = d, optim = o, micro_batch = 4, max_steps = 1, quiet = true, {} }}\n")
+
 CASES = [
     Case("missing recipe", ["run", "nothere.lua"], r"recipe nothere\.lua does not exist"),
     Case("syntax error", ["run", "recipe.lua"], r"recipe\.lua:2: .*unexpected symbol",
@@ -18,6 +24,16 @@ CASES = [
     Case("unknown option", ["run", "recipe.lua"], r"model 'mlp': unknown option 'hiden'",
          setup=recipe("local wick = require 'wick'\nwick.model('mlp', { hiden = 3 })\n")),
     Case("unknown subcommand", ["frobnicate"], r"frobnicate", rc=2),
+    # wrote nothing and exited 0 before
+    Case("out is empty", ["run", "recipe.lua"], r"recipe\.lua:5: wick\.train: option 'out': expected a run folder's path",
+         setup=recipe(TRAIN.format("out = '', save_every = 1"))),
+    Case("loss_scale a list", ["run", "recipe.lua"], r"loss_scale: expected a number or a table of named keys",
+         setup=recipe(TRAIN.format("precision = 'fp16-mixed', loss_scale = { 1, 2 }"))),
+    Case("seed past 2^53", ["run", "recipe.lua"], r"option 'seed': expected integer, got number 9007199254740992 "
+         r"\(past 2\^53", setup=recipe(TRAIN.format("seed = 2^53 + 1"))),
+    # read as 12 bytes before
+    Case("plan device memory without a unit", ["plan", "recipe.lua", "--device-memory", "12"],
+         r"--device-memory: '12' has no unit", rc=2, setup=recipe(TRAIN.format("seed = 1"))),
 ] + [
     # trainer:evaluate's micro-batch: a whole number >= 1
     Case(f"trainer:evaluate micro_batch {bad}", ["run", "recipe.lua"],

@@ -19,4 +19,8 @@ def finished_run(d):
 
 CASES = [
     Case("reused run folder", ["run", "recipe.lua", "out=run"], r"run.*(resume|overwrite)", setup=finished_run),
+    # wrote the HTML over the run's metrics, exit 0
+    Case("report over the run's metrics", ["report", "run", "-o", "run/metrics.jsonl"],
+         r"wick report -o: run/metrics\.jsonl is the run folder .*/run's own 'metrics\.jsonl', which would be lost",
+         setup=finished_run),
 ]

@@ -1,11 +1,11 @@
 """tokenizer.json (byte-level BPE) and data `text`'s JSONL lines: what the
 tokenizers library refuses (merges of tokens outside the vocabulary, merges
 that are not two tokens, ids outside u32, wrong-typed fields) is refused,
-naming the file and the key; so are truncation and padding sections (wick's
-data plugins cut and pad themselves), an empty Replace pattern, and
+naming the file and the key, and so are an empty Replace pattern and
 normalizers that multiply the text (naming the step, the document and the
-limit); JSONL fields of the wrong type
-name the line."""
+limit); JSONL fields of the wrong type name the line. (Truncation and padding
+sections are named in a note and not applied, as transformers does not apply
+them: tests/reference/test_tokenizer_vs_tokenizers.py.)"""
 import json
 
 from harness import Case
@@ -139,17 +139,6 @@ CASES = [
             "type": "Replace", "pattern": {"String": ""}, "content": "_"}),
         TOK + r"normalizer\.pattern\.String is \"\", expected a non-empty string \(the tokenizers library inserts "
         r"the content at every character boundary"),
-    gen("a truncation section", lambda j: j.__setitem__("truncation", {
-            "direction": "Right", "max_length": 512, "strategy": "LongestFirst", "stride": 0}),
-        TOK + r"truncation is \{.*, expected null: wick does not truncate in the tokenizer \(its data plugins cut "
-        r"documents to their max_length option and pad batches themselves\); set \"truncation\": null"),
-    gen("a padding section", lambda j: j.__setitem__("padding", {
-            "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
-            "pad_type_id": 0, "pad_token": "<|endoftext|>"}),
-        TOK + r"padding is \{.*, expected null: wick does not pad in the tokenizer .*; set \"padding\": null"),
-    Case("a padding section, read by data text", ["run", "r.lua"],
-         r"r\.lua:2: .*" + TOK + r"padding is \{.*, expected null",
-         setup=data_with(lambda j: j.__setitem__("padding", {"strategy": {"Fixed": 8}, "pad_id": 0}), [{"text": "hi"}])),
     data("completion a number", ['{"prompt": "Q", "completion": 5}'], r"1: completion is 5, expected a string"),
     data("prompt without completion", ['{"text": "a"}', '{"prompt": "Q"}'], r"2: completion is missing, expected a string"),
     data("text a list", ['{"text": ["a"]}'], r"1: text is \[\"a\"\], expected a string"),

@@ -368,12 +368,6 @@ UNSUPPORTED = {
     "an empty Replace pattern": (_set("normalizer", {"type": "Sequence", "normalizers": [
                                      {"type": "NFC"}, {"type": "Replace", "pattern": {"String": ""}, "content": "_"}]}),
                                  r"normalizer\.normalizers\[1\]\.pattern\.String is \"\", expected a non-empty string"),
-    "a truncation section": (_set("truncation", {"direction": "Right", "max_length": 512, "strategy": "LongestFirst",
-                                                 "stride": 0}),
-                             r"truncation is \{.*, expected null: wick does not truncate in the tokenizer"),
-    "a padding section": (_set("padding", {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
-                                           "pad_id": 0, "pad_type_id": 0, "pad_token": "<s>"}),
-                          r"padding is \{.*, expected null: wick does not pad in the tokenizer"),
     "a CTC decoder": (_set("decoder", {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True}),
                       r"uses decoder CTC"),
 }
@@ -391,6 +385,25 @@ def test_what_wick_does_not_run_is_refused_by_name(tmp_path, run_wick, name):
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("wick: error:") and "tokenizer.json" in last and re.search(message, last), last
+
+
+@pytest.mark.parametrize("section,value", [
+    ("truncation", {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}),
+    ("padding", {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<s>"})])
+def test_truncation_and_padding_sections_are_named_and_not_applied_as_transformers_does(tmp_path, run_wick, section,
+                                                                                         value):
+    from transformers import PreTrainedTokenizerFast
+    j, texts = _small(tmp_path)
+    j[section] = value
+    ids = _encode_with_wick(tmp_path, run_wick, j, texts)
+    p = _encode_with_wick(tmp_path, run_wick, j, texts, check=False)
+    assert f'its "{section}" section is not applied' in p.stderr, p.stderr
+    # transformers' tokenizer(text) on the same file: neither cut to 4 nor padded to 64
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    want = [hf(t)["input_ids"] for t in texts]
+    assert any(len(w) > 4 for w in want)
+    assert ids == want
 
 
 DATA_RECIPE = """

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <cctype>
 #include <climits>
 #include <fstream>
@@ -285,15 +286,16 @@ class Bpe : public Tokenizer {
     const nlohmann::json json = wick::read_json_file(path);
     where_ = "tokenizer " + path;
     const wick::JsonFields j(json, where_);
-    // encode() gives a text's ids whole: the data plugins cut each document to
-    // their max_length (text_length) and pad batches themselves, so these
-    // sections would either cut text before packing or put padding among the
-    // labels; refused rather than silently skipped
+    // encode() gives a text's ids whole, as transformers' tokenizer(text)
+    // does (it turns these sections off unless a call asks for truncation or
+    // padding): the data plugins cut each document to their max_length
+    // (text_length) and pad batches themselves. Named, so that nobody expects
+    // the file's max_length to act.
     for (const char* k : {"truncation", "padding"})
-      if (j.has(k))
-        j.bad(k, std::string("null: wick does not ") + (k[0] == 't' ? "truncate" : "pad") +
-                     " in the tokenizer (its data plugins cut documents to their max_length option and pad batches "
-                     "themselves); set \"" + k + "\": null");
+      if (j.has(k) && !json[k].is_null())
+        std::fprintf(stderr, "wick: note: %s: its \"%s\" section is not applied (nor is it by transformers' "
+                     "tokenizer() unless asked): wick's data plugins cut documents to their max_length option and "
+                     "pad batches themselves\n", where_.c_str(), k);
     const wick::JsonFields m = j.object("model");
     if (m.string("type", "BPE") != "BPE") unsupported("model type " + m.string("type"));
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
