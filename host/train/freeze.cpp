@@ -1,5 +1,7 @@
 #include "train/freeze.hpp"
 
+#include <map>
+#include <mutex>
 #include <regex>
 #include <set>
 
@@ -63,6 +65,53 @@ void check_pattern(const std::string& pattern, const std::string& where) {
   }
 }
 
+namespace {
+
+// Models being trained, and the parameters their trainers' optimizers hold.
+std::mutex g_trained_mu;
+std::map<const torch::nn::Module*, std::map<const void*, std::set<const c10::TensorImpl*>>> g_trained;
+
+void refuse_untrained(const torch::nn::Module& m, const std::vector<std::string>& patterns, const std::string& fn) {
+  std::lock_guard<std::mutex> lock(g_trained_mu);
+  const auto it = g_trained.find(&m);
+  if (it == g_trained.end()) return;
+  std::vector<std::string> outside;
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) {
+    if (p.value().requires_grad() || !p.value().is_floating_point()) continue;
+    bool hit = false;
+    for (const auto& pattern : patterns) hit = hit || names_parameter(pattern, p.key());
+    if (!hit) continue;
+    for (const auto& [trainer, held] : it->second)
+      if (!held.count(p.value().unsafeGetTensorImpl())) {
+        outside.push_back(p.key());
+        break;
+      }
+  }
+  if (outside.empty()) return;
+  throw Error(fn + ": '" + outside.front() + "'" +
+              (outside.size() > 1 ? " and " + std::to_string(outside.size() - 1) + " more" : std::string()) +
+              " would train, but the model is being trained by a trainer whose optimizer was made without them "
+              "(they were frozen then): they would report themselves trainable and never change; unfreeze before "
+              "wick.train or wick.trainer, or train them in a run of their own afterwards");
+}
+
+}  // namespace
+
+TrainedParameters::TrainedParameters(const torch::nn::Module& m, const std::vector<at::Tensor>& params) : m_(&m) {
+  std::set<const c10::TensorImpl*> held;
+  for (const auto& p : params) held.insert(p.unsafeGetTensorImpl());
+  std::lock_guard<std::mutex> lock(g_trained_mu);
+  g_trained[m_][this] = std::move(held);
+}
+
+TrainedParameters::~TrainedParameters() {
+  std::lock_guard<std::mutex> lock(g_trained_mu);
+  auto it = g_trained.find(m_);
+  if (it == g_trained.end()) return;
+  it->second.erase(this);
+  if (it->second.empty()) g_trained.erase(it);
+}
+
 TrainableCount set_trainable(torch::nn::Module& m, const std::vector<std::string>& patterns, bool trainable,
                              const std::string& fn) {
   if (patterns.empty()) throw Error(fn + ": expected a pattern or a list of patterns, got none");
@@ -80,6 +129,7 @@ TrainableCount set_trainable(torch::nn::Module& m, const std::vector<std::string
     throw Error(fn + ": '" + pattern + "' names no parameter of the model (expected a parameter's or a module's "
                 "name, or a glob such as '*.bias'; its top-level modules: " + list + ")");
   }
+  if (trainable) refuse_untrained(m, patterns, fn);
   TrainableCount c;
   for (const auto& p : params) {
     bool hit = false;

@@ -31,6 +31,21 @@ bool names_parameter(const std::string& pattern, const std::string& name);
 /// "re:" pattern that is not a regular expression.
 void check_pattern(const std::string& pattern, const std::string& where);
 
+/// While one lives, a trainer trains `m` with an optimizer that holds
+/// `params` (the parameters trainable when it was made): set_trainable then
+/// refuses to unfreeze one it does not hold, which would report itself
+/// trainable and never train.
+class TrainedParameters {
+ public:
+  TrainedParameters(const torch::nn::Module& m, const std::vector<at::Tensor>& params);
+  ~TrainedParameters();
+  TrainedParameters(const TrainedParameters&) = delete;
+  TrainedParameters& operator=(const TrainedParameters&) = delete;
+
+ private:
+  const torch::nn::Module* m_;
+};
+
 /// Sets requires_grad to `trainable` on every floating parameter of `m` that
 /// one of `patterns` names. A pattern that names no parameter is an error
 /// naming it and the model's top-level modules; `fn` names the caller.

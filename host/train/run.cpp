@@ -20,6 +20,7 @@
 #include "observe/progress.hpp"
 #include "observe/runlog.hpp"
 #include "plugin/registry.hpp"
+#include "train/freeze.hpp"
 #include "train/loader.hpp"
 #include "train/run_folder.hpp"
 #include "train/run_options.hpp"
@@ -607,6 +608,13 @@ nlohmann::json run_training(const RunRequest& req) {
   std::int64_t total = per_epoch * epochs;
   if (r.o.get_int("max_steps") > 0 && r.o.get_int("max_steps") < total) total = r.o.get_int("max_steps");
   Trainer trainer(r.obj.model, r.optim, r.schedule, make_trainer_config(r, total));
+  // the parameters its optimizer holds: model:unfreeze in a callback may not
+  // add one, which would report itself trainable and never train
+  const TrainedParameters trained(model, [&] {
+    std::vector<at::Tensor> held;
+    for (const auto& p : model.parameters()) if (p.requires_grad()) held.push_back(p);
+    return held;
+  }());
   if (!cuda && (r.o.get_int("empty_cache_every") > 0 || r.o.get_double("memory_fraction") > 0) && !r.quiet)
     err_line(L + ": empty_cache_every and memory_fraction act on CUDA memory; on " + r.device + " they have no effect");
   const bool coupled = coupled_windows(model) != nullptr;

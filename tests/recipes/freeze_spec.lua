@@ -31,6 +31,26 @@ print("steps", run.steps)
     assert.truthy(out:find("steps\t4", 1, true), out)
   end)
 
+  it("refuses to unfreeze, in a callback, what the run's optimizer does not hold, and allows it after", function()
+    local code, out, err = H.recipe(dir, "cb.lua", head .. [[
+model:freeze("0")
+local ok, why = pcall(wick.train, { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }),
+  micro_batch = 16, quiet = true, on_step = function(rec) if rec.step == 2 then model:unfreeze("0") end end })
+print("in callback", ok, why)
+-- unfreezing what the run already trains is harmless; after the run, anything goes
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 16,
+  quiet = true, on_step = function(rec) if rec.step == 2 then model:unfreeze("2") end end }
+print("same", run.steps)
+print("after", model:unfreeze("0"))
+]])
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("in callback	false", 1, true), out)
+    assert.truthy(out:find("unfreeze: '0.weight' and 1 more would train, but the model is being trained by a " ..
+      "trainer whose optimizer was made without them", 1, true), out)
+    assert.truthy(out:find("same	4", 1, true), out)
+    assert.truthy(out:find("after	195	195", 1, true), out)
+  end)
+
   for _, case in ipairs {
     { "model:freeze('vision_tower')", "freeze: 'vision_tower' names no parameter of the model" },
     { "model:freeze(3)", "bad argument #2 to 'freeze' (string or list of strings expected, got number)" },
