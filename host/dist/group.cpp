@@ -460,6 +460,35 @@ void Group::barrier(const std::string& what) {
   wait(start(what, [&] { return pg_->barrier(); }), what);
 }
 
+namespace {
+// "a vs b" for two values, or, when they are lists of the same number of
+// words, only the words that differ (each after the word before it): a
+// fingerprint of forty options names the one that differs.
+std::string differences(const std::string& a, const std::string& b) {
+  auto words = [](const std::string& s) {
+    std::vector<std::string> w;
+    std::size_t i = 0;
+    while (i < s.size()) {
+      const auto j = s.find(' ', i);
+      w.push_back(s.substr(i, j == std::string::npos ? std::string::npos : j - i));
+      if (j == std::string::npos) break;
+      i = j + 1;
+    }
+    return w;
+  };
+  auto wa = words(a), wb = words(b);
+  for (auto* w : {&wa, &wb})
+    for (auto& x : *w)
+      if (x.size() > 1 && x.back() == ',') x.pop_back();
+  if (wa.size() != wb.size()) return a + " vs " + b;
+  std::string out;
+  for (std::size_t k = 0; k < wa.size(); ++k)
+    if (wa[k] != wb[k])
+      out += (out.empty() ? "" : "; ") + (k > 0 ? wa[k - 1] + " " : std::string()) + wa[k] + " vs " + wb[k];
+  return out;
+}
+}  // namespace
+
 void Group::check_same(const std::string& what, const std::string& value) {
   const std::string prefix = "wick/check/" + std::to_string(check_round_++) + "/";
   try {
@@ -472,7 +501,7 @@ void Group::check_same(const std::string& what, const std::string& value) {
       const auto other = store_->get(keys[r]);
       if (other != first)
         throw Error("rank " + std::to_string(r) + "'s " + what + " differs from rank 0's: " +
-                    std::string(other.begin(), other.end()) + " vs " + std::string(first.begin(), first.end()) +
+                    differences(std::string(other.begin(), other.end()), std::string(first.begin(), first.end())) +
                     " (every rank must run the same recipe with the same options)");
     }
   } catch (const c10::Error& e) {

@@ -262,6 +262,34 @@ nlohmann::json options_json(const Resolved& r) {
   return j;
 }
 
+// A digest of the data's first, middle and last samples (their names, dtypes,
+// shapes and bytes): ranks whose data sets hold the same number of other
+// samples (each rank reading its own file) would train on other data than
+// one rank's run without a word. Randomness in samples is drawn from seeds
+// and the index, so equal data gives equal samples on every rank.
+std::string data_digest(const Dataset& data) {
+  const std::int64_t n = data.size();
+  std::uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const void* p, std::size_t len) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < len; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  };
+  for (const std::int64_t i : std::set<std::int64_t>{0, n / 2, n - 1}) {
+    if (i < 0 || i >= n) continue;
+    for (const auto& [k, t] : data.get(i)) {
+      mix(k.data(), k.size());
+      const auto c = t.to(at::kCPU).contiguous();
+      const int dtype = static_cast<int>(c.scalar_type());
+      mix(&dtype, sizeof dtype);
+      for (const auto d : c.sizes()) mix(&d, sizeof d);
+      mix(c.data_ptr(), c.nbytes());
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
 std::string fingerprint(const Resolved& r, const std::string& recipe) {
   std::string keys;
   for (const auto& opt : run_options()) {
@@ -272,8 +300,9 @@ std::string fingerprint(const Resolved& r, const std::string& recipe) {
   }
   std::int64_t params = 0;
   for (const auto& p : r.obj.model->parameters()) params += p.numel();
-  return strf("recipe %s, data %lld samples, model %lld parameters, ", fnv1a(recipe.empty() ? "" : read_text(recipe)).c_str(),
-              static_cast<long long>(r.obj.data->size()), static_cast<long long>(params)) +
+  return strf("recipe %s, data %lld samples with data-digest %s (first, middle and last), model %lld parameters, ",
+              fnv1a(recipe.empty() ? "" : read_text(recipe)).c_str(), static_cast<long long>(r.obj.data->size()),
+              data_digest(*r.obj.data).c_str(), static_cast<long long>(params)) +
          keys;
 }
 
@@ -538,6 +567,24 @@ nlohmann::json run_training(const RunRequest& req) {
                          "(overwrite = true)",
                          L.c_str(), resume_from.c_str(), static_cast<long long>(e["samples"].get<std::int64_t>()),
                          static_cast<long long>(data.size())));
+      // mid-epoch, the order of the epoch's samples: another seed or shuffle
+      // would repeat some of them and skip others
+      if (e.value("window", std::int64_t{0}) > 0 && e.contains("shuffle") && e["shuffle"].is_boolean() &&
+          e.contains("seed") && e["seed"].is_number_integer()) {
+        const bool was_shuffled = e["shuffle"].get<bool>(), shuffled = r.o.get_bool("shuffle");
+        const auto was_seed = e["seed"].get<std::int64_t>(), seed = r.o.get_int("seed");
+        if (was_shuffled != shuffled || (shuffled && was_seed != seed))
+          throw Error(strf("%s: checkpoint %s stopped in the middle of an epoch whose samples were %s; this run's "
+                           "are %s: its position would repeat some samples and skip others; resume with %s, or "
+                           "start over (overwrite = true)",
+                           L.c_str(), resume_from.c_str(),
+                           was_shuffled ? strf("shuffled with seed %lld", static_cast<long long>(was_seed)).c_str()
+                                        : "in order (shuffle = false)",
+                           shuffled ? strf("shuffled with seed %lld", static_cast<long long>(seed)).c_str()
+                                    : "in order (shuffle = false)",
+                           was_shuffled ? strf("shuffle = true, seed = %lld", static_cast<long long>(was_seed)).c_str()
+                                        : "shuffle = false"));
+      }
       const int ckpt_world = e.value("world_size", world);
       // on the same ranks, a window of another size would repeat or skip samples
       if (ckpt_world == world && !r.micro_auto && e.contains("micro_batch") && e.contains("accumulate")) {
@@ -805,7 +852,8 @@ nlohmann::json run_training(const RunRequest& req) {
     if (w >= per_epoch) e += 1, w = 0;
     nlohmann::json extra = {{"epoch", e}, {"window", w}, {"reason", why}, {"world_size", world},
                             {"micro_batch", r.micro_batch}, {"accumulate", r.accumulate},
-                            {"samples", static_cast<std::int64_t>(data.size())}};
+                            {"samples", static_cast<std::int64_t>(data.size())},
+                            {"shuffle", r.o.get_bool("shuffle")}, {"seed", r.o.get_int("seed")}};
     if (mon) {
       nlohmann::json m = {{"name", mon->name}, {"mode", mon->mode}, {"bad_evals", mon->bad}};
       if (value && std::isfinite(*value)) m["value"] = *value;

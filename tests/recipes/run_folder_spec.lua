@@ -159,6 +159,15 @@ print(string.format("status %s steps %d", run.status, run.steps))
     code, _, err = go("max_steps=30 resume=true size=128")
     assert.are.equal(1, code)
     assert.truthy(err:find("was written training on 256 samples, this run's data holds 128", 1, true), err)
+    -- stopped at window 20 of 32: another order of the epoch's samples
+    code, _, err = go("max_steps=30 resume=true seed=7")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("stopped in the middle of an epoch whose samples were shuffled with seed 0; this run's " ..
+      "are shuffled with seed 7: its position would repeat some samples and skip others; resume with shuffle = " ..
+      "true, seed = 0", 1, true), err)
+    code, _, err = go("max_steps=30 resume=true shuffle=false")
+    assert.are.equal(1, code)
+    assert.truthy(err:find("this run's are in order (shuffle = false)", 1, true), err)
     code, _, err = go("max_steps=30 resume=true opt=sgd")
     assert.are.equal(1, code)
     assert.truthy(err:find("holds optimizer state this run's optimizer does not take (0.bias.exp_avg, ", 1, true), err)

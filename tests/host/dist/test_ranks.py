@@ -2,6 +2,7 @@
 same effective batch, torchrun and SLURM variables, checkpoints written once
 and resumed with another rank count, and failures that end the run, never hang."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -174,6 +175,20 @@ def test_ranks_with_different_options_are_refused(tmp_path, run_wick):
     assert p.returncode == 1
     assert "rank 1's recipe and wick.train options differs from rank 0's" in p.stderr
     assert "micro_batch=3" in p.stderr and "micro_batch=2" in p.stderr
+
+
+def test_ranks_whose_data_differ_in_content_are_refused(tmp_path, run_wick):
+    """The same number of samples, other samples (each rank its own data): not
+    the run of one rank with the same effective batch."""
+    r = tmp_path / "r.lua"
+    r.write_text(RECIPE.replace("classes = 3, max_items = 3, seed = 4", "classes = 3, max_items = 3, seed = 4 + wick.rank"))
+    p = run_wick("launch", "--nproc-per-node", 2, r, "size=32", "micro=2", "acc=1",
+                 f"result={tmp_path / 'x.safetensors'}", check=False)
+    assert p.returncode == 1
+    assert "rank 1's recipe and wick.train options differs from rank 0's" in p.stderr
+    # only what differs is named
+    assert re.search(r"options differs from rank 0's: data-digest [0-9a-f]{16} vs [0-9a-f]{16} \(every rank", p.stderr), \
+        p.stderr
 
 
 DIE = """
