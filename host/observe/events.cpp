@@ -134,6 +134,14 @@ void EventWriter::scalars(std::int64_t step, const std::vector<std::pair<std::st
   if (flush_now) flush();
 }
 
+void EventWriter::session_start(std::int64_t step, double wall_time) {
+  tb::Event e;
+  e.set_wall_time(wall_time);
+  e.set_step(step);
+  e.mutable_session_log()->set_status(tb::SessionLog::START);
+  write_record(e.SerializeAsString());
+}
+
 void EventWriter::text(std::int64_t step, const std::string& tag, const std::string& text, double wall_time) {
   tb::Event e;
   e.set_wall_time(wall_time);

@@ -39,6 +39,9 @@ class EventWriter {
   void scalars(std::int64_t step, const std::vector<std::pair<std::string, double>>& values, double wall_time,
                bool flush_now = true);
   void text(std::int64_t step, const std::string& tag, const std::string& text, double wall_time);
+  /// A session START at `step`: TensorBoard's readers drop the events of
+  /// earlier files at `step` and after (a resumed run's repeated steps).
+  void session_start(std::int64_t step, double wall_time);
   void close();
   void flush();
   const std::string& path() const { return path_; }

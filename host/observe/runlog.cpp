@@ -109,6 +109,10 @@ void RunLogObserver::on_start(const RunStart& start) {
   if (!metrics_) throw Error("cannot write " + metrics.string());
   events_ = std::make_unique<EventWriter>(dir_);
   const double t = wall_time_now();
+  // Every run's file starts a session: TensorBoard takes the first as the
+  // start and a later one (a resume) as a restart, dropping what earlier files
+  // logged from its step on (the steps after the checkpoint, run again)
+  events_->session_start(start.start_step + 1, t);
   if (have_recipe) events_->text(start.start_step, "recipe", "```lua\n" + recipe_text + "\n```", t);
   events_->text(start.start_step, "options", options_markdown(start.options), t);
 }

@@ -119,8 +119,8 @@ def test_records_are_framed_with_masked_crc32c(run_wick, tmp_path):
         pos += 16 + length
         n += 1
     assert pos == len(data)
-    # file version, recipe, options, 24 steps, 5 evaluations
-    assert n == 3 + 24 + 5
+    # file version, session start, recipe, options, 24 steps, 5 evaluations
+    assert n == 4 + 24 + 5
     # a flipped bit is caught by the reader
     bad = bytearray(data)
     bad[-6] ^= 0x10
@@ -152,6 +152,32 @@ def test_resumed_run_continues_the_series(run_wick, tmp_path):
         expected(out)["train/loss"]
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "finished" and meta["resumed"] == 1 and meta["steps"] == 24
+
+
+def test_steps_run_again_after_a_resume_are_read_once(run_wick, tmp_path):
+    """Steps logged after the last checkpoint of a killed run are run again
+    by the resume: TensorBoard reads each step once, the resumed run's value
+    (metrics.jsonl keeps only those too)."""
+    out = tmp_path / "run"
+    recipe = tmp_path / "run.lua"
+    recipe.write_text(RECIPE.replace("epochs = 2,", "epochs = 2, max_steps = tonumber(wick.args.stop) or 0, resume = true, "
+                                     "save_every = 4,") % ("fp32", out))
+    run_wick("run", recipe, "stop=10")
+    # as after a kill at step 10: the last checkpoint is step 8's
+    import shutil
+    shutil.rmtree(out / "checkpoints" / "step-00000010")
+    (out / "checkpoints" / "last").write_text("step-00000008\n")
+    first = {r["step"]: r["loss"] for r in records(out) if not r.get("eval")}
+    time.sleep(1.1)
+    run_wick("run", recipe, "lr_scale=1")  # (an unused key: the run itself is the same)
+    acc = pea.EventAccumulator(str(out), size_guidance={pea.TENSORS: 0})
+    acc.Reload()
+    got = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("train/loss")]
+    assert [s for s, _ in got] == list(range(1, 25))
+    assert got == expected(out)["train/loss"]
+    # steps 9 and 10 are the resumed run's (equal to the first's here: the same weights and data)
+    assert [r["step"] for r in records(out) if not r.get("eval")] == list(range(1, 25))
+    assert first[9] == dict(got)[9] or abs(first[9] - dict(got)[9]) < 1e-6
 
 
 def free_port():
