@@ -18,6 +18,14 @@ ParamGroups::ParamGroups(std::string label, std::shared_ptr<Optimizer> rest, std
     for (const auto& p : g.patterns) check_pattern(p, label_ + ": " + g.name);
     if (!g.optim) throw Error(label_ + ": " + g.name + ": no optimizer");
   }
+  // each group's learning rate is logged as lr_<name>: a second group of a
+  // name would overwrite the first's in every record
+  for (std::size_t i = 0; i < groups_.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (groups_[i].log_name == groups_[j].log_name)
+        throw Error(label_ + ": groups[" + std::to_string(j + 1) + "] and groups[" + std::to_string(i + 1) +
+                    "] are both named '" + groups_[i].log_name.substr(3) + "' (each group's learning rate is logged "
+                    "as lr_<name>): give each group a name of its own");
   rest_group_.name = "default";
   rest_group_.optim = rest_;
 }

@@ -160,6 +160,9 @@ describe("recipe errors", function()
     fails_with(prelude .. optim("{ { params = 'lm_head' } }") .. train,
       { "recipe.lua:5: ", "optim 'adamw': groups[1] (params 'lm_head') takes no trainable parameter",
         "named like " })
+    -- two groups of one name logged their learning rates under one key
+    fails_with(prelude .. optim("{ { params = 'bias', name = 'a' }, { params = 'weight', name = 'a' } }") .. train,
+      "optim 'adamw': groups[1] and groups[2] are both named 'a' (each group's learning rate is logged as lr_<name>)")
     -- an earlier group took everything the second names
     fails_with(prelude .. optim("{ { params = '*' }, { params = 'bias', name = 'late' } }") .. train,
       "optim 'adamw': late (params 'bias') takes no trainable parameter (an earlier group takes what it names")
