@@ -314,6 +314,11 @@ describe("memory knobs", function()
     local _, out2 = H.run("plan " .. path .. " --device-memory " .. math.floor(estimate * 0.95) .. "B")
     assert.truthy(out2:find("fastest that fits", 1, true), out2)
     assert.falsy(out2:find('precision = "fp32", checkpointing = false, micro_batch = 256,', 1, true), out2)
+    assert.falsy(out2:find("the recipe as given fits", 1, true), out2)
+    -- room to spare: that the recipe fits as given is said first, and it stays the advice
+    local _, out3 = H.run("plan " .. path .. " --device-memory " .. math.floor(estimate * 3) .. "B")
+    local fits = out3:find("the recipe as given fits", 1, true)
+    assert.truthy(fits and fits < out3:find("fastest that fits", 1, true), out3)
     local bad, _, berr = H.run("plan " .. path .. " --device-memory lots")
     assert.are.equal(2, bad, berr)  -- a usage error
     assert.truthy(berr:find("--device-memory: expected a size such as 8GiB", 1, true), berr)
