@@ -251,7 +251,14 @@ int make_trainer(lua_State* L) {
         registry().create("schedule", PluginKind::Optim, {{"type", it->second}}));
   }
   TrainerConfig c = trainer_config(o);
-  if (c.device == "auto") c.device = cuda_available() ? "cuda" : "cpu";
+  {
+    const DistEnv env = dist_env();
+    try {
+      c.device = resolve_device(c.device, env.local_rank, env.local_world_size, env.world_size);
+    } catch (const Error& e) {
+      throw Error(std::string("wick.trainer: option ") + e.what());
+    }
+  }
   c.group = Group::world(c.device);
   push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
                     kTrainerMt);

@@ -241,11 +241,11 @@ Resolved resolve(const RunRequest& req) {
   });
   if (scale_given && precision != "fp16-mixed" && precision != "fp16-true" && r.rank0)
     err_line(L + ": loss_scale applies to fp16 precisions only; with " + precision + " it has no effect");
-  r.device = r.o.get_string("device");
-  if (r.device == "auto") {
-    // a rank's device: LOCAL_RANK modulo the devices it sees (srun --gpus-per-task=1 shows each one)
-    const int device = rank_cuda_device(r.dist.local_rank, r.dist.local_world_size, cuda_device_count());
-    r.device = cuda_available() ? (r.dist.world_size > 1 ? "cuda:" + std::to_string(device) : "cuda") : "cpu";
+  // (a rank's device: LOCAL_RANK modulo the devices it sees; srun --gpus-per-task=1 shows each one)
+  try {
+    r.device = resolve_device(r.o.get_string("device"), r.dist.local_rank, r.dist.local_world_size, r.dist.world_size);
+  } catch (const Error& e) {
+    throw Error(L + ": option " + e.what());
   }
   r.micro_auto = r.o.at("micro_batch").is_string();
   r.micro_batch = r.micro_auto ? 0 : r.o.get_int("micro_batch");

@@ -1,5 +1,6 @@
 #include "util/system.hpp"
 #include "util/memory.hpp"
+#include "dist/group.hpp"
 
 #include <atomic>
 #include <csignal>
@@ -206,6 +207,37 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+std::string resolve_device(const std::string& given, int local_rank, int local_world_size, int world_size) {
+  const int n = cuda_device_count();
+  if (given == "auto") {
+    if (n == 0) return "cpu";
+    const int d = rank_cuda_device(local_rank, local_world_size, n);
+    return world_size > 1 ? "cuda:" + std::to_string(d) : "cuda";
+  }
+  if (given.rfind("cuda", 0) != 0) return given;
+  if (n == 0) {
+#ifdef WICK_WITH_CUDA
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    cudaGetLastError();
+    const std::string why = e == cudaSuccess ? "the CUDA driver sees no device"
+                                             : std::string("CUDA says: ") + cudaGetErrorString(e);
+#else
+    const std::string why = "this wick was built without CUDA (WICK_CUDA=OFF)";
+#endif
+    throw Error("device '" + given + "': no CUDA device can be used (" + why + "); set device = \"cpu\", or "
+                "\"auto\" to take a GPU when there is one");
+  }
+  if (const auto colon = given.find(':'); colon != std::string::npos) {
+    const std::string idx = given.substr(colon + 1);
+    const bool digits = !idx.empty() && idx.size() < 4 && idx.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(idx) >= n)
+      throw Error("device '" + given + "': expected cuda or cuda:N with N below " + std::to_string(n) +
+                  " (the devices this process sees)");
+  }
+  return given;
+}
 
 std::map<std::string, std::string> versions() {
   std::map<std::string, std::string> v;

@@ -62,6 +62,13 @@ void set_interrupt_hook(void (*hook)(int sig));
 /// Silences LibTorch's internal log lines unless TORCH_CPP_LOG_LEVEL is set.
 void quiet_torch_logs();
 
+/// The device a run computes on: "auto" is this rank's CUDA device (LOCAL_RANK
+/// modulo the devices it sees; "cuda" on one rank) or "cpu"; a CUDA device
+/// asked for that this process cannot use is an error saying why (built
+/// without CUDA, no driver, no device, or no device of that index), not
+/// LibTorch's lines from deep inside the first tensor sent there.
+std::string resolve_device(const std::string& given, int local_rank, int local_world_size, int world_size);
+
 bool cuda_available();
 int cuda_device_count();
 /// wick, LibTorch, CUDA runtime and NCCL versions, and whether CUDA is usable.

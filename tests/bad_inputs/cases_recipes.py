@@ -31,6 +31,10 @@ CASES = [
          setup=recipe(TRAIN.format("precision = 'fp16-mixed', loss_scale = { 1, 2 }"))),
     Case("seed past 2^53", ["run", "recipe.lua"], r"option 'seed': expected integer, got number 9007199254740992 "
          r"\(past 2\^53", setup=recipe(TRAIN.format("seed = 2^53 + 1"))),
+    # five lines of LibTorch's text from the first tensor moved there before
+    Case("a CUDA device this machine cannot use", ["run", "recipe.lua"],
+         r"recipe\.lua:5: wick\.train: option device 'cuda:7': (no CUDA device can be used|expected cuda or cuda:N)",
+         setup=recipe(TRAIN.format("device = 'cuda:7'"))),
     # read as 12 bytes before
     Case("plan device memory without a unit", ["plan", "recipe.lua", "--device-memory", "12"],
          r"--device-memory: '12' has no unit", rc=2, setup=recipe(TRAIN.format("seed = 1"))),
