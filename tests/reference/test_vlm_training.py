@@ -1,9 +1,9 @@
 """The vlm learns to caption the toy images `wick make-clips` writes ("a red
 circle"): its loss on the captions falls well below that of the same language
 model trained on the captions alone (which cannot see colour or shape), its
-captions of held-out images are well-formed, and it names the right shape for
-held-out images far more often than chance (1 in 3): a vision tower trained
-from scratch on 210 tiny pictures generalises only so far, so the bar is 50%."""
+captions of held-out images are well-formed, name the colour nearly always and
+the shape more often than chance (1 in 3): a vision tower trained from scratch
+on 420 tiny pictures generalises shape only so far."""
 import csv
 import re
 import subprocess
@@ -12,6 +12,8 @@ import pytest
 
 from conftest import WICK
 
+MAX_RATIO = 0.5  # vlm loss over the text-only loss: see the test
+
 RECIPE = """
 local wick = require "wick"
 local a = wick.args
@@ -19,13 +21,17 @@ local function data(m) return wick.data("image_folder", { manifest = m, image_si
   tokenizer = "bytes", prompt = "<image>", text_length = 32 }) end
 local train, test = data(a.train), data(a.test)
 local lm = { vocab_size = train.vocab_size, hidden_size = 64, intermediate_size = 128, layers = 2, heads = 4 }
+local seed = tonumber(a.seed or 1)
 local function train_on(model, d)
-  wick.seed(1)
+  wick.seed(seed)
+  -- warmup, cosine and clipping: without them, 2 of 8 runs (seeds 1-4, avx2
+  -- and avx512) ended far from the others (the loss ratio 0.51 and 0.59)
   wick.train { model = model, data = d, optim = wick.optim("adamw", { lr = 1e-3, weight_decay = 0 }),
-    micro_batch = 16, epochs = tonumber(a.epochs), quiet = true, seed = 1 }
+    micro_batch = 16, epochs = tonumber(a.epochs), quiet = true, seed = seed, schedule = "cosine", warmup_steps = 50,
+    clip_grad_norm = 1.0 }
   return wick.evaluate(model, d).loss
 end
-wick.seed(1)
+wick.seed(seed)
 local vlm_opts = { image_token_id = train.image_token_id, image_size = 32, patch_size = 4, vision_hidden_size = 64,
   vision_intermediate_size = 128, vision_layers = 2, vision_heads = 4, freeze_vision = false, vision_feature_layer = -1 }
 for k, v in pairs(lm) do vlm_opts[k] = v end
@@ -35,13 +41,19 @@ for i = 0, test:size() - 1 do
   local ids = vlm:generate(test:window(i, 1), { max_new_tokens = 24, eos_id = test.eos_id })
   print("caption", i, test:decode(ids))
 end
+for i = 0, 29 do
+  local ids = vlm:generate(train:window(i, 1), { max_new_tokens = 24, eos_id = train.eos_id })
+  print("seen", i, train:decode(ids))
+end
 -- the baseline: the same language model on the captions alone
 local text = wick.data("text", { file = a.captions, max_length = 32, cache_dir = "none" })
 print("text_loss", train_on(wick.model("decoder_lm", lm), text))
 """
 
 
-def test_vlm_learns_captions_and_names_held_out_shapes(tmp_path):
+def train_and_caption(tmp_path, seed=1):
+    """The recipe above on clips make-clips writes: (vlm loss, text-only loss,
+    captions of the held-out images, their true captions, every row)."""
     d = tmp_path / "clips"
     subprocess.run([WICK, "make-clips", d, "--classes", "3", "--per-class", "160", "--size", "64x48", "--seconds",
                     "0.2", "--no-extras"], check=True, capture_output=True, timeout=600)
@@ -61,23 +73,39 @@ def test_vlm_learns_captions_and_names_held_out_shapes(tmp_path):
             f.write(json.dumps({"prompt": "?", "completion": r["text"]}) + "\n")
     (tmp_path / "r.lua").write_text(RECIPE)
     p = subprocess.run([WICK, "run", tmp_path / "r.lua", f"train={d / 'images' / 'train.csv'}",
-                        f"test={d / 'images' / 'test.csv'}", f"captions={tmp_path / 'captions.jsonl'}", "epochs=30"],
-                       capture_output=True, text=True, timeout=600)
+                        f"test={d / 'images' / 'test.csv'}", f"captions={tmp_path / 'captions.jsonl'}", "epochs=30",
+                        f"seed={seed}"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     out = p.stdout
     vlm = float(re.search(r"vlm_loss\s+(\S+)", out).group(1))
     text = float(re.search(r"text_loss\s+(\S+)", out).group(1))
-    print(out)
-    assert vlm < 0.5 * text, (vlm, text)
     captions = dict((int(i), c) for i, c in re.findall(r"caption\s+(\d+)\s+(.*)", out))
+    seen = dict((int(i), c) for i, c in re.findall(r"seen\s+(\d+)\s+(.*)", out))
+    return (vlm, text, [captions[i] for i in range(len(held))], [r["text"] for r in held], rows,
+            [seen[i] for i in range(30)], [r["text"] for r in rest[:30]])
+
+
+def test_vlm_learns_captions_and_names_held_out_shapes(tmp_path):
+    vlm, text, captions, truth, rows, _, _ = train_and_caption(tmp_path)
+    print(vlm, text, captions)
+    # The bounds come from runs over seeds 1-5 with ATEN_CPU_CAPABILITY=avx2
+    # and the default (avx512) on an Intel Xeon (README, "Tests on other
+    # CPUs"): the loss ratio 0.26-0.36, colours 29-30 of 30, shapes 15-21 of
+    # 30 (chance: 10). Before warmup and clipping, one AMD EPYC run measured a
+    # ratio of 0.511 and this machine 0.59 with avx2, against a bound of 0.5.
+    assert vlm < MAX_RATIO * text, (vlm, text, vlm / text)
     colours = {r["text"].split()[1] for r in rows}
     shapes = {r["text"].split()[-1] for r in rows}
-    right = 0
-    for i, r in enumerate(held):
-        words = captions[i].split()
-        assert len(words) == 3 and words[0] in ("a", "an") and words[1] in colours and words[2] in shapes, captions[i]
-        right += words[2] == r["text"].split()[-1]
-    assert right >= len(held) // 2, (right, len(held), captions, [r["text"] for r in held])
+    shape_right = colour_right = 0
+    for c, t in zip(captions, truth):
+        words = c.split()
+        assert len(words) == 3 and words[0] in ("a", "an") and words[1] in colours and words[2] in shapes, c
+        colour_right += words[1] == t.split()[1]
+        shape_right += words[2] == t.split()[-1]
+    # a colour is in every pixel of the shape: seen in nearly every picture
+    assert colour_right >= 0.8 * len(truth), (colour_right, captions, truth)
+    # a shape from 420 tiny pictures generalises only so far: above chance (1 in 3)
+    assert shape_right >= 0.4 * len(truth), (shape_right, captions, truth)
 
 
 ALL_FRAMES = """
