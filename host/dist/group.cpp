@@ -14,6 +14,8 @@
 #include <mutex>
 #include <filesystem>
 #include <thread>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "util/memory.hpp"
@@ -224,12 +226,26 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
   o.waitWorkers = false;  // arrivals are checked below, naming who is missing
   o.timeout = timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")";
+  // a name that does not resolve would be retried until the timeout and end
+  // as "Interrupted system call"
+  {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(env.master_addr.c_str(), nullptr, &hints, &found);
+    if (found) ::freeaddrinfo(found);
+    if (rc != 0)
+      throw Error("rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                  ": the rendezvous address '" + env.master_addr + "' (" + env.source + ") does not resolve: " +
+                  ::gai_strerror(rc) + "; expected a host name or IP address of rank 0's machine");
+  }
   try {
     // rank 0 opens the rendezvous at once; the others wait to reach it
     const std::string me = "wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+    const bool opens = o.isServer;
     WaitNotice waiting([&](std::chrono::seconds waited) {
-      return me + ": " + waiting_text(waited) + " for rank 0 to open the rendezvous at " + where + " " +
-             waited_text(waited, timeout);
+      return me + ": " + waiting_text(waited) + (opens ? " to open the rendezvous at " : " for rank 0 to open the rendezvous at ") +
+             where + " " + waited_text(waited, timeout);
     });
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
     if (env.agent_store)  // the agent's store outlives attempts: this attempt's keys apart

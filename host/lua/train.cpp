@@ -94,6 +94,7 @@ class LuaCallback {
     const int top = lua_gettop(L_);
     lua_rawgeti(L_, LUA_REGISTRYINDEX, ref_);
     push(L_);
+    const CallbackScope in_lua;  // a signal meanwhile: the callback's grace, then the hook or the watcher
     if (lua_pcall(L_, 1, 1, 0) != 0) {
       std::string msg = lua_type(L_, -1) == LUA_TSTRING ? lua_tostring(L_, -1)
                                                         : std::string("(an error value of type ") + luaL_typename(L_, -1) + ")";

@@ -56,6 +56,7 @@ std::vector<std::pair<std::string, double>> scalar_tags(const nlohmann::json& re
 RunLogObserver::RunLogObserver(std::string dir) : dir_(std::move(dir)) {}
 
 RunLogObserver::~RunLogObserver() {
+  if (events_) set_forced_exit_note(nullptr);  // started and not finished
   if (metrics_) std::fclose(metrics_);
 }
 
@@ -114,6 +115,8 @@ void RunLogObserver::on_start(const RunStart& start) {
   // logged from its step on (the steps after the checkpoint, run again)
   events_->session_start(start.start_step + 1, t);
   if (have_recipe) events_->text(start.start_step, "recipe", "```lua\n" + recipe_text + "\n```", t);
+  // a signal the run cannot answer ends the process from another thread: said in run.json first
+  set_forced_exit_note([this](const std::string& why) { on_failure(why, nlohmann::json::object()); });
   events_->text(start.start_step, "options", options_markdown(start.options), t);
 }
 
@@ -136,6 +139,7 @@ void RunLogObserver::on_steps_delivered() {
 void RunLogObserver::on_eval(const nlohmann::json& rec) { record(rec, true); }
 
 void RunLogObserver::finish(const nlohmann::json& fields) {
+  set_forced_exit_note(nullptr);
   for (auto it = fields.begin(); it != fields.end(); ++it)
     if (!it->is_null()) meta_[it.key()] = *it;
   if (prev_best_.is_number() &&

@@ -109,9 +109,9 @@ std::vector<Batch> data_window(const Dataset& d, std::int64_t count, std::int64_
 }
 
 // Forward and backward of a micro-batch, no step; false when it ran out of memory.
-bool probe(Trainer& t, const Batch& b) {
+bool probe(Trainer& t, const Batch& b, int times = 1) {
   try {
-    t.probe(b);
+    t.probe(b, times);
   } catch (const c10::OutOfMemoryError&) {
     if (is_cuda(t.config().device)) cuda_empty_cache();
     return false;
@@ -353,10 +353,13 @@ std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Re
   for (std::int64_t m = per_rank; m >= 1; --m) {
     if (per_rank % m != 0 || m > r.obj.data->size()) continue;
     const auto bd = trainer.memory_breakdown();
-    const double opt_extra = static_cast<double>(std::max<std::int64_t>(0, bd.at("optimizer_expected") - bd.at("optimizer")) +
-                                                 (m < per_rank ? bd.at("trainable") : 0));
+    // the optimizer's state is made by the first step; the summed gradients of
+    // accumulation are measured: a second micro-batch runs beside the first's
+    // gradients (counting them whole on top of one pass counted them twice, and
+    // one sample "needed" more than the whole batch)
+    const double opt_extra = static_cast<double>(std::max<std::int64_t>(0, bd.at("optimizer_expected") - bd.at("optimizer")));
     reset_peaks();
-    const bool ok = probe(trainer, data_window(*r.obj.data, m, m).front());
+    const bool ok = probe(trainer, data_window(*r.obj.data, m, m).front(), m < per_rank ? 2 : 1);
     const double peak = static_cast<double>(tensor_peak(is_cuda(r.device)));
     if (ok && peak + opt_extra <= budget) {
       tried.push_back(strf("%lld fits (%s + %s optimizer state of %s)", static_cast<long long>(m), fmt_bytes(peak).c_str(),
@@ -470,8 +473,18 @@ PriorRun prior_run(const fs::path& out) {
   }
   if (p.meta.is_object() && p.meta.contains("status")) {
     const auto steps = p.meta.value("steps", p.meta.value("start_step", std::int64_t{0}));
-    p.what = "status " + p.meta.value("status", std::string("?")) + ", " + std::to_string(steps) + " of " +
+    const std::string status = p.meta.value("status", std::string("?"));
+    p.what = "status " + status + ", " + std::to_string(steps) + " of " +
              std::to_string(p.meta.value("total_steps", std::int64_t{0})) + " steps";
+    // run.json is written as a run starts and ends: one still "running" that
+    // no process holds was killed, and its checkpoints say how far it got
+    if (status == "running") {
+      std::string last;
+      if (std::ifstream in(out / "checkpoints" / "last"); in) std::getline(in, last);
+      p.what = "status running, but no process holds it: killed or crashed, " +
+               (last.empty() ? std::string("no checkpoint") : "last checkpoint " + last) + ", of " +
+               std::to_string(p.meta.value("total_steps", std::int64_t{0})) + " steps";
+    }
   } else {
     p.meta = nlohmann::json();
     for (const auto& f : found) p.what += (p.what.empty() ? "" : ", ") + f;

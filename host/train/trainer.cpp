@@ -644,7 +644,7 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
           {"optimizer_expected", optim_->state_bytes(stepped_) + ema}};
 }
 
-void Trainer::probe(const Batch& batch) {
+void Trainer::probe(const Batch& batch, int times) {
   if (partitioned())
     throw Error("shard = \"parameters\": the micro-batch is not probed (each probe would gather weights on every "
                 "rank); give micro_batch as a number");
@@ -652,14 +652,17 @@ void Trainer::probe(const Batch& batch) {
   model_->train(true);
   clear_grads();
   try {
-    ForwardResult r;
-    {
-      AutocastScope autocast(cfg_.precision, device);
-      r = model_->forward(to_device(batch, device));
+    for (int k = 0; k < times; ++k) {
+      ForwardResult r;
+      {
+        AutocastScope autocast(cfg_.precision, device);
+        r = model_->forward(to_device(batch, device));
+      }
+      at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(std::max<std::int64_t>(r.items, 1)));
+      if (scaling()) l = l * scale_;
+      l.backward();
+      if (cfg_.master_weights) fold_grads();  // as a window does after each backward
     }
-    at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(std::max<std::int64_t>(r.items, 1)));
-    if (scaling()) l = l * scale_;
-    l.backward();
   } catch (...) {
     clear_grads();
     throw;

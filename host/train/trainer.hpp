@@ -171,10 +171,11 @@ class Trainer {
   /// The checkpointed blocks, in the model's order.
   std::vector<std::string> checkpointed_blocks() const;
 
-  /// Forward and backward of one micro-batch without an optimizer step (the
-  /// gradients are cleared afterwards): for probing memory. Throws
+  /// Forward and backward of one micro-batch, `times` times in a row without
+  /// an optimizer step, from no gradients to none: for probing memory (a
+  /// second pass holds the first's gradients, as accumulation does). Throws
   /// c10::OutOfMemoryError when it does not fit.
-  void probe(const Batch& batch);
+  void probe(const Batch& batch, int times = 1);
 
   /// Loss and metrics over all of `data` without gradients, under the
   /// training precision and out-of-memory policy.

@@ -30,11 +30,14 @@ namespace wick {
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
 std::atomic<int> g_loops{0};           // StepLoopScopes alive
+std::atomic<int> g_callbacks{0};       // CallbackScopes alive
 std::atomic<bool> g_honoured{false};   // a loop stopped for the signal
 std::atomic<bool> g_polled{false};     // the recipe watches interrupted() itself
 std::atomic<bool> g_hook_fired{false}; // Lua code was interrupted
 std::atomic<double> g_signal_at{0};    // monotonic seconds
 std::atomic<void (*)(int)> g_hook{nullptr};
+std::mutex g_note_mu;
+std::function<void(const std::string&)> g_note;
 
 double monotonic_seconds() {
   timespec ts{};
@@ -66,13 +69,24 @@ void watch_for_stuck_interrupt() {
     const int sig = g_signal;
     if (!sig || g_honoured || g_hook_fired) continue;
     const bool owned = g_loops > 0 || g_polled;
-    // a loop's step may take minutes: it is only cut short where its Lua code was
-    if (g_loops > 0) continue;
+    // a loop's step may take minutes: it is only cut short in its callbacks
+    if (g_loops > 0 && g_callbacks == 0) continue;
     const double grace = owned ? kCallbackGraceSeconds + kStuckSeconds : kStuckSeconds;
     if (monotonic_seconds() - g_signal_at.load() < grace) continue;
-    const std::string msg = "wick: " + signal_name(sig) + ": the recipe was in code that does not stop by itself "
-                            "(a plugin building data or a model); ended without finishing it\n";
+    const std::string msg = "wick: " + signal_name(sig) + ": the recipe was in code that does not stop by itself " +
+                            std::string(g_callbacks > 0 ? "(a callback that did not return within its grace)"
+                                                        : "(a plugin building data or a model, or a compiled loop)") +
+                            "; ended without finishing it\n";
     if (::write(2, msg.data(), msg.size()) < 0) {
+    }
+    std::function<void(const std::string&)> note;
+    {
+      std::lock_guard<std::mutex> lock(g_note_mu);
+      note = g_note;
+    }
+    try {
+      if (note) note(msg.substr(6, msg.size() - 7));  // (the note clears itself: not under the lock)
+    } catch (...) {
     }
     std::_Exit(128 + sig);
   }
@@ -117,6 +131,8 @@ std::string signal_name(int sig) {
 
 StepLoopScope::StepLoopScope() { ++g_loops; }
 StepLoopScope::~StepLoopScope() { --g_loops; }
+CallbackScope::CallbackScope() { ++g_callbacks; }
+CallbackScope::~CallbackScope() { --g_callbacks; }
 void signal_honoured() { g_honoured = true; }
 void signal_polled() { g_polled = true; }
 
@@ -128,6 +144,11 @@ bool interrupt_due() {
 }
 
 void set_interrupt_hook(void (*hook)(int sig)) { g_hook = hook; }
+
+void set_forced_exit_note(std::function<void(const std::string& why)> note) {
+  std::lock_guard<std::mutex> lock(g_note_mu);
+  g_note = std::move(note);
+}
 
 std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident) {
   std::map<std::string, std::int64_t> m;

@@ -2,6 +2,7 @@
 // Process-level facts and controls: memory, signals, versions.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -46,6 +47,16 @@ class StepLoopScope {
   StepLoopScope& operator=(const StepLoopScope&) = delete;
 };
 constexpr double kCallbackGraceSeconds = 10;
+/// While one lives, the loop runs Lua code of the recipe's (a callback): a
+/// signal it does not answer within its grace (a JIT-compiled loop never
+/// meets the hook) ends the process, as code outside a loop does.
+class CallbackScope {
+ public:
+  CallbackScope();
+  ~CallbackScope();
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+};
 /// The signal has been acted on (a loop stopped and saved for it): nothing
 /// else ends the recipe for it; interrupted() stays true.
 void signal_honoured();
@@ -55,6 +66,10 @@ void signal_polled();
 /// Whether the running Lua code should be ended now for the signal (called by
 /// the interrupt hook; false while a grace runs or once the signal was honoured).
 bool interrupt_due();
+/// Called (from the watcher's thread) before the process ends by itself for a
+/// signal it did not answer: a live run marks its run.json interrupted.
+/// nullptr clears it; one at a time.
+void set_forced_exit_note(std::function<void(const std::string& why)> note);
 /// Called from the signal handler (async-signal-safe work only) on the first
 /// signal; the Lua binding sets one that arms a hook in its state.
 void set_interrupt_hook(void (*hook)(int sig));

@@ -55,6 +55,11 @@ CASES = [
     Case("rank 1 without rank 0", ["run", "recipe.lua"],
          r"rank 1 of 2: reaching the rendezvous at 127\.0\.0\.1:\d+ .* rank 0 hosts it: did rank 0 start",
          setup=recipe(RECIPE), env=lone(1), timeout=30),
+    # retried until the timeout and ended as "Interrupted system call" before
+    *[Case(f"rendezvous address that does not resolve (rank {r})", ["run", "recipe.lua"],
+           rf"rank {r} of 2: the rendezvous address 'no-such-host\.invalid' \(torchrun-style variables\) does not "
+           r"resolve: .*; expected a host name or IP address of rank 0's machine",
+           setup=recipe(RECIPE), env={**lone(r), "MASTER_ADDR": "no-such-host.invalid"}, timeout=30) for r in (0, 1)],
     # the launcher stops the stalled rank's process group, its `sleep` with it (the
     # no-survivor check is tests/host/dist/test_ranks.py)
     Case("a rank gives up while another is stalled in a child process", ["launch", "--nproc-per-node", "2", "recipe.lua"],

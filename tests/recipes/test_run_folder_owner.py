@@ -73,8 +73,15 @@ def test_a_second_run_into_a_live_runs_folder_is_refused_naming_the_holder(tmp_p
 def test_the_lock_goes_with_a_killed_run(tmp_path):
     out = tmp_path / "run"
     live = start_live(tmp_path, out)
+    time.sleep(1)  # (save_every=50: a checkpoint is there by now)
     live.kill()
     live.wait()
+    # what the refusal says of it: not "0 of N steps" from the run.json written at its start
+    p = subprocess.run([WICK, "run", tmp_path / "long.lua", f"out={out}", "steps=2"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1
+    assert "holds a run (status running, but no process holds it: killed or crashed, last checkpoint step-" in p.stderr, \
+        p.stderr
     p = subprocess.run([WICK, "run", tmp_path / "long.lua", f"out={out}", "overwrite=true", "steps=2"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
