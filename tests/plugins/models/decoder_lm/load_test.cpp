@@ -175,5 +175,29 @@ TEST(DecoderLoad, AQuantizeBlockThatDoesNotDivideALayerIsRefused) {
               HasSubstr("decoder_lm: quantize_block 48 does not divide layer model.layers.0.self_attn.q_proj's 4096 weights"));
 }
 
+// Qwen2's sliding window is refused only where a layer would slide (as
+// transformers' Qwen2Config assigns layer_types); the published configs load.
+TEST(DecoderLoad, Qwen2SlidingWindowLoadsWhereNoLayerSlides) {
+  test::TempDir dir;
+  write_bf16_folder(dir.path / "m");
+  auto cfg = nlohmann::json::parse(std::ifstream(dir.path / "m" / "config.json"));
+  auto with = [&](nlohmann::json changes) {
+    auto c = cfg;
+    c.update(changes);
+    std::ofstream(dir.path / "m" / "config.json") << c.dump();
+    return test::error_of([&] { load(dir.path / "m"); });
+  };
+  // off, no window, or max_window_layers covering both layers: full attention everywhere
+  EXPECT_EQ(with({{"use_sliding_window", false}, {"sliding_window", 4}, {"max_window_layers", 0}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", nullptr}, {"max_window_layers", 0}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", 2}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", 4},
+                  {"layer_types", {"full_attention", "full_attention"}}}), "");
+  // the second layer slides
+  EXPECT_THAT(with({{"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", 1}}),
+              HasSubstr("config.json: use_sliding_window is true: layers 1 to 1 (max_window_layers 1) would attend to "
+                        "only the last 4 positions (sliding_window)"));
+}
+
 }  // namespace
 }  // namespace wick
