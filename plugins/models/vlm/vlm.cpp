@@ -458,6 +458,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
+    dec_->check_nf4_training(kWho, "freeze_language = true, or model:freeze");
     std::vector<std::int64_t> pos, V;
     at::Tensor h = hidden_states(b, pos, V);
     return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V));

@@ -199,5 +199,34 @@ TEST(DecoderLoad, Qwen2SlidingWindowLoadsWhereNoLayerSlides) {
                         "only the last 4 positions (sliding_window)"));
 }
 
+// 4-bit linear layers do not train: a training forward of a 4-bit model
+// without adapters is refused while every other weight would train, and goes
+// on with adapters, with anything frozen on purpose, or without gradients.
+TEST(DecoderLoad, A4BitModelWithoutAdaptersDoesNotTrainUnsaid) {
+  auto o = sizes();
+  o["quantize"] = Value(std::string("nf4"));
+  const Batch b{{"input_ids", at::randint(0, 96, {2, 9})}};
+  auto m = test::make<Model>("decoder_lm", PluginKind::Model, o);
+  m->train(true);
+  EXPECT_THAT(test::error_of([&] { m->forward(b); }),
+              HasSubstr("decoder_lm: quantize = \"nf4\" keeps 14 linear layers in 4 bits, which do not train, and no "
+                        "LoRA adapters are on them"));
+  {
+    at::NoGradGuard no_grad;  // evaluation
+    EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+  }
+  m->train(false);
+  EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+  m->train(true);
+  for (auto& p : m->named_parameters())
+    if (p.key().rfind("model.embed_tokens.", 0) == 0) p.value().set_requires_grad(false);  // the head alone, say
+  EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+
+  auto q = test::make<Model>("decoder_lm", PluginKind::Model, o);
+  test::make<Transform>("qlora", PluginKind::Optim, {{"r", Value(std::int64_t{2})}})->apply(*q);
+  EXPECT_EQ(test::error_of([&] { q->forward(b); }), "");
+  EXPECT_EQ(std::get<std::int64_t>(q->attributes().at("nf4_layers").v), 14);
+}
+
 }  // namespace
 }  // namespace wick
