@@ -51,4 +51,17 @@ CASES = [
     Case("no document left", ["run", "recipe.lua", "file=d.jsonl"],
          r"data 'text': no sample has anything to learn from \(2 skipped; the first: d\.jsonl:1: 1 token",
          setup=jsonl({"text": ""}, {"input_ids": [5]})),
+    # a cache_dir that cannot be a folder left every run uncached without a word
+    Case("cache_dir names a file", ["run", "c.lua"],
+         r"c\.lua:2: .*data 'text': cache_dir tok\.cache is not a folder, expected a folder for the token cache "
+         r"\(or 'none': no cache\)",
+         setup=lambda d: ((d / "a.txt").write_text("some text\n"), (d / "tok.cache").write_text("x"),
+                          (d / "c.lua").write_text("local wick = require 'wick'\n"
+                                                   "wick.data('text', { files = { 'a.txt' }, cache_dir = 'tok.cache' })\n"))),
+    Case("cache_dir below a file", ["run", "c.lua"],
+         r"c\.lua:2: .*data 'text': cache_dir tok\.cache/sub cannot be made: Not a directory, expected a folder",
+         setup=lambda d: ((d / "a.txt").write_text("some text\n"), (d / "tok.cache").write_text("x"),
+                          (d / "c.lua").write_text("local wick = require 'wick'\n"
+                                                   "wick.data('text', { files = { 'a.txt' }, cache_dir = 'tok.cache/sub' })\n"))),
 ]
+

@@ -130,6 +130,44 @@ CASES = [
 ]
 
 
+# Qwen2's sliding window (layers from max_window_layers on see the last
+# sliding_window positions): wick's attention sees all, so a config where a
+# layer slides is refused by name; the published configs (use_sliding_window
+# false, or max_window_layers covering every layer) load.
+QWEN = dict(model_type="qwen2", use_sliding_window=True, sliding_window=4)
+
+CASES += [
+    gen("qwen2 use_sliding_window with a sliding layer", config(**QWEN, max_window_layers=0),
+        CFG + r"use_sliding_window is true: layers 0 to 0 \(max_window_layers 0\) would attend to only the last 4 "
+              r"positions \(sliding_window\), and wick has no sliding-window attention; expected use_sliding_window "
+              r"false, or max_window_layers of at least num_hidden_layers \(1\)"),
+    gen("qwen2 use_sliding_window with transformers' default max_window_layers",
+        config(**QWEN, num_hidden_layers=30),
+        CFG + r"use_sliding_window is true: layers 28 to 29 \(max_window_layers 28\)"),
+    gen("qwen2 use_sliding_window with layer_types", config(**QWEN, layer_types=["sliding_attention"]),
+        CFG + r"use_sliding_window is true: 1 of the 1 layers \(layer_types, the first 0\) would attend to only the last 4"),
+    gen("qwen2 layer_types of another kind", config(**QWEN, layer_types=["chunked_attention"]),
+        CFG + r"layer_types is \[\"chunked_attention\"\], expected a list of full_attention and sliding_attention"),
+    # float64 weights were built as fp32 without a word
+    gen("torch_dtype float64", config(torch_dtype="float64"),
+        CFG + r"torch_dtype is \"float64\", expected float32, bfloat16 or float16 \(the dtypes wick builds a decoder in\)"),
+    Case("vit torch_dtype float64", ["run", "r.lua"],
+         r"r\.lua:2: .*v/config\.json: torch_dtype is \"float64\", expected float32, bfloat16 or float16 \(the dtypes wick "
+         r"loads weights in\)",
+         setup=lambda d: ((d / "v").mkdir(), (d / "v" / "config.json").write_text(json.dumps(
+             {"model_type": "vit", "torch_dtype": "float64"})),
+                          (d / "r.lua").write_text('local wick = require "wick"\n'
+                                                   'wick.model("vit", { path = "v", classes = 2 })\n'))),
+    Case("llava torch_dtype float64", ["run", "r.lua"],
+         r"r\.lua:2: .*vlm: l/config\.json: torch_dtype is \"float64\", expected float32, bfloat16 or float16",
+         setup=lambda d: ((d / "l").mkdir(), (d / "l" / "config.json").write_text(json.dumps(
+             {"model_type": "llava", "torch_dtype": "float64", "vision_config": {"model_type": "clip_vision_model"},
+              "text_config": CONFIG})),
+                          (d / "r.lua").write_text('local wick = require "wick"\n'
+                                                   'wick.model("vlm", { path = "l" })\n'))),
+]
+
+
 def _rewrite(d, placeholder, path):
     index = d / "m" / "model.safetensors.index.json"
     index.write_text(index.read_text().replace(placeholder, path))

@@ -50,4 +50,21 @@ CASES = [
     case("bias a number", LOAD, CFG + r"bias is 1, expected a string", bias=1),
     Case("adapter_config.json not JSON", ["run", "r.lua"], r"r\.lua:\d+: a/adapter_config\.json is not valid JSON",
          setup=lambda d: (adapter(LOAD)(d), (d / "a" / "adapter_config.json").write_text("{r: 4}"))),
+    # LoraConfig fields that put adapters on other layers or change what they
+    # compute: named, where they failed naming a tensor (or loaded and computed otherwise)
+    case("layers_to_transform", LOAD, CFG + r"layers_to_transform is \[0\], expected null \(adapters on only some layers: "
+         r"not supported\)", layers_to_transform=[0]),
+    case("layers_to_transform 0", LOAD, CFG + r"layers_to_transform is 0, expected null", layers_to_transform=0),
+    case("exclude_modules", LOAD, CFG + r"exclude_modules is \[\"k_proj\"\], expected null \(modules left out of "
+         r"target_modules: not supported\)", exclude_modules=["k_proj"]),
+    case("lora_bias", LOAD, CFG + r"lora_bias is true, expected false \(a bias on lora_B: not supported\)", lora_bias=True),
+    case("fan_in_fan_out", LOAD, CFG + r"fan_in_fan_out is true, expected false \(weights stored transposed", fan_in_fan_out=True),
+    case("layer_replication", LOAD, CFG + r"layer_replication is \[\[0,1\],\[0,1\]\], expected null \(replicated layers",
+         layer_replication=[[0, 1], [0, 1]]),
+    # PEFT writes every field: its defaults (null, false, empty) load
+    Case("PEFT's defaults written out", ["run", "r.lua"], r"^loaded$", rc=0,
+         setup=adapter(LOAD + 'print("loaded")\n', layers_to_transform=None, layers_pattern=None, exclude_modules=None,
+                       lora_bias=False, use_qalora=False, alora_invocation_tokens=None, layer_replication=None,
+                       target_parameters=None, trainable_token_indices=None, megatron_config=None, use_dora=False,
+                       rank_pattern={}, alpha_pattern={}, init_lora_weights=True, loftq_config={}, eva_config=None)),
 ]

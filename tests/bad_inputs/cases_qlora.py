@@ -45,3 +45,36 @@ CASES += [
          r"r\.lua:2: .*make \d+ parameters, which need [\d.]+ TiB in fp32, more than this machine's",
          setup=huge("")),
 ]
+
+# A 4-bit model without adapters: its linear layers do not train, so plain
+# training moved only the embeddings, norms and head. Refused at the first
+# training forward unless something was frozen on purpose; and save_pretrained
+# refuses the nf4.* tensors that nothing loads.
+NF4 = ("local wick = require 'wick'\n"
+       "local data = wick.data('text', { files = { 'a.txt' }, max_length = 16, cache_dir = 'none' })\n"
+       "local m = wick.model('decoder_lm', { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128, "
+       "layers = 1, heads = 2, quantize = 'nf4' })\n")
+TRAIN = "local run = wick.train { model = m, data = data, optim = wick.optim('adamw', { lr = 1e-3 }), micro_batch = 1, quiet = true }\n"
+
+
+def nf4(tail):
+    def setup(d):
+        (d / "a.txt").write_text("some text to learn from, long enough for a few samples of sixteen bytes\n")
+        (d / "r.lua").write_text(NF4 + tail)
+    return setup
+
+
+CASES += [
+    Case("nf4 model trained without adapters", ["run", "r.lua"],
+         r"r\.lua:4: .*decoder_lm: quantize = \"nf4\" keeps 7 linear layers in 4 bits, which do not train, and no LoRA "
+         r"adapters are on them: training would change only the embeddings, norms and head; expected adapters \(QLoRA: "
+         r"wick\.optim\(\"qlora\", \{\.\.\.\}\):apply\(model\) before training\), or a freeze of what should not train "
+         r"\(model:freeze\) to train the rest alone", setup=nf4(TRAIN), may_write=["runs/**"]),
+    Case("nf4 model with the head alone left to train", ["run", "r.lua"], r"^trained \d+ steps$", rc=0,
+         setup=nf4("m:freeze('model.*')\n" + TRAIN + "print('trained ' .. run.steps .. ' steps')\n"), may_write=["runs/**"]),
+    Case("save_pretrained of an nf4 model", ["run", "r.lua"],
+         r"r\.lua:4: save_pretrained: 7 linear layers of the model are 4-bit NF4 \(quantize = \"nf4\"\), which transformers "
+         r"does not load, expected float layers: merge the adapters first",
+         setup=nf4("wick.save_pretrained(m, 'out')\n")),
+]
+

@@ -120,4 +120,15 @@ CASES = [
          r"r\.lua:2: .*corrupt safetensors file w\.safetensors: tensor '0\.weight': data_offsets begin at byte 0, expected 8",
          setup=recipe_load(safetensors_bytes({"0.weight": t("F32", [2], [0, 8]), "0.bias": t("F32", [2], [0, 8])},
                                              bytes(8)))),
+    # another kind of file under the name: said to be no safetensors file, its
+    # first 8 bytes not echoed as a header length, a link's target named
+    Case("model.safetensors a link to a text file", ["generate", "m", "max_new_tokens=2"],
+         r"^wick: .*m/model\.safetensors \(a link to /.*/notes\.txt\) is not a safetensors file: it does not start with "
+         r"the 8-byte length of a JSON header that fits in its 26 bytes, expected a safetensors file",
+         setup=lambda d: (write_decoder(d / "m"), (d / "notes.txt").write_text("these are not the weights\n"),
+                          (d / "m" / F).unlink(), (d / "m" / F).symlink_to(d / "notes.txt"))),
+    Case("model.safetensors a text file", ["generate", "m", "max_new_tokens=2"],
+         r"^wick: .*m/model\.safetensors is not a safetensors file: it does not start with the 8-byte length",
+         setup=lambda d: write_decoder(d / "m", weights=b"version https://git-lfs.github.com/spec/v1\n")),
 ]
+

@@ -222,6 +222,21 @@ class Text : public wick::Dataset {
                       const std::string& eos) {
     std::string dir = o.get_string("cache_dir");
     if (dir == "none") return {};
+    if (!dir.empty()) {
+      // a folder asked for by name: one that cannot be one would leave every
+      // run uncached without a word (a cache the default place cannot hold is
+      // only slower)
+      std::error_code ec;
+      const bool is_dir = fs::is_directory(dir, ec);
+      if (!is_dir && fs::exists(fs::symlink_status(dir, ec)))
+        throw wick::Error("data 'text': cache_dir " + dir + " is " +
+                          (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(dir, ec) ? "a broken link"
+                                                                                               : "not a folder") +
+                          ", expected a folder for the token cache (or 'none': no cache)");
+      if (!is_dir && (fs::create_directories(dir, ec), ec))
+        throw wick::Error("data 'text': cache_dir " + dir + " cannot be made: " + ec.message() +
+                          ", expected a folder for the token cache (or 'none': no cache)");
+    }
     if (dir.empty()) {
       const char* c = std::getenv("WICK_CACHE_DIR");
       const char* x = std::getenv("XDG_CACHE_HOME");

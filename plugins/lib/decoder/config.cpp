@@ -197,12 +197,42 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
     c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
     read_rope(rp, c, j);
   }
+  // Qwen2's sliding window (transformers' Qwen2Config): with use_sliding_window
+  // and a sliding_window, the layers from max_window_layers on (or those
+  // layer_types calls sliding_attention) see only the last sliding_window
+  // positions. wick's attention sees every earlier position, so a config where
+  // some layer slides is refused rather than computed otherwise.
+  if (type == "qwen2" && j.flag("use_sliding_window", false) && j.has("sliding_window")) {
+    const std::int64_t window = j.integer("sliding_window", 1);
+    std::int64_t first = c.layers, sliding = 0;
+    std::string which;
+    if (j.has("layer_types")) {
+      const auto& types = j.array("layer_types");
+      for (std::size_t i = 0; i < types.size(); ++i) {
+        if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
+          j.bad("layer_types", "a list of full_attention and sliding_attention");
+        if (types[i] == "sliding_attention" && sliding++ == 0) first = static_cast<std::int64_t>(i);
+      }
+      which = std::to_string(sliding) + " of the " + std::to_string(c.layers) + " layers (layer_types, the first " +
+              std::to_string(first) + ")";
+    } else {
+      first = j.integer("max_window_layers", 28, 0, kMax);  // transformers' default
+      sliding = std::max<std::int64_t>(0, c.layers - first);
+      which = "layers " + std::to_string(first) + " to " + std::to_string(c.layers - 1) + " (max_window_layers " +
+              std::to_string(first) + ")";
+    }
+    if (sliding > 0)
+      j.fail("use_sliding_window", "is true: " + which + " would attend to only the last " + std::to_string(window) +
+                                       " positions (sliding_window), and wick has no sliding-window attention; "
+                                       "expected use_sliding_window false, or max_window_layers of at least "
+                                       "num_hidden_layers (" + std::to_string(c.layers) + ")");
+  }
   // the dtype the weights were saved in: the model is built in it
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (!c.dtype.empty() || !j.has(key)) continue;
     const std::string d = j.string(key);
     c.dtype = d == "float32" ? "fp32" : d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "";
-    if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16");
+    if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16 (the dtypes wick builds a decoder in)");
   }
   finish_config(c, where, /*hf=*/true);
   return c;

@@ -599,6 +599,32 @@ std::vector<std::string> Decoder::blocks() const {
   return out;
 }
 
+std::int64_t Decoder::nf4_layers() {
+  std::int64_t n = 0;
+  for (auto& [name, lin] : linear_layers()) n += lin->quantized() ? 1 : 0;
+  return n;
+}
+
+void Decoder::check_nf4_training(const std::string& who, const std::string& freeze) {
+  if (nf4_checked_ || !at::GradMode::is_enabled() || !body->is_training()) return;
+  std::int64_t quantized = 0;
+  for (auto& [name, lin] : linear_layers()) {
+    if (lin->has_adapter()) quantized = -1;
+    if (quantized >= 0 && lin->quantized()) ++quantized;
+  }
+  bool all_train = true;
+  for (const auto& p : body->parameters()) all_train = all_train && p.requires_grad();
+  if (lm_head)
+    for (const auto& p : lm_head->parameters()) all_train = all_train && p.requires_grad();
+  if (quantized > 0 && all_train)
+    throw wick::Error(who + ": quantize = \"nf4\" keeps " + std::to_string(quantized) +
+                      " linear layers in 4 bits, which do not train, and no LoRA adapters are on them: training would "
+                      "change only the embeddings, norms and head; expected adapters (QLoRA: wick.optim(\"qlora\", "
+                      "{...}):apply(model) before training), or a freeze of what should not train (" + freeze +
+                      ") to train the rest alone");
+  nf4_checked_ = true;
+}
+
 std::vector<std::pair<std::string, wick::Linear>> Decoder::linear_layers() {
   std::vector<std::pair<std::string, wick::Linear>> out;
   std::int64_t i = 0;

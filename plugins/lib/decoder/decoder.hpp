@@ -226,6 +226,15 @@ class Decoder {
   const Config& config() const { return c_; }
   at::Device device() const { return body->embed_tokens->weight.device(); }
 
+  /// Linear layers whose weight is 4-bit NF4 (quantize = "nf4").
+  std::int64_t nf4_layers();
+  /// Before a forward that will be backpropagated: refuses 4-bit linear layers
+  /// (which do not train) without adapters when every other weight of the
+  /// decoder trains, which no one chose: training would move only the
+  /// embeddings, norms and head. A freeze of any of those says it was meant.
+  /// `who` starts the message, `freeze` says how this model freezes weights.
+  void check_nf4_training(const std::string& who, const std::string& freeze);
+
   Body body{nullptr};
   wick::Linear lm_head{nullptr};  ///< made in its dtype (a wick::Linear: no fp32 [vocab, hidden] first)
 
@@ -236,6 +245,7 @@ class Decoder {
   double rope_scale_ = 1.0;        // cos and sin times this (yarn's attention factor)
   std::int64_t rope_cached_ = 0;   // dynamic: the sequence length inv_freq_ was made for
   std::int64_t loss_chunk_ = kDefaultLossChunk;
+  bool nf4_checked_ = false;  // check_nf4_training passed once
 };
 
 }  // namespace wick::decoder

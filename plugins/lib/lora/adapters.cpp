@@ -211,6 +211,31 @@ class Lora : public wick::Transform {
     for (const char* key : {"rank_pattern", "alpha_pattern"})
       if (cfg.has(key) && !(cfg.json()[key].is_object() && cfg.json()[key].empty()))
         cfg.bad(key, "{} (a rank or alpha per module is not supported yet)");
+    // LoraConfig fields that change which layers carry an adapter or what one
+    // computes: set, the adapter would load onto other layers (or without its
+    // extra weights) and fail naming a tensor, or load and compute otherwise.
+    // Unset is PEFT's default: null, false, or empty (0 is a layer index).
+    static const std::pair<const char*, const char*> changes[] = {
+        {"layers_to_transform", "adapters on only some layers"},
+        {"layers_pattern", "adapters on only some layers"},
+        {"exclude_modules", "modules left out of target_modules"},
+        {"lora_bias", "a bias on lora_B"},
+        {"fan_in_fan_out", "weights stored transposed (Conv1D)"},
+        {"use_qalora", "QALoRA"},
+        {"alora_invocation_tokens", "activated LoRA"},
+        {"layer_replication", "replicated layers"},
+        {"target_parameters", "adapters on parameters"},
+        {"trainable_token_indices", "trainable token embeddings"},
+        {"use_bdlora", "block-diagonal LoRA"},
+        {"arrow_config", "Arrow routing"},
+        {"megatron_config", "Megatron layers"}};
+    for (const auto& [key, what] : changes) {
+      const nlohmann::json* v = cfg.find(key);
+      if (!v || (v->is_boolean() && !v->get<bool>()) || ((v->is_array() || v->is_object()) && v->empty()) ||
+          (v->is_string() && v->get<std::string>().empty()))
+        continue;
+      cfg.bad(key, std::string(v->is_boolean() ? "false" : "null") + " (" + what + ": not supported)");
+    }
     const std::int64_t r = cfg.integer("r", 1);
     const double alpha = cfg.number("lora_alpha", 0.0, 0);
     if (!cfg.has("lora_alpha")) cfg.bad("lora_alpha", "a number");

@@ -66,6 +66,14 @@ struct Source {
   bool flushed = false;    // decoder drained
   int decoded = 0;
   int seeks = 0;
+  bool image = false;  // decode_image's: a file that does not open is said not to be an image
+
+  // A file FFmpeg cannot take a picture stream from: an image's message says
+  // so first (a text file named .png reaches the decoder's checks as a
+  // stream without a frame size).
+  [[noreturn]] void not_media(const std::string& why, const std::string& image_why = "") const {
+    fail(path, image ? "not a decodable image (" + (image_why.empty() ? why : image_why) + ")" : why);
+  }
 
   ~Source() {
     av_packet_free(&pkt);
@@ -91,7 +99,8 @@ struct Source {
     if (err < 0) {
       fmt = nullptr;  // freed by avformat_open_input on failure
       check_time();   // interrupted by the time limit, not a bad file
-      fail(path, "cannot open: " + av_error(err));
+      if (err != AVERROR_INVALIDDATA) fail(path, "cannot open: " + av_error(err));  // missing, unreadable
+      not_media("cannot open: " + av_error(err), "FFmpeg recognises no format in it");
     }
     // MP4/MOV headers describe their streams completely (sizes, rates,
     // durations, the sample index): probing by decoding is skipped there.
@@ -106,15 +115,16 @@ struct Source {
     }
     err = complete_header ? 0 : avformat_find_stream_info(fmt, nullptr);
     check_time();
-    if (err < 0) fail(path, "not a readable media file: " + av_error(err));
+    if (err < 0) not_media("not a readable media file: " + av_error(err));
     check_time();
     const AVCodec* codec = nullptr;
     si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
-    if (si == AVERROR_STREAM_NOT_FOUND) fail(path, "has no video stream");
-    if (si < 0 || !codec) fail(path, "no decoder for its video stream: " + av_error(si));
+    if (si == AVERROR_STREAM_NOT_FOUND) not_media("has no video stream", "FFmpeg finds no picture in it");
+    if (si < 0 || !codec) not_media("no decoder for its video stream: " + av_error(si));
     st = fmt->streams[si];
     const auto* par = st->codecpar;
-    if (par->width <= 0 || par->height <= 0) fail(path, "video stream without a frame size");
+    if (par->width <= 0 || par->height <= 0)
+      not_media("video stream without a frame size", "FFmpeg reads no picture size from it");
     if (static_cast<std::int64_t>(par->width) * par->height > req.max_pixels)
       fail(path, "frames of " + std::to_string(par->width) + "x" + std::to_string(par->height) +
                      " exceed the limit of " + std::to_string(req.max_pixels) + " pixels (max_pixels)");
@@ -612,6 +622,7 @@ Frames decode_video(const std::string& path, const Request& req, std::mt19937_64
 Frames decode_image(const std::string& path, const Request& req, std::mt19937_64& rng) {
   Source s;
   s.path = path;
+  s.image = true;
   s.open(req);
   std::unique_ptr<AVFrame, void (*)(AVFrame*)> f(av_frame_alloc(), [](AVFrame* x) { av_frame_free(&x); });
   if (!f) fail(path, "out of memory");

@@ -319,17 +319,29 @@ class MediaFolder : public wick::Dataset {
     for (const auto& e : fs::directory_iterator(root, ec))
       if (e.is_directory()) dirs.push_back(e.path());
     std::sort(dirs.begin(), dirs.end());
+    // a class folder without files is refused, as torchvision's ImageFolder
+    // refuses it: skipped, it would shift every later class's label (and
+    // num_classes) against the folder's names
+    std::vector<std::string> empty;
     for (const auto& d : dirs) {
       std::vector<fs::path> files;
       for (const auto& e : fs::recursive_directory_iterator(d, ec))
         if (e.is_regular_file() && std::find(exts.begin(), exts.end(), lower(e.path().extension().string())) != exts.end())
           files.push_back(e.path());
-      if (files.empty()) continue;
+      if (files.empty()) {
+        empty.push_back(d.string());
+        continue;
+      }
       std::sort(files.begin(), files.end());
       const auto label = static_cast<std::int64_t>(classes_.size());
       classes_.push_back(d.filename().string());
       for (const auto& f : files) items_.push_back({f.string(), label, ""});
     }
+    if (!empty.empty() && !classes_.empty())
+      throw wick::Error(std::string(name_) + ": the class folder" + (empty.size() > 1 ? "s " : " ") + join(empty) +
+                        (empty.size() > 1 ? " hold" : " holds") + " no " + (video_ ? "clips" : "images") +
+                        " (extensions searched: " + join(exts) +
+                        "), expected files in every folder under root (each folder is a class)");
   }
 
   void read_manifest(const std::string& path) {

@@ -318,10 +318,21 @@ nlohmann::json VitImpl::hf_config() const {
 
 // ---- configs and options ----
 
+void check_saved_dtype(const wick::JsonFields& j) {
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!j.has(key)) continue;
+    const std::string d = j.string(key);
+    if (d != "float32" && d != "bfloat16" && d != "float16")
+      j.bad(key, "float32, bfloat16 or float16 (the dtypes wick loads weights in)");
+  }
+}
+
 VitConfig config_from_hf(const nlohmann::json& config, const std::string& where) {
   const wick::JsonFields top(config, where);
   const bool nested = top.has("vision_config") && config["vision_config"].is_object();
   const wick::JsonFields j = nested ? top.object("vision_config") : top;
+  check_saved_dtype(top);
+  if (nested) check_saved_dtype(j);
   std::string type = j.string("model_type", "");
   if (type.empty() && nested) type = "clip_vision_model";  // a nested vision_config without its type
   VitConfig c;

@@ -9,6 +9,7 @@
 //                 pre_layrnorm, encoder.layers.N.self_attn.q_proj, ..., post_layernorm)
 // Built once into the static library wick_vision and linked into each plugin.
 
+#include <wick/kit/json_fields.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/options.hpp>
@@ -52,6 +53,11 @@ struct VitConfig {
 /// CLIPVisionConfig, or a CLIPConfig (its vision_config). `where` names the
 /// file in errors.
 VitConfig config_from_hf(const nlohmann::json& config, const std::string& where);
+
+/// Refuses a dtype (or torch_dtype) in `j` that wick does not load weights
+/// in: the model is built in the dtype option, and a float64 folder would
+/// otherwise be rounded to it unsaid.
+void check_saved_dtype(const wick::JsonFields& j);
 
 /// The options every vision plugin shares for its encoder (sizes, style,
 /// pooling, image normalisation) and the config they describe.

@@ -76,6 +76,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
+    dec_->check_nf4_training("decoder_lm", "model:freeze");
     return dec_->loss_from_hidden(dec_->hidden(dec_->embed(b.at("input_ids")), this), labels_of(b));
   }
 
@@ -98,7 +99,8 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
     return {{"vocab_size", c.vocab}, {"hidden_size", c.hidden}, {"layers", c.layers}, {"family", c.family},
-            {"tie_embeddings", c.tie}, {"hf_config", dec::hf_config(c).dump(2)}};
+            {"tie_embeddings", c.tie}, {"hf_config", dec::hf_config(c).dump(2)},
+            {"nf4_layers", dec_->nf4_layers()}};  // save_pretrained refuses them
   }
 
  private:

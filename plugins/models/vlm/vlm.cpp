@@ -95,6 +95,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       const wick::JsonFields j(json, std::string(kWho) + ": " + file);
       if (!j.has("vision_config") || !j.has("text_config"))
         throw wick::Error(std::string(kWho) + ": " + file + " is not a LLaVA config (expected vision_config and text_config)");
+      vis::check_saved_dtype(j);  // the parts' own are checked as they are read
       vc = vis::config_from_hf(j.object("vision_config").json(), std::string(kWho) + ": " + file);
       lc = dec::config_from_hf(j.object("text_config").json(), std::string(kWho) + ": " + file, "text_config.");
       projector = j.string("projector_hidden_act", "gelu") == "gelu" ? "mlp2x_gelu" : "";
@@ -457,6 +458,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   }
 
   wick::ForwardResult forward(const wick::Batch& b) override {
+    dec_->check_nf4_training(kWho, "freeze_language = true, or model:freeze");
     std::vector<std::int64_t> pos, V;
     at::Tensor h = hidden_states(b, pos, V);
     return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V));

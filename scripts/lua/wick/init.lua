@@ -104,6 +104,15 @@ end
 function wick.save_pretrained(model, dir, tokenizer)
   local cfg = model.hf_config
   if not cfg then error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0) end
+  -- 4-bit layers would be written as nf4.* tensors, which neither
+  -- transformers nor a model without quantize loads as weights
+  local nf4 = model.nf4_layers or 0
+  if nf4 > 0 then
+    error(core.where() .. "save_pretrained: " .. nf4 .. " linear layers of the model are 4-bit NF4 (quantize = \"nf4\"), "
+      .. "which transformers does not load, expected float layers: merge the adapters first "
+      .. "(qlora:merge(model) turns the layers it adapted back into float weights), or save the adapters alone "
+      .. "(qlora:save(model, dir)), or load the model without quantize to save it whole", 0)
+  end
   core.mkdirs(dir)
   core.write_file(dir .. "/config.json", cfg .. "\n")
   model:save(dir .. "/model.safetensors")

@@ -190,11 +190,37 @@ inline std::uint64_t header_length(const unsigned char first8[8], std::uint64_t 
   return n;
 }
 
+/// `file` as a message names it: with the file a link leads to, when it is one
+/// (a model folder's model.safetensors linked to the wrong file).
+inline std::string named_file(const std::string& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_symlink(fs::symlink_status(file, ec))) return printable_utf8(file);
+  fs::path target = fs::canonical(file, ec);
+  if (ec) target = fs::read_symlink(file, ec);
+  return printable_utf8(file) + " (a link to " + printable_utf8(target.string()) + ")";
+}
+
 /// A whole file's bytes (or at least its first 8 + header length bytes, with
 /// `file_size` the whole size): its header.
 inline Header parse(std::string_view bytes, std::uint64_t file_size, const std::string& file) {
   if (file_size < 8 || bytes.size() < 8)
     throw Error("corrupt safetensors file " + file + ": shorter than its 8-byte header length, expected a safetensors file");
+  {
+    // Another kind of file (text, a pickle, a link to the wrong file): its
+    // first 8 bytes give a length beyond the file and no JSON object follows
+    // them. It is said to be no safetensors file, not a damaged one, and its
+    // bytes are not echoed as a length. (A real header is a JSON object: '{',
+    // perhaps after spaces.)
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+    const auto start = bytes.substr(0, 8 + 4096).find_first_not_of(" \t\n\r", 8);
+    const bool json_follows = start != std::string_view::npos && bytes[start] == '{';
+    if ((n > kMaxHeaderBytes || n > file_size - 8) && !json_follows)
+      throw Error(named_file(file) + " is not a safetensors file: it does not start with the 8-byte length of a JSON "
+                  "header that fits in its " + std::to_string(file_size) +
+                  " bytes, expected a safetensors file (an 8-byte little-endian length, a JSON header, the tensors' bytes)");
+  }
   const std::uint64_t n = header_length(reinterpret_cast<const unsigned char*>(bytes.data()), file_size, file);
   if (bytes.size() < 8 + n)
     throw Error("corrupt safetensors file " + file + ": cut short inside its header, expected " + std::to_string(n) +

@@ -175,5 +175,58 @@ TEST(DecoderLoad, AQuantizeBlockThatDoesNotDivideALayerIsRefused) {
               HasSubstr("decoder_lm: quantize_block 48 does not divide layer model.layers.0.self_attn.q_proj's 4096 weights"));
 }
 
+// Qwen2's sliding window is refused only where a layer would slide (as
+// transformers' Qwen2Config assigns layer_types); the published configs load.
+TEST(DecoderLoad, Qwen2SlidingWindowLoadsWhereNoLayerSlides) {
+  test::TempDir dir;
+  write_bf16_folder(dir.path / "m");
+  auto cfg = nlohmann::json::parse(std::ifstream(dir.path / "m" / "config.json"));
+  auto with = [&](nlohmann::json changes) {
+    auto c = cfg;
+    c.update(changes);
+    std::ofstream(dir.path / "m" / "config.json") << c.dump();
+    return test::error_of([&] { load(dir.path / "m"); });
+  };
+  // off, no window, or max_window_layers covering both layers: full attention everywhere
+  EXPECT_EQ(with({{"use_sliding_window", false}, {"sliding_window", 4}, {"max_window_layers", 0}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", nullptr}, {"max_window_layers", 0}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", 2}}), "");
+  EXPECT_EQ(with({{"use_sliding_window", true}, {"sliding_window", 4},
+                  {"layer_types", {"full_attention", "full_attention"}}}), "");
+  // the second layer slides
+  EXPECT_THAT(with({{"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", 1}}),
+              HasSubstr("config.json: use_sliding_window is true: layers 1 to 1 (max_window_layers 1) would attend to "
+                        "only the last 4 positions (sliding_window)"));
+}
+
+// 4-bit linear layers do not train: a training forward of a 4-bit model
+// without adapters is refused while every other weight would train, and goes
+// on with adapters, with anything frozen on purpose, or without gradients.
+TEST(DecoderLoad, A4BitModelWithoutAdaptersDoesNotTrainUnsaid) {
+  auto o = sizes();
+  o["quantize"] = Value(std::string("nf4"));
+  const Batch b{{"input_ids", at::randint(0, 96, {2, 9})}};
+  auto m = test::make<Model>("decoder_lm", PluginKind::Model, o);
+  m->train(true);
+  EXPECT_THAT(test::error_of([&] { m->forward(b); }),
+              HasSubstr("decoder_lm: quantize = \"nf4\" keeps 14 linear layers in 4 bits, which do not train, and no "
+                        "LoRA adapters are on them"));
+  {
+    at::NoGradGuard no_grad;  // evaluation
+    EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+  }
+  m->train(false);
+  EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+  m->train(true);
+  for (auto& p : m->named_parameters())
+    if (p.key().rfind("model.embed_tokens.", 0) == 0) p.value().set_requires_grad(false);  // the head alone, say
+  EXPECT_EQ(test::error_of([&] { m->forward(b); }), "");
+
+  auto q = test::make<Model>("decoder_lm", PluginKind::Model, o);
+  test::make<Transform>("qlora", PluginKind::Optim, {{"r", Value(std::int64_t{2})}})->apply(*q);
+  EXPECT_EQ(test::error_of([&] { q->forward(b); }), "");
+  EXPECT_EQ(std::get<std::int64_t>(q->attributes().at("nf4_layers").v), 14);
+}
+
 }  // namespace
 }  // namespace wick
