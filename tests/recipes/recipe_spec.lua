@@ -290,6 +290,12 @@ describe("memory knobs", function()
     assert.truthy(err:find("wick.train: micro_batch auto: 256 [rn][ue][ne][sd]") and err:find("keeps the batch of 256", 1, true), err)
     assert.truthy(micro < 256 and micro * acc == 256, micro .. " x " .. acc)
     assert.truthy(math.abs(eval - plain) < 1e-5, eval .. " vs " .. plain)
+    -- a cap so tight that splitting ends at one sample: auto gets there too (its probe counted
+    -- the accumulated gradients twice, so one sample "needed" more than the cap and it gave up)
+    micro, acc, eval = run("", "WICK_CPU_MEMORY_LIMIT=250KiB")
+    assert.truthy(micro * acc == 256 and math.abs(eval - plain) < 1e-5, micro .. " x " .. acc .. " " .. eval)
+    micro, acc, eval, err = run("auto=true", "WICK_CPU_MEMORY_LIMIT=250KiB")
+    assert.truthy(micro * acc == 256 and math.abs(eval - plain) < 1e-5, micro .. " x " .. acc .. " " .. eval .. err)
     -- on_oom = "fail" stops with the reason instead
     local code, _, ferr = H.run("run " .. path .. " on_oom=fail", cap)
     assert.are.equal(1, code)
