@@ -1239,6 +1239,11 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
       row.breakdown["optimizer"] = static_cast<std::int64_t>(f(4));
       row.breakdown["master_weights"] = static_cast<std::int64_t>(f(5));
       row.breakdown["rank"] = most;
+      // the state column: the most any rank holds (weights + gradients +
+      // optimizer), whichever rank had the highest peak (that one varies with
+      // transient buffers, and with uneven pieces its state by a few KiB)
+      row.breakdown["state"] = static_cast<std::int64_t>(
+          (all.select(1, 2) + all.select(1, 3) + all.select(1, 4)).max().item<double>());
       row.seconds = all.select(1, 6).max().item<double>();
     }
   };
@@ -1294,6 +1299,7 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
   // state: weights, gradients and optimizer state held at the step (what shard divides)
   auto state_of = [](const Row& row) {
     const auto& b = row.breakdown;
+    if (const auto it = b.find("state"); it != b.end()) return static_cast<double>(it->second);
     return static_cast<double>(b.at("weights") + b.at("gradients") + b.at("optimizer"));
   };
   if (rank0) std::printf("  %-44s %12s %8s %14s %12s\n", "setting", "peak", "saving", "time per batch", "state");
