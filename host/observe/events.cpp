@@ -11,21 +11,10 @@
 #include <stdexcept>
 
 #include "host/observe/tensorboard.pb.h"
+#include "wick/kit/crc32c.hpp"
 
 namespace wick {
 namespace {
-
-// Table for the reflected Castagnoli polynomial 0x82f63b78.
-constexpr std::array<std::uint32_t, 256> make_table() {
-  std::array<std::uint32_t, 256> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-constexpr auto kTable = make_table();
 
 std::string host_name() {
   char buf[256] = {};
@@ -35,11 +24,7 @@ std::string host_name() {
 
 }  // namespace
 
-std::uint32_t crc32c(std::string_view data) {
-  std::uint32_t c = 0xffffffffu;
-  for (unsigned char b : data) c = kTable[(c ^ b) & 0xff] ^ (c >> 8);
-  return c ^ 0xffffffffu;
-}
+std::uint32_t crc32c(std::string_view data) { return crc32c(data.data(), data.size()); }
 
 std::uint32_t masked_crc32c(std::string_view data) {
   const std::uint32_t c = crc32c(data);
