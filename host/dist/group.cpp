@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cerrno>
 #include <cmath>
@@ -317,9 +318,27 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
 Group::~Group() = default;
 
 void Group::fail(const std::string& what, const std::string& why) const {
+  if (backend_ == "nccl" && why.find("Duplicate GPU") != std::string::npos)
+    throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " + what +
+                " failed: ranks share one GPU, which NCCL refuses (" + why.substr(0, why.find('\n')) +
+                "); give each rank its own GPU, or set WICK_DIST_BACKEND=gloo to run the ranks' collectives "
+                "through host memory");
   throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " + what +
               " failed (" + backend_ + ", timeout " + seconds_text(dist_timeout()) +
               "): " + why + " -- another rank probably stopped, crashed or stalled");
+}
+
+std::string dist_backend(const std::string& device) {
+  const bool cuda = at::Device(device).is_cuda();
+  const char* v = std::getenv("WICK_DIST_BACKEND");
+  const std::string given = v ? v : "";
+  if (given.empty()) return cuda ? "nccl" : "gloo";
+  if (given != "nccl" && given != "gloo")
+    throw Error("WICK_DIST_BACKEND=" + given + ": expected nccl or gloo (unset: nccl for CUDA, gloo for the CPU)");
+  if (given == "nccl" && !cuda)
+    throw Error("WICK_DIST_BACKEND=nccl with device '" + device + "': NCCL moves CUDA tensors only; train on "
+                "device = \"cuda\" (or \"auto\" on a machine with GPUs), or unset WICK_DIST_BACKEND");
+  return given;
 }
 
 std::shared_ptr<Group> Group::world(const std::string& device) {
@@ -328,10 +347,29 @@ std::shared_ptr<Group> Group::world(const std::string& device) {
   std::lock_guard<std::mutex> lock(mu);
   if (group) return group;
   const DistEnv env = dist_env();
-  if (env.world_size == 1) return nullptr;
-  group = std::make_shared<Group>(env, at::Device(device).is_cuda() ? "nccl" : "gloo");
+  const std::string backend = dist_backend(device);
+  // one process forms no group, unless a backend is named: then it joins a
+  // group of one (NCCL's init and collectives on one GPU, as a check)
+  if (env.world_size == 1 && !std::getenv("WICK_DIST_BACKEND")) return nullptr;
+  group = std::make_shared<Group>(env, backend);
+  if (backend == "gloo" && at::Device(device).is_cuda() && env.rank == 0)
+    notice("wick: the ranks' collectives run on gloo with CUDA tensors (WICK_DIST_BACKEND=gloo): each is copied "
+           "to host memory and back, slower than NCCL; for ranks sharing one GPU, or a check");
   return group;
 }
+
+namespace {
+// gloo with CUDA tensors: the collective runs on host copies, and the
+// results go back to the device. A finished Work stands for it.
+class DoneWork : public c10d::Work {
+ public:
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+};
+}  // namespace
+
+bool Group::staged(const at::Tensor& t) const { return backend_ == "gloo" && t.is_cuda(); }
 
 void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
   try {
@@ -369,11 +407,24 @@ c10::intrusive_ptr<c10d::Work> Group::start(const std::string& what,
 
 void Group::all_reduce(std::vector<at::Tensor>& tensors, const std::string& what) {
   count(tensors);
-  wait(start(what, [&] { return pg_->allreduce(tensors); }), what);
+  bool any = false;
+  for (const auto& t : tensors) any = any || staged(t);
+  if (!any) {
+    wait(start(what, [&] { return pg_->allreduce(tensors); }), what);
+    return;
+  }
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) host.push_back(t.cpu());
+  wait(start(what, [&] { return pg_->allreduce(host); }), what);
+  for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(host[i]);
 }
 
 c10::intrusive_ptr<c10d::Work> Group::all_reduce_async(at::Tensor& t) {
   std::vector<at::Tensor> v{t};
+  if (staged(t)) {
+    all_reduce(v, "a gradient all-reduce");
+    return c10::make_intrusive<DoneWork>();
+  }
   count(v);
   return start("a gradient all-reduce", [&] { return pg_->allreduce(v); });
 }
@@ -383,6 +434,13 @@ c10::intrusive_ptr<c10d::Work> Group::reduce_scatter_async(at::Tensor& out, at::
               out.numel(), " out on ", env_.world_size, " ranks");
   const std::int64_t b = in.numel() * in.element_size();
   count(b, static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
+  if (staged(in) || staged(out)) {
+    at::Tensor hin = in.cpu(), hout = at::empty(out.sizes(), out.options().device(at::kCPU));
+    wait(start("a gradient reduce-scatter", [&] { return pg_->_reduce_scatter_base(hout, hin); }),
+         "a gradient reduce-scatter");
+    out.copy_(hout);
+    return c10::make_intrusive<DoneWork>();
+  }
   return start("a gradient reduce-scatter", [&] { return pg_->_reduce_scatter_base(out, in); });
 }
 
@@ -391,6 +449,12 @@ void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what)
               out.numel(), " out on ", env_.world_size, " ranks");
   const std::int64_t b = out.numel() * out.element_size();
   count(in.numel() * in.element_size(), static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
+  if (staged(in) || staged(out)) {
+    at::Tensor hin = in.cpu(), hout = at::empty(out.sizes(), out.options().device(at::kCPU));
+    wait(start(what, [&] { return pg_->_allgather_base(hout, hin); }), what);
+    out.copy_(hout);
+    return;
+  }
   wait(start(what, [&] { return pg_->_allgather_base(out, in); }), what);
 }
 
@@ -403,16 +467,17 @@ std::vector<std::int64_t> Group::all_gather_ints(const std::vector<std::int64_t>
 }
 
 void Group::send(at::Tensor& t, int dst, const std::string& what) {
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{staged(t) ? t.cpu() : t};
   const std::int64_t b = t.numel() * t.element_size();
   count(b, static_cast<double>(b));
   wait(start(what, [&] { return pg_->send(v, dst, /*tag=*/0); }), what);
 }
 
 void Group::recv(at::Tensor& t, int src, const std::string& what) {
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{staged(t) ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t};
   ++collectives_;
   wait(start(what, [&] { return pg_->recv(v, src, /*tag=*/0); }), what);
+  if (staged(t)) t.copy_(v[0]);
 }
 
 std::vector<std::string> Group::gather_strings(const std::string& value, const std::string& what) {
@@ -464,10 +529,11 @@ std::pair<at::Tensor, std::int64_t> Group::all_gather_rows(const at::Tensor& t, 
 
 void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what) {
   for (auto& t : tensors) {
-    std::vector<at::Tensor> one{t};
+    std::vector<at::Tensor> one{staged(t) ? t.cpu() : t};
     const std::int64_t b = t.numel() * t.element_size();
     count(b, env_.rank == 0 ? static_cast<double>(b) : 0.0);
     wait(start(what, [&] { return pg_->broadcast(one); }), what);
+    if (staged(t)) t.copy_(one[0]);
   }
 }
 

@@ -58,6 +58,10 @@ std::string first_slurm_host(const std::string& nodelist);
 constexpr int kDefaultDistTimeout = 300, kMaxDistTimeout = 7 * 24 * 3600;
 std::chrono::milliseconds dist_timeout();
 
+/// The backend for `device`: WICK_DIST_BACKEND (nccl or gloo, checked), else
+/// nccl for CUDA and gloo for the CPU.
+std::string dist_backend(const std::string& device);
+
 /// "rank 3", "ranks 1-3, 7": for messages naming ranks.
 std::string rank_list(const std::vector<int>& ranks);
 
@@ -67,8 +71,11 @@ class Group {
   Group(const DistEnv& env, const std::string& backend);
   ~Group();
 
-  /// The process-wide group, made on first use; nullptr for a single process.
-  /// `device` picks the backend: CUDA tensors use NCCL, CPU tensors gloo.
+  /// The process-wide group, made on first use; nullptr for a single process
+  /// (unless WICK_DIST_BACKEND names a backend: then a group of one).
+  /// The backend: WICK_DIST_BACKEND, else NCCL for CUDA and gloo for the CPU
+  /// (dist_backend). gloo with CUDA tensors (ranks sharing one GPU) runs each
+  /// collective on host copies.
   static std::shared_ptr<Group> world(const std::string& device);
 
   int rank() const { return env_.rank; }
@@ -121,6 +128,8 @@ class Group {
 
  private:
   void rendezvous(std::chrono::milliseconds timeout, const std::string& where);
+  /// gloo given a CUDA tensor: the collective runs on a host copy.
+  bool staged(const at::Tensor& t) const;
   /// Runs `op` (which starts a collective), turning LibTorch's errors into wick's.
   c10::intrusive_ptr<c10d::Work> start(const std::string& what,
                                        const std::function<c10::intrusive_ptr<c10d::Work>()>& op);

@@ -244,6 +244,7 @@ Resolved resolve(const RunRequest& req) {
   // (a rank's device: LOCAL_RANK modulo the devices it sees; srun --gpus-per-task=1 shows each one)
   try {
     r.device = resolve_device(r.o.get_string("device"), r.dist.local_rank, r.dist.local_world_size, r.dist.world_size);
+    (void)dist_backend(r.device);  // WICK_DIST_BACKEND checked before anything is touched
   } catch (const Error& e) {
     throw Error(L + ": option " + e.what());
   }
@@ -382,6 +383,7 @@ void add_memory(nlohmann::json& rec, std::map<std::string, std::int64_t>& m, boo
     rec["mem_allocated"] = m["cuda_allocated"];
     rec["mem_reserved"] = m["cuda_reserved"];
     rec["mem_peak"] = m["cuda_peak"];
+    if (m.count("cuda_device_used")) rec["mem_device"] = m["cuda_device_used"];
   } else {
     rec["mem_resident"] = m["resident"];
     rec["mem_peak_resident"] = m["peak_resident"];
@@ -1100,6 +1102,13 @@ nlohmann::json run_training(const RunRequest& req) {
                      // offload_activations: the block inputs that waited in host memory, at their most
                      {"offloaded", offload_peak},
                      {"resident_peak", m["peak_resident"]},
+                     // CUDA: the allocator's most reserved, and the process's whole device
+                     // memory at that moment (context and workspaces outside the allocator
+                     // counted as they stand at the end of the run)
+                     {"reserved_peak", m["cuda_reserved_peak"]},
+                     {"device_peak", m.count("cuda_device_used")
+                                         ? m["cuda_device_used"] - m["cuda_reserved"] + m["cuda_reserved_peak"]
+                                         : 0},
                      // one rank's own figures: with shard, its part of the optimizer state and gradients
                      {"rank", group ? group->rank() : 0},
                      {"ranks", group ? group->size() : 1}};

@@ -170,6 +170,16 @@ std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident) {
     m["cuda_allocated"] = st.allocated_bytes[agg].current;
     m["cuda_reserved"] = st.reserved_bytes[agg].current;
     m["cuda_peak"] = st.allocated_bytes[agg].peak;
+    m["cuda_reserved_peak"] = st.reserved_bytes[agg].peak;
+    // the whole device as the driver sees it: this process's context, cuBLAS
+    // and NCCL workspaces, the allocator's reserve (and any other process's)
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      m["cuda_device_used"] = static_cast<std::int64_t>(total_b - free_b);
+      m["cuda_device_total"] = static_cast<std::int64_t>(total_b);
+    } else {
+      (void)cudaGetLastError();
+    }
   }
 #else
   (void)cuda;
@@ -237,6 +247,10 @@ std::string resolve_device(const std::string& given, int local_rank, int local_w
     return world_size > 1 ? "cuda:" + std::to_string(d) : "cuda";
   }
   if (given.rfind("cuda", 0) != 0) return given;
+  // "cuda" with several ranks: each rank's own device, as "auto" picks it
+  // (the NCCL group takes the same one)
+  if (given == "cuda" && world_size > 1 && n > 0)
+    return "cuda:" + std::to_string(rank_cuda_device(local_rank, local_world_size, n));
   if (n == 0) {
 #ifdef WICK_WITH_CUDA
     int count = 0;

@@ -11,7 +11,9 @@ namespace wick {
 /// Memory in bytes: "resident" and "peak_resident" (the process), and
 /// "cpu_tensors", "cpu_tensors_peak" (bytes held by CPU tensors, see
 /// util/memory.hpp) always; with CUDA in use,
-/// "cuda_allocated", "cuda_reserved", "cuda_peak" for the current device.
+/// "cuda_allocated", "cuda_reserved", "cuda_peak", "cuda_reserved_peak" for
+/// the current device, and "cuda_device_used", "cuda_device_total" (the whole
+/// device as cudaMemGetInfo sees it: the context and workspaces too).
 /// resident = false skips the process's figures (a read of /proc): the
 /// tensor and CUDA figures alone, cheap enough for every step.
 std::map<std::string, std::int64_t> memory_stats(bool cuda, bool resident = true);
