@@ -1,27 +1,55 @@
 -- One row of bench/lm_finetune.sh: fine-tunes the decoder language model (6
--- blocks, hidden 512, sequences of 256 tokens) on random tokens for a few
--- AdamW steps, fully, with LoRA or with QLoRA, and prints tokens per second
--- (steps after the first) and peak memory.
---   wick run bench/lm_finetune.lua mode=full|lora|qlora [steps=4] [micro=4]
+-- blocks, hidden 512, sequences of 256 tokens by default) on random tokens
+-- for a few AdamW steps, fully, with LoRA or with QLoRA, and prints tokens per
+-- second (steps after the first) and peak memory.
+--   wick run bench/lm_finetune.lua mode=full|lora|qlora [steps=6] [micro=4] [seq=256] [device=cpu|cuda]
+--     [precision=fp32|bf16-mixed] [hidden=512] [inter=1408] [layers=6] [heads=8] [vocab=257]
+-- device=cuda: precision bf16-mixed unless given, 12 steps unless given,
+-- every step's numbers read at its end (a synchronisation), and tokens per
+-- second over steps 2 to N-1 from the clock between the steps' launches (step
+-- 1 warms up). One line:
+--   RESULT mode=full tps=T peak=B reserved=B device=B rss=B params=N trainable=N
+-- (bytes; reserved and device n/a on the CPU, where peak is the bytes held by
+-- CPU tensors).
 local wick = require "wick"
 local a = wick.args
-local mode, steps, micro, seq = a.mode or "full", a.steps or 6, a.micro or 4, a.seq or 256
+local device = tostring(a.device or "cpu")
+local cuda = device:match("^cuda") ~= nil
+if cuda and not wick.core.cuda_available() then error("device=" .. device .. ": this wick sees no usable CUDA device", 0) end
+local mode = a.mode or "full"
+local steps = tonumber(a.steps or (cuda and 12 or 6))
+local micro, seq = tonumber(a.micro or 4), tonumber(a.seq or 256)
+local precision = a.precision or (cuda and "bf16-mixed" or "fp32")
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local file = dofile(here .. "/random_tokens.lua")(steps * micro, seq)
 local data = wick.data("text", { file = file, max_length = seq })
 wick.seed(0)
-local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 512, intermediate_size = 1408, layers = 6,
-  heads = 8 })
+local model = wick.model("decoder_lm", { vocab_size = tonumber(a.vocab or 257), hidden_size = tonumber(a.hidden or 512),
+  intermediate_size = tonumber(a.inter or 1408), layers = tonumber(a.layers or 6), heads = tonumber(a.heads or 8) })
 if mode ~= "full" then
   wick.optim(mode, { r = 8, alpha = 16, target_modules = { "all-linear" } }):apply(model)
 end
+local total, trainable = model:parameters()
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-4 }),
-  micro_batch = micro, max_steps = steps, shuffle = false, quiet = true }
+  micro_batch = micro, max_steps = steps, shuffle = false, quiet = true, device = device, precision = precision,
+  log_every = cuda and 1 or nil, overrides = false }
 os.remove(file)
+local h = run.history
 local tokens, seconds = 0, 0
-for i = 2, #run.history do
-  tokens = tokens + run.history[i].items
-  seconds = seconds + run.history[i].seconds
+if cuda and #h >= 3 then
+  -- step i's record time: when its launch ended (then it was waited for, and
+  -- step i+1 started); from step 2's to step N's is the time of steps 2..N-1
+  -- (less step 2's launch, plus step N's: alike)
+  for i = 2, #h - 1 do tokens = tokens + h[i].items end
+  seconds = h[#h].time - h[2].time
+else
+  for i = 2, #h do
+    tokens = tokens + h[i].items
+    seconds = seconds + h[i].seconds
+  end
 end
-print(string.format("RESULT %.1f %.1f %.1f", tokens / seconds, run.memory.peak / 2 ^ 20,
-  wick.memory(false).peak_resident / 2 ^ 20))
+local m = run.memory
+local function b(x) x = tonumber(x) or 0 return x > 0 and string.format("%d", x) or "n/a" end
+print(string.format("RESULT mode=%s tps=%.1f peak=%s reserved=%s device=%s rss=%s params=%d trainable=%d steps=%d precision=%s",
+  mode, tokens / seconds, b(m.peak), b(m.reserved_peak), b(m.device_peak), b(wick.memory(false).peak_resident), total,
+  trainable, run.steps, precision))

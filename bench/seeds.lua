@@ -13,20 +13,51 @@
 -- does not). full= also measures those seeds at full depth; check= runs one
 -- in fp32 with micro-batch 1 (fast kernels on any CPU) at k, 2k and all
 -- layers: the check that the extrapolation holds.
---   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [check=000] [k=2]
+--   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [check=000] [k=2] [device=cpu|cuda]
 -- DIR: media made by bench/seeds.sh (images resized to 224 and 336 px,
 -- 100-frame clips). Each optimizer step is a window of 2 micro-batches (the
 -- peak does not grow with the window: later micro-batches add into gradients
 -- that exist).
+-- device=cuda (or cuda:N): the same runs on a GPU, 3 steps each (steps=N),
+-- every step's numbers read back (a synchronisation) so that the time between
+-- the last two steps is one step's time, the media decoded by 4 worker
+-- threads (workers=N) while the device computes, the caching allocator emptied
+-- between runs (a run's reserve never holds the last run's blocks). Each row
+-- adds the allocator's peak reserved bytes, the process's device memory
+-- (context + peak reserved: run.memory.reserved_peak, device_peak) and
+-- seconds per step; each seed ends with a row against its goal and its card
+-- (8 GiB for 003, 12 GiB for the others) and a line
+--   RESULT seed=000 how=extrapolated peak=B reserved=B device=B sps=S goal=B card=B fits_goal=yes fits_card=yes
+-- (bytes; n/a where the device does not count it), or RESULT seed=000 error="..."
+-- when the seed failed (the next seed still runs).
 local wick = require "wick"
 local a = wick.args
+-- each line out as it is printed (a run stopped by `timeout` keeps what it printed)
+pcall(function() io.stdout:setvbuf("line") end)
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
 local root = here .. "/../configs/seeds/"
 local lib = dofile(root .. "lib.lua")
 local clips = a.clips or error("clips=DIR: run bench/seeds.sh, which makes them", 0)
 
+local device = tostring(a.device or "cpu")
+local cuda = device:match("^cuda") ~= nil
+if not cuda and device ~= "cpu" then error("device=" .. device .. ": expected cpu, cuda or cuda:N", 0) end
+if cuda and not wick.core.cuda_available() then
+  error("device=" .. device .. ": this wick sees no usable CUDA device", 0)
+end
+-- optimizer steps per run: 2 on the CPU (the peak); on a GPU a third, whose
+-- time (after the warm-up of the first) is the step's time
+local STEPS = tonumber(a.steps or (cuda and 3 or 2))
+if not STEPS or STEPS < 2 or STEPS % 1 ~= 0 then error("steps=" .. tostring(a.steps) .. ": expected a whole number >= 2", 0) end
+-- cuda: data worker threads (workers=N; the recipes load on the training thread)
+local WORKERS = tonumber(a.workers or 4)
+
 local files = { ["000"] = "000_microvlm.lua", ["001"] = "001_video_llm.lua", ["002"] = "002_car_clip.lua",
   ["003"] = "003_llava_qlora.lua", ["004"] = "004_gearhead_lm.lua" }
+-- the seeds' cards: 003 fine-tunes on an 8 GB card, the others have 12 GB
+-- (001: 8-16 GB)
+local GiB = 2 ^ 30
+local cards = { ["000"] = 12 * GiB, ["001"] = 12 * GiB, ["002"] = 12 * GiB, ["003"] = 8 * GiB, ["004"] = 12 * GiB }
 -- seeds=004 arrives as the number 4: names are three digits
 local function names(v)
   local out = {}
@@ -49,51 +80,114 @@ local function recipe_of(name)
   return got
 end
 
-local GiB = 2 ^ 30
-local keys = { "weights", "gradients", "optimizer", "data", "activations", "peak" }
+-- reserved, device and sps (seconds per step) are 0 where not counted (the CPU's reserve and device)
+local keys = { "weights", "gradients", "optimizer", "data", "activations", "peak", "reserved", "device", "sps" }
 local tmp = os.tmpname()
 os.remove(tmp)
 local runs = 0
 
--- one run of two optimizer steps with the towers at `depth` layers ({layers = 1, ...}; nil: the real depth)
-local function measure(recipe, depth, optim, over)
+-- CUDA: the caching allocator's free blocks given back to the device, so
+-- that a run's reserve is its own (the last run's blocks, cached, would
+-- otherwise stand in its reserved peak). wick.core.empty_cache where this
+-- wick has it; else a one-step run of a tiny model with empty_cache_every =
+-- 1, whose step ends by emptying the cache.
+local random_tokens = dofile(here .. "/random_tokens.lua")
+local function empty_cache()
   collectgarbage()
+  collectgarbage()
+  if not cuda then return end
+  if wick.core.empty_cache then
+    wick.core.empty_cache()
+    return
+  end
+  local file = random_tokens(2, 16)
+  local ok, err = pcall(function()
+    local m = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 1 })
+    wick.train { model = m, data = wick.data("text", { file = file, max_length = 16 }),
+      optim = wick.optim("sgd", { lr = 0 }), micro_batch = 1, max_steps = 1, epochs = 1, shuffle = false, quiet = true,
+      overrides = false, empty_cache_every = 1, device = device }
+  end)
+  os.remove(file)
+  collectgarbage()
+  if not ok then io.stderr:write("seeds.lua: emptying the CUDA cache failed: " .. tostring(err) .. "\n") end
+end
+
+-- one run of STEPS optimizer steps with the towers at `depth` layers ({layers = 1, ...}; nil: the real depth)
+local function measure(recipe, depth, optim, over)
+  empty_cache()
   wick.seed(1)
   runs = runs + 1
-  local extra = { accumulate = 2, max_steps = 2, epochs = 1, quiet = true, shuffle = false, out = tmp .. "-" .. runs,
-    overwrite = true, overrides = false, save_every = 0, optim = optim }
+  local extra = { accumulate = 2, max_steps = STEPS, epochs = 1, quiet = true, shuffle = false, overrides = false,
+    save_every = 0, optim = optim, device = device }
+  if cuda then
+    -- every step's numbers read at its end: the clock between steps is the
+    -- device's time; the media decoded by worker threads while the device
+    -- computes (as a Python DataLoader's workers do)
+    extra.log_every = 1
+    extra.workers = WORKERS
+  else
+    extra.out, extra.overwrite = tmp .. "-" .. runs, true
+  end
   for k, v in pairs(over or {}) do extra[k] = v end
   local t = lib.train_table(recipe, "real", clips, extra, depth)
   local total, trainable = t.model:parameters()
   local t0 = wick.core.now()
   local run = wick.train(t)
-  if run.steps < 2 then
-    error(string.format("seed %s: the data gave %d step(s) of micro-batch %d x 2, expected 2: make more media " ..
-      "(bench/seeds.sh makes enough)", recipe.name, run.steps, t.micro_batch), 0)
+  local wall = wick.core.now() - t0
+  if run.status == "interrupted" then
+    error(string.format("seed %s: interrupted by a signal after %d step(s) (a time limit?)", recipe.name, run.steps), 0)
+  end
+  if run.steps < STEPS then
+    error(string.format("seed %s: the data gave %d step(s) of micro-batch %d x 2, expected %d: make more media " ..
+      "(bench/seeds.sh makes enough)", recipe.name, run.steps, t.micro_batch, STEPS), 0)
   end
   local m = run.memory
-  local row = { params = total, trainable = trainable, seconds = (wick.core.now() - t0) / 2 }
+  local row = { params = total, trainable = trainable, seconds = wall / run.steps }
   for _, k in ipairs(keys) do row[k] = tonumber(m[k]) or 0 end
   row.data = row.data + (tonumber(m.other) or 0)
-  t = nil
+  row.reserved = tonumber(m.reserved_peak) or 0
+  row.device = tonumber(m.device_peak) or 0
+  local h = run.history or {}
+  if cuda and #h >= 2 and h[#h].time and h[#h - 1].time then
+    -- step i's time: when its launch ended, after which the run waited for
+    -- it; so from step N-1's to step N's is step N-1's whole time (and the
+    -- loading of the next window), less its launch, plus step N's launch
+    row.sps = h[#h].time - h[#h - 1].time
+  else
+    row.sps = row.seconds
+  end
+  t, run = nil, nil
   collectgarbage()
-  os.execute("rm -rf '" .. tmp .. "-" .. runs .. "'")
+  if not cuda then os.execute("rm -rf '" .. tmp .. "-" .. runs .. "'") end
   return row
 end
 
+local function gib(x) return x > 0 and string.format("%8.3f", x / GiB) or string.format("%8s", "n/a") end
 local function header()
-  print(string.format("  %-30s %8s %8s %8s %8s %8s %8s %8s %s", "GiB held by tensors", "weights", "grads", "optim",
-    "data", "activ.", "peak", "of goal", "fits"))
+  print(string.format("  %-30s %8s %8s %8s %8s %8s %8s %8s %-4s%s", "GiB held by tensors", "weights", "grads", "optim",
+    "data", "activ.", "peak", "of goal", "fits", cuda and string.format(" %8s %8s %8s", "reserved", "device", "s/step") or ""))
 end
 local function show(label, r, goal)
-  print(string.format("  %-30s %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7.2fx %s", label, r.weights / GiB,
+  print(string.format("  %-30s %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7.2fx %-4s%s", label, r.weights / GiB,
     r.gradients / GiB, r.optimizer / GiB, r.data / GiB, r.activations / GiB, r.peak / GiB, r.peak / goal,
-    r.peak <= goal and "yes" or "NO"))
+    r.peak <= goal and "yes" or "NO",
+    cuda and string.format(" %s %s %8.4f", gib(r.reserved), gib(r.device), r.sps) or ""))
 end
 local function describe(recipe, depth)
   local parts = {}
   for _, k in ipairs(recipe.depth) do parts[#parts + 1] = k .. " " .. depth[k] end
   return table.concat(parts, ", ")
+end
+local function bytes(x) return x > 0 and string.format("%d", math.floor(x + 0.5)) or "n/a" end
+-- one measured run, machine-readable (the depth as layers=2,vision_layers=4; full: every tower at its real depth)
+local function raw(name, what, r)
+  print(string.format("MEASURE seed=%s %s peak=%s reserved=%s device=%s sps=%.6f params=%d", name, what, bytes(r.peak),
+    bytes(r.reserved), bytes(r.device), r.sps, r.params))
+end
+local function depth_tag(recipe, depth)
+  local parts = {}
+  for _, k in ipairs(recipe.depth) do parts[#parts + 1] = k .. "=" .. (depth and depth[k] or recipe.model.real[k]) end
+  return "depth=" .. table.concat(parts, ",")
 end
 
 -- every tower at k layers, then each at 2k; the full depth extrapolated per
@@ -109,6 +203,7 @@ local function extrapolated(recipe, optim, over)
   for _, k in ipairs(recipe.depth) do base_depth[k] = K end
   local base = measure(recipe, base_depth, optim, over)
   show(describe(recipe, base_depth), base, recipe.goal)
+  raw(recipe.name, depth_tag(recipe, base_depth), base)
   local est = {}
   for _, k in ipairs(keys) do est[k] = base[k] end
   for _, key in ipairs(recipe.depth) do
@@ -117,6 +212,7 @@ local function extrapolated(recipe, optim, over)
     d[key] = 2 * K
     local r = measure(recipe, d, optim, over)
     show(describe(recipe, d), r, recipe.goal)
+    raw(recipe.name, depth_tag(recipe, d), r)
     local real = recipe.model.real[key]
     for _, k in ipairs(keys) do est[k] = est[k] + (real - K) / K * (r[k] - base[k]) end
   end
@@ -131,7 +227,8 @@ if a.check then
   local recipe = recipe_of(name)
   recipe.model.real.dtype = "fp32"
   local over = { precision = "fp32", micro_batch = 1 }
-  print(string.format("check, seed %s in fp32 with micro-batch 1: extrapolated from %d and %d layers, and measured", name, K, 2 * K))
+  print(string.format("check, seed %s in fp32 with micro-batch 1 on %s: extrapolated from %d and %d layers, and measured",
+    name, device, K, 2 * K))
   header()
   local est = extrapolated(recipe, nil, over)
   local m = measure(recipe, nil, nil, over)
@@ -141,39 +238,88 @@ if a.check then
   return
 end
 
+local function quote(s) return '"' .. tostring(s):gsub("[\r\n]+", " "):gsub('"', "'") .. '"' end
 local summary = {}
 for _, name in ipairs(wanted) do
-  local recipe = recipe_of(name)
-  print(string.format("seed %s: %s", name, recipe.title))
-  print(string.format("  settings: micro-batch %d x accumulate %d (measured with 2), precision %s, checkpointing %s%s",
-    recipe.train.micro_batch, recipe.train.accumulate, recipe.train.precision or "fp32",
-    tostring(recipe.train.checkpointing or false), recipe.transform and (", " .. recipe.transform[1]) or ""))
-  header()
-  local est = extrapolated(recipe)
-  local measured
-  if full[name] then
-    measured = measure(recipe, nil)
-    show("full depth, measured", measured, recipe.goal)
-    print(string.format("  extrapolated / measured peak: %.4f (%d parameters, %.1f s per step)", est.peak / measured.peak,
-      measured.params, measured.seconds))
+  local ok, err = pcall(function()
+    local recipe = recipe_of(name)
+    print(string.format("seed %s: %s", name, recipe.title))
+    print(string.format("  settings: micro-batch %d x accumulate %d (measured with 2), precision %s, checkpointing %s%s%s",
+      recipe.train.micro_batch, recipe.train.accumulate, recipe.train.precision or "fp32",
+      tostring(recipe.train.checkpointing or false), recipe.transform and (", " .. recipe.transform[1]) or "",
+      recipe.train.offload_activations and ", block inputs offloaded to host memory" or ""))
+    header()
+    local est = extrapolated(recipe)
+    local measured
+    if full[name] then
+      measured = measure(recipe, nil)
+      show("full depth, measured", measured, recipe.goal)
+      raw(name, depth_tag(recipe, nil), measured)
+      print(string.format("  extrapolated / measured peak: %.4f (%d parameters, %.3f s per step)",
+        est.peak / measured.peak, measured.params, measured.sps))
+    end
+    if recipe.forward_backward then
+      -- the seed's own measurement: forward and backward alone; plain SGD keeps no state
+      local fb = measure(recipe, nil, wick.optim("sgd", { lr = 1e-3 }))
+      show("forward + backward (sgd)", fb, recipe.goal)
+      raw(name .. "fb", depth_tag(recipe, nil), fb)
+      summary[#summary + 1] = { name = name .. "fb", est = fb, goal = recipe.goal, how = "measured",
+        title = recipe.title .. ": forward + backward", card = cards[name] }
+    end
+    print(string.format("  the seed's figure: %s; goal %.2f GiB", recipe.figure, recipe.goal / GiB))
+    summary[#summary + 1] = { name = name, est = measured or est, goal = recipe.goal,
+      how = measured and "measured" or "extrapolated", title = recipe.title, card = cards[name] }
+  end)
+  if not ok then
+    print(string.format("seed %s: error: %s", name, tostring(err)))
+    summary[#summary + 1] = { name = name, error = tostring(err) }
+    empty_cache()
   end
-  if recipe.forward_backward then
-    -- the seed's own measurement: forward and backward alone; plain SGD keeps no state
-    local fb = measure(recipe, nil, wick.optim("sgd", { lr = 1e-3 }))
-    show("forward + backward (sgd)", fb, recipe.goal)
-    summary[#summary + 1] = { name = name .. "fb", est = fb, goal = recipe.goal, how = "measured",
-      title = recipe.title .. ": forward + backward" }
-  end
-  print(string.format("  the seed's figure: %s; goal %.2f GiB", recipe.figure, recipe.goal / GiB))
-  summary[#summary + 1] = { name = name, est = measured or est, goal = recipe.goal,
-    how = measured and "measured" or "extrapolated", title = recipe.title }
 end
 print("")
-print(string.format("%-6s %-62s %9s %9s %8s", "seed", "workload", "peak GiB", "goal GiB", "ratio"))
-for _, s in ipairs(summary) do
-  print(string.format("%-6s %-62s %9.3f %9.2f %7.2fx %s", s.name, s.title, s.est.peak / GiB, s.goal / GiB,
-    s.est.peak / s.goal, s.how))
+if cuda then
+  print(string.format("on %s: bytes at full depth (extrapolated per layer from %d and %d layers, or measured); s/step: one optimizer step of 2 micro-batches",
+    device, K, 2 * K))
+  print(string.format("%-6s %12s %12s %12s %9s %9s %-4s %9s %-4s %s", "seed", "peak alloc", "reserved", "device", "s/step",
+    "goal GiB", "fits", "card GiB", "fits", "how"))
+  for _, s in ipairs(summary) do
+    if s.error then
+      print(string.format("%-6s error: %s", s.name, s.error))
+    else
+      local e = s.est
+      -- the goal is a count of bytes held by tensors (allocated); the card must also hold the context and the reserve
+      local on_card = e.device > 0 and e.device or e.reserved > 0 and e.reserved or e.peak
+      print(string.format("%-6s %12.3f %12s %12s %9.4f %9.2f %-4s %9.0f %-4s %s", s.name, e.peak / GiB,
+        e.reserved > 0 and string.format("%.3f", e.reserved / GiB) or "n/a",
+        e.device > 0 and string.format("%.3f", e.device / GiB) or "n/a", e.sps, s.goal / GiB,
+        e.peak <= s.goal and "yes" or "NO", s.card / GiB, on_card <= s.card and "yes" or "NO", s.how))
+    end
+  end
+  print("peak alloc: the caching allocator's most allocated bytes during a step (run.memory.peak); reserved: its most")
+  print("reserved (run.memory.reserved_peak); device: the process's device memory, CUDA context included")
+  print("(run.memory.device_peak). fits: peak alloc against the seed's goal; device against the seed's card (GiB).")
+else
+  print(string.format("%-6s %-62s %9s %9s %8s", "seed", "workload", "peak GiB", "goal GiB", "ratio"))
+  for _, s in ipairs(summary) do
+    if s.error then
+      print(string.format("%-6s error: %s", s.name, s.error))
+    else
+      print(string.format("%-6s %-62s %9.3f %9.2f %7.2fx %s", s.name, s.title, s.est.peak / GiB, s.goal / GiB,
+        s.est.peak / s.goal, s.how))
+    end
+  end
+  print("activ.: the step's peak above weights, gradients, state and data (0 when the peak is the optimizer's update).")
+  print("CPU figures: bytes held by CPU tensors at the step's peak. A CUDA run adds its context (300-500 MiB,")
+  print("outside the allocator's count) and the caching allocator's reserve above what tensors hold.")
 end
-print("activ.: the step's peak above weights, gradients, state and data (0 when the peak is the optimizer's update).")
-print("CPU figures: bytes held by CPU tensors at the step's peak. A CUDA run adds its context (300-500 MiB,")
-print("outside the allocator's count) and the caching allocator's reserve above what tensors hold.")
+for _, s in ipairs(summary) do
+  if s.error then
+    print(string.format("RESULT seed=%s on=%s error=%s", s.name, device, quote(s.error)))
+  else
+    local e = s.est
+    local on_card = e.device > 0 and e.device or e.reserved > 0 and e.reserved or e.peak
+    print(string.format("RESULT seed=%s on=%s how=%s peak=%s reserved=%s device=%s sps=%.6f goal=%s card=%s fits_goal=%s fits_card=%s",
+      s.name, device, s.how, bytes(e.peak), bytes(e.reserved), bytes(e.device), e.sps, bytes(s.goal), bytes(s.card),
+      e.peak <= s.goal and "yes" or "no", on_card <= s.card and "yes" or "no"))
+  end
+end

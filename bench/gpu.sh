@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# The GPU benchmarks in one run, on the device machine, from the repository
+# root (or anywhere: it finds its tree), within a time budget (GPU_BUDGET
+# seconds, default 230: under 4 minutes on an H100), each part under
+# `timeout`; raw output under OUT, a summary table last (also OUT/summary.txt):
+#   1. bench/seeds.sh device=cuda, one process per seed (OUT/seeds_NNN.txt):
+#      wick's peak allocated, reserved and device memory and s/step at full
+#      depth (extrapolated from k and 2k layers per tower, measured for GPU_FULL)
+#   2. bench/seeds_peers.py --device cuda (OUT/peers.txt): the same workloads
+#      in transformers + PEFT, the same extrapolation
+#   3. bench/lm_finetune.sh device=cuda (OUT/lm_finetune.txt): full, LoRA,
+#      QLoRA in bf16, wick against transformers + PEFT, with MFU
+#   4. wick plan on each seed recipe at its real shape, against the seed's card
+#      (OUT/plan_NNN.txt): its estimate beside the peak seeds.sh measured
+#   WICK=path/to/wick PYTHON=path/to/python bench/gpu.sh OUT
+# (PYTHON defaults to WICK_PYTHON, as the bundle's bin/wick-env exports it,
+# then python3; WICK to this tree's build/bin/wick)
+# Knobs (environment): GPU_BUDGET (230), GPU_SEEDS (004,002,000,001,003),
+# GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_K (2),
+# GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40),
+# PEAK_FLOPS (989e12, H100 SXM dense bf16), GPU_SKIP (parts to leave out:
+# seeds,peers,lm,plan); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
+# (--tiny), GPU_LM_ARGS (layers=2 steps=3).
+set -uo pipefail
+out=${1:?usage: WICK=... PYTHON=... bench/gpu.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+cd "$root"
+export WICK=${WICK:-$root/build/bin/wick}
+PYTHON=${PYTHON:-${WICK_PYTHON:-python3}}
+budget=${GPU_BUDGET:-230}
+seeds=${GPU_SEEDS-004,002,000,001,003}
+full=${GPU_FULL-004,002,000}
+k=${GPU_K:-2}
+peak_flops=${PEAK_FLOPS:-989e12}
+skip=${GPU_SKIP:-}
+device=${GPU_DEVICE:-cuda}
+read -ra peers_args <<< "${GPU_PEERS_ARGS:-}"
+read -ra lm_args <<< "${GPU_LM_ARGS:-}"
+start=$(date +%s)
+media=$(mktemp -d)
+trap 'rm -rf "$media"' EXIT
+times=$out/times.txt
+: > "$times"
+
+left() { echo $((start + budget - $(date +%s))); }
+# part NAME SHARE RESERVE LOG CMD...: CMD under timeout for at most SHARE
+# seconds, less if that would leave under RESERVE seconds for the parts after
+# it; stdout and stderr to LOG; its exit status, seconds and limit to times.txt
+part() {
+  local name=$1 share=$2 reserve=$3 log=$4
+  shift 4
+  local t=$(( $(left) - reserve ))
+  [ "$t" -gt "$share" ] && t=$share
+  if [ "$t" -lt 5 ]; then
+    echo "$name: skipped, out of time (budget ${budget}s)" | tee "$log" >> "$times"
+    return 124
+  fi
+  local t0=$(date +%s) rc=0
+  echo "== $name (limit ${t}s, $(left)s of the budget left)" >&2
+  timeout -k 5 "$t" "$@" > "$log" 2>&1 || rc=$?
+  echo "$name: rc=$rc seconds=$(( $(date +%s) - t0 )) limit=$t$([ $rc = 124 ] || [ $rc = 137 ] && echo ' TIMED OUT')" >> "$times"
+  return $rc
+}
+wants() { [[ ",$skip," != *",$1,"* ]]; }
+
+# the machine, for the record
+{
+  date -u
+  timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "nvidia-smi: not available"
+  timeout 20 "$WICK" version 2>&1 || echo "wick version: failed"
+  timeout 30 "$PYTHON" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'available', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''); \
+print('transformers', transformers.__version__, 'peft', peft.__version__)" 2>&1 || echo "python: failed"
+  timeout 20 "$PYTHON" -c "import bitsandbytes" > /dev/null 2>&1 && echo "bitsandbytes: present" || echo "bitsandbytes: absent"
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt" >&2
+
+# 1. the seeds in wick, one process each (the media made by the first)
+export SEEDS_MEDIA=$media
+declare -A share=([004]=25 [002]=30 [000]=35 [001]=40 [003]=40)
+IFS=, read -ra seed_list <<< "$seeds"
+if wants seeds; then
+  n=${#seed_list[@]}
+  i=0
+  for s in "${seed_list[@]}"; do
+    i=$((i + 1))
+    f=""
+    [[ ",$full," == *",$s,"* ]] && f="full=$s"
+    # after this seed: 10 s for each seed left, the peers, the fine-tuning, the plans
+    v=GPU_SHARE_$s
+    part "seeds $s" "${!v:-${share[$s]:-40}}" $(( (n - i) * 10 + 45 + 30 + 25 )) "$out/seeds_$s.txt" \
+      bench/seeds.sh device=$device seeds=$s k=$k $f
+  done
+fi
+# the media, if no seed made them (the plans read them)
+[ -f "$media/clips/manifest.csv" ] ||
+  "$WICK" make-clips "$media/clips" --classes 6 --per-class 40 --size 64x48 --seconds 4 --fps 25 --no-extras > /dev/null 2>&1
+
+# 2. the same workloads in transformers + PEFT
+wants peers && part peers 90 55 "$out/peers.txt" "$PYTHON" -u bench/seeds_peers.py --device "$device" --seeds "$seeds" \
+  --k "$k" --full "$full" "${peers_args[@]}"
+
+# 3. fine-tuning a decoder LM: full, LoRA, QLoRA, bf16 (wick against transformers + PEFT)
+wants lm && part lm_finetune 50 25 "$out/lm_finetune.txt" bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" \
+  peak_flops="$peak_flops" "${lm_args[@]}"
+
+# 4. wick plan on each seed at its real shape, against its card
+declare -A file=([000]=000_microvlm.lua [001]=001_video_llm.lua [002]=002_car_clip.lua [003]=003_llava_qlora.lua
+  [004]=004_gearhead_lm.lua)
+if wants plan; then
+  n=${#seed_list[@]}
+  i=0
+  for s in "${seed_list[@]}"; do
+    i=$((i + 1))
+    card=12GiB
+    [ "$s" = 003 ] && card=8GiB
+    part "plan $s" 30 $(( (n - i) * 5 + 3 )) "$out/plan_$s.txt" "$WICK" plan "configs/seeds/${file[$s]}" \
+      --device-memory $card clips="$media/clips" shape=real out="$media/plan-$s" device="$device"
+  done
+fi
+
+# the summary
+"$PYTHON" - "$out" "$seeds" "$k" > "$out/summary.txt" 2>&1 <<'PY' || { echo "summary failed:"; cat "$out/summary.txt"; grep -h '^RESULT\|^LM ' "$out"/*.txt; }
+import glob, os, re, sys
+
+out, seeds, k = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+GiB = 2 ** 30
+
+
+def fields(line):
+    return dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+
+
+def results(path, side=None):
+    got = {}
+    if not os.path.exists(path):
+        return got
+    for line in open(path, errors="replace"):
+        if line.startswith("RESULT "):
+            f = fields(line)
+            if "reason" in f and "error" not in f:  # a variant that did not run (RESULT ... n/a reason=...)
+                continue
+            if side is None or f.get("side") == side:
+                got[f.get("seed")] = f
+    return got
+
+
+def num(f, key):
+    try:
+        return float(f.get(key, "n/a"))
+    except (TypeError, ValueError):
+        return None
+
+
+def g(x):
+    return f"{x / GiB:.3f}" if x else "n/a"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
+wick = {}
+for path in glob.glob(os.path.join(out, "seeds_*.txt")):
+    wick.update(results(path))
+py = results(os.path.join(out, "peers.txt"), "python")
+plan, plan_notes = {}, []
+for s in seeds:
+    p = os.path.join(out, f"plan_{s}.txt")
+    if os.path.exists(p):
+        t = open(p, errors="replace").read()
+        m = re.search(r"estimate as given: (\d+) bytes", t)
+        plan[s] = float(m.group(1)) if m else None
+        if not m:
+            why = [l for l in t.splitlines() if "error" in l or "skipped" in l]
+            plan_notes.append(f"plan {s}: no estimate: " + (why[-1].strip() if why else "see plan_" + s + ".txt"))
+times = open(os.path.join(out, "times.txt")).read() if os.path.exists(os.path.join(out, "times.txt")) else ""
+
+print(f"seeds on the GPU: full depth (extrapolated per layer from {k} and {2 * int(k)} layers, or measured); GiB; "
+      "s/step: one optimizer step of 2 micro-batches")
+hdr = ("seed", "wick peak", "py peak", "w/p", "wick resv", "py resv", "wick dev", "py dev", "wick s/st", "py s/st",
+       "py/wick", "plan est", "plan/wick", "goal", "fits", "card", "fits", "how (wick; python)")
+fmt = "{:<6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>5} {:<4} {:>4} {:<4} {}"
+print(fmt.format(*hdr))
+names = []
+for s in seeds:
+    names += [s, s + "fb"] if s == "004" else [s]
+for s in names:
+    w, p = wick.get(s, {}), py.get(s, {})
+    if not w and not p and s.endswith("fb"):
+        continue
+    if "error" in w or not w:
+        wtxt = ("error: " + w["error"]) if "error" in w else "no result"
+    else:
+        wtxt = w.get("how", "")
+    ptxt = ("error: " + p["error"]) if "error" in p else (p.get("how", "") + (" " + p["variant"] if "variant" in p else "")) if p else "no result"
+    wp, pp = num(w, "peak"), num(p, "peak")
+    ws, ps = num(w, "sps"), num(p, "sps")
+    est = plan.get(s)
+    goal, card = num(w, "goal") or num(p, "goal"), num(w, "card") or num(p, "card")
+    print(fmt.format(s, g(wp), g(pp), ratio(wp, pp), g(num(w, "reserved")), g(num(p, "reserved")), g(num(w, "device")),
+                     g(num(p, "device")), f"{ws:.4f}" if ws else "n/a", f"{ps:.4f}" if ps else "n/a",
+                     ratio(ps, ws), g(est), ratio(est, wp), f"{goal / GiB:.2f}" if goal else "n/a",
+                     w.get("fits_goal", "n/a"), f"{card / GiB:.0f}" if card else "n/a", w.get("fits_card", "n/a"),
+                     f"{wtxt}; {ptxt}"[:120]))
+print("w/p: wick's peak allocated over Python's; py/wick: Python's seconds per step over wick's (above 1: wick faster);")
+print("plan est: `wick plan`'s estimate as given at the real shape; fits: wick's peak against the goal, its device memory")
+print("against the card. 003's Python peer: qlora (bitsandbytes' 4-bit NF4) where bitsandbytes imports, else")
+print("bf16-lora (its frozen weights in bf16: not the seed's 4-bit); see how (wick; python).")
+for n in plan_notes:
+    print(n)
+
+# every run both sides measured at the same depth: like for like, no extrapolation
+def measures(paths, side=None):
+    got = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        for line in open(path, errors="replace"):
+            if line.startswith("MEASURE "):
+                f = fields(line)
+                if side is None or f.get("side") == side:
+                    got[(f.get("seed"), f.get("depth"))] = f
+    return got
+
+
+wm = measures(glob.glob(os.path.join(out, "seeds_*.txt")))
+pm = measures([os.path.join(out, "peers.txt")], "python")
+if wm or pm:
+    print("")
+    print("each run at the depth both measured (GiB, s/step):")
+    f2 = "{:<6} {:<34} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}"
+    print(f2.format("seed", "depth", "wick peak", "py peak", "w/p", "wick resv", "py resv", "wick dev", "py dev",
+                    "wick s/st", "py s/st", "py/wick"))
+    for key in sorted(set(wm) | set(pm), key=lambda x: (str(x[0]), str(x[1]))):
+        w, p = wm.get(key, {}), pm.get(key, {})
+        wp, pp, ws, ps = num(w, "peak"), num(p, "peak"), num(w, "sps"), num(p, "sps")
+        print(f2.format(str(key[0]), str(key[1]), g(wp), g(pp), ratio(wp, pp), g(num(w, "reserved")),
+                        g(num(p, "reserved")), g(num(w, "device")), g(num(p, "device")),
+                        f"{ws:.4f}" if ws else "n/a", f"{ps:.4f}" if ps else "n/a", ratio(ps, ws)))
+lm = os.path.join(out, "lm_finetune.txt")
+if os.path.exists(lm):
+    print("")
+    print("decoder LM fine-tuning (bench/lm_finetune.sh device=cuda, bf16 autocast):")
+    print(f"{'mode':<6} {'wick tok/s':>11} {'py tok/s':>11} {'w/p':>6} {'wick peak':>10} {'py peak':>10} {'wick MFU':>9} {'py MFU':>9}")
+    notes = []
+    for line in open(lm, errors="replace"):
+        if line.startswith("LM "):
+            f = fields(line)
+            wt, pt = num(f, "wick_tps"), num(f, "python_tps")
+            print(f"{f.get('mode', '?'):<6} {f.get('wick_tps', 'n/a'):>11} {f.get('python_tps', 'n/a'):>11} "
+                  f"{ratio(wt, pt):>6} {g(num(f, 'wick_peak')):>10} {g(num(f, 'python_peak')):>10} "
+                  f"{f.get('wick_mfu', 'n/a'):>9} {f.get('python_mfu', 'n/a'):>9}")
+        elif ": n/a: " in line:
+            notes.append(line.rstrip())
+    for n in notes:
+        print(n)
+print("")
+print("parts (exit status, seconds, limit):")
+print(times.rstrip())
+PY
+echo "total: $(( $(date +%s) - start )) s of a ${budget} s budget" >> "$out/summary.txt"
+cat "$out/summary.txt"
