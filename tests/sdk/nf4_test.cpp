@@ -117,8 +117,37 @@ std::int64_t temporaries_of(F&& f) {
   return cpu_tensor_memory().peak - base - static_cast<std::int64_t>(result.nbytes());
 }
 
+TEST(Nf4Memory, ASliceHoldsAtMostSixteenMiBOfDecodedWeight) {
+  // LLaMA-2-7B's products in 4 and 11 slices; a small model's in one (each
+  // slice is a dozen kernel launches on a GPU)
+  auto slices = [](std::int64_t out, std::int64_t in) {
+    Nf4Weight q;
+    q.shape = {out, in};
+    return detail::nf4_slices(q);
+  };
+  EXPECT_EQ(slices(4096, 4096), 4);
+  EXPECT_EQ(slices(11008, 4096), 11);
+  EXPECT_EQ(slices(4096, 11008), 11);
+  EXPECT_EQ(slices(1408, 512), 1);
+  EXPECT_EQ(slices(2, 64), 1);
+  // a small weight, decoded whole: its temporaries are bounded by the slice
+  // limit (about 6 bytes a weight of it), not by 2 bytes a weight of the layer
+  at::manual_seed(4);
+  const Nf4Weight q = nf4_quantize(at::randn({768, 512}));
+  const at::Tensor x = at::randn({16, 512});
+  const std::int64_t fwd = temporaries_of([&] { return detail::nf4_matmul_t(x, q); });
+  EXPECT_GT(fwd, 2 * 768 * 512);
+  EXPECT_LE(fwd, 8 * 768 * 512);
+}
+
 TEST(Nf4Memory, AProductHoldsUnderTwoBytesPerWeight) {
   at::manual_seed(3);
+  // the slicing seen on small weights: a limit of 192 KiB cuts 768 x 512 in 8
+  struct Limit {
+    std::int64_t was = detail::nf4_slice_bytes();
+    Limit() { detail::nf4_slice_bytes() = 192 << 10; }
+    ~Limit() { detail::nf4_slice_bytes() = was; }
+  } limit;
   // rows that are whole blocks, and rows that end inside one (decoded row by row)
   for (const std::int64_t in : {512, 500}) {
     const std::int64_t out = 768, n = out * in;

@@ -167,9 +167,28 @@ inline Nf4Weight nf4_quantize_chunked(const at::Tensor& w, std::int64_t block = 
 
 namespace detail {
 
-/// How many slices a product decodes the weight in: the decoded weight of one
-/// slice is all of it that exists at a time.
-inline constexpr std::int64_t kNf4Slices = 8;
+/// A product decodes its weight a slice at a time: the decoded weight of one
+/// slice is all of it that exists at a time. A slice holds at most this many
+/// bytes of decoded float weight (16 MiB: LLaMA-2-7B's 4096 x 4096 products
+/// in 4 slices, its 11008 x 4096 ones in 11); a smaller weight is one slice.
+/// Each slice costs a dozen kernel launches on a GPU, so a fixed count of 8
+/// made a small model's QLoRA step launch-bound (an H200 ran a 6-layer,
+/// 512-wide model at 0.27x the tokens per second of bitsandbytes' one fused
+/// dequantization per product).
+inline constexpr std::int64_t kNf4SliceBytes = std::int64_t{16} << 20;
+
+/// The slice limit in force (kNf4SliceBytes; a test lowers it to see the
+/// slicing on small weights).
+inline std::int64_t& nf4_slice_bytes() {
+  static std::int64_t bytes = kNf4SliceBytes;
+  return bytes;
+}
+
+/// How many slices the weight `q` is decoded in (at least 1).
+inline std::int64_t nf4_slices(const Nf4Weight& q) {
+  const std::int64_t limit = std::max<std::int64_t>(1, nf4_slice_bytes());
+  return std::max<std::int64_t>(1, (q.numel() * 4 + limit - 1) / limit);
+}
 
 /// The two levels of each of the 256 packed bytes (high nibble first), [256, 2]
 /// float on `device`: one int32 index per byte decodes two weights.
@@ -198,7 +217,8 @@ inline at::Tensor nf4_absmax(const Nf4Weight& q, std::int64_t b0, std::int64_t b
 
 /// Every block's absmax constant, decoded a slice at a time.
 inline at::Tensor nf4_absmax_all(const Nf4Weight& q) {
-  const std::int64_t nb = q.absmax_q.numel(), step = std::max<std::int64_t>(1, (nb + kNf4Slices - 1) / kNf4Slices);
+  const std::int64_t slices = nf4_slices(q);
+  const std::int64_t nb = q.absmax_q.numel(), step = std::max<std::int64_t>(1, (nb + slices - 1) / slices);
   at::Tensor out = at::empty({nb}, q.absmax_scale.options());
   for (std::int64_t b0 = 0; b0 < nb; b0 += step) out.slice(0, b0, std::min(nb, b0 + step)).copy_(nf4_absmax(q, b0, std::min(nb, b0 + step)));
   return out;
@@ -235,7 +255,8 @@ inline at::Tensor nf4_decode_columns(const Nf4Weight& q, std::int64_t c0, std::i
     return vals.view({out, w});
   }
   at::Tensor cols = at::empty({out, w}, q.absmax_scale.options());
-  const std::int64_t rows = (out + kNf4Slices - 1) / kNf4Slices;
+  const std::int64_t slices = nf4_slices(q);
+  const std::int64_t rows = (out + slices - 1) / slices;
   for (std::int64_t r0 = 0; r0 < out; r0 += rows) {
     const std::int64_t r1 = std::min(out, r0 + rows);
     cols.slice(0, r0, r1).copy_(nf4_decode_range(q, r0 * in, r1 * in).view({r1 - r0, in}).slice(1, c0, c1));
@@ -252,7 +273,8 @@ inline void nf4_check_matrix(const Nf4Weight& q) {
 /// The slices of output rows a forward product decodes, [begin, end) each.
 inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_row_slices(const Nf4Weight& q) {
   nf4_check_matrix(q);
-  const std::int64_t out = q.shape[0], rows = (out + kNf4Slices - 1) / kNf4Slices;
+  const std::int64_t slices = nf4_slices(q);
+  const std::int64_t out = q.shape[0], rows = (out + slices - 1) / slices;
   std::vector<std::pair<std::int64_t, std::int64_t>> s;
   for (std::int64_t r0 = 0; r0 < out; r0 += rows) s.emplace_back(r0, std::min(out, r0 + rows));
   return s;
@@ -267,7 +289,8 @@ inline bool nf4_column_views(const Nf4Weight& q) { return q.shape[1] % q.block =
 inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t in = q.shape[1];
-  std::int64_t width = (in + kNf4Slices - 1) / kNf4Slices;
+  const std::int64_t slices = nf4_slices(q);
+  std::int64_t width = (in + slices - 1) / slices;
   if (nf4_column_views(q)) width = (width + q.block - 1) / q.block * q.block;
   std::vector<std::pair<std::int64_t, std::int64_t>> s;
   for (std::int64_t c0 = 0; c0 < in; c0 += width) s.emplace_back(c0, std::min(in, c0 + width));
@@ -315,7 +338,7 @@ inline at::Tensor nf4_dequantize(const Nf4Weight& q, at::ScalarType dtype = at::
   at::NoGradGuard no_grad;
   // slices of whole blocks and bytes
   const std::int64_t unit = q.block % 2 == 0 ? q.block : 2 * q.block, n = q.numel();
-  const std::int64_t step = std::max<std::int64_t>(1, (n / detail::kNf4Slices + unit - 1) / unit) * unit;
+  const std::int64_t step = std::max<std::int64_t>(1, (n / detail::nf4_slices(q) + unit - 1) / unit) * unit;
   at::Tensor w = at::empty({n}, q.absmax_scale.options().dtype(dtype));
   for (std::int64_t p0 = 0; p0 < n; p0 += step)
     w.slice(0, p0, std::min(n, p0 + step)).copy_(detail::nf4_decode_range(q, p0, std::min(n, p0 + step)));
