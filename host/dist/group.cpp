@@ -350,7 +350,8 @@ std::shared_ptr<Group> Group::world(const std::string& device) {
   const std::string backend = dist_backend(device);
   // one process forms no group, unless a backend is named: then it joins a
   // group of one (NCCL's init and collectives on one GPU, as a check)
-  if (env.world_size == 1 && !std::getenv("WICK_DIST_BACKEND")) return nullptr;
+  const char* named = std::getenv("WICK_DIST_BACKEND");
+  if (env.world_size == 1 && !(named && *named)) return nullptr;
   group = std::make_shared<Group>(env, backend);
   if (backend == "gloo" && at::Device(device).is_cuda() && env.rank == 0)
     notice("wick: the ranks' collectives run on gloo with CUDA tensors (WICK_DIST_BACKEND=gloo): each is copied "

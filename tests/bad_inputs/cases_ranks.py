@@ -41,6 +41,13 @@ def lone(rank, world=2):
 
 
 CASES = [
+    *[Case(f"WICK_DIST_BACKEND={v}", ["run", "recipe.lua"],
+           rf"WICK_DIST_BACKEND={v}: expected nccl or gloo \(unset: nccl for CUDA, gloo for the CPU\)$",
+           setup=recipe(RECIPE), env={"WICK_DIST_BACKEND": v})
+      for v in ("mpi", "NCCL", "gloo ")],
+    Case("WICK_DIST_BACKEND=nccl on the CPU", ["run", "recipe.lua"],
+         r"WICK_DIST_BACKEND=nccl with device 'cpu': NCCL moves CUDA tensors only",
+         setup=recipe(RECIPE), env={"WICK_DIST_BACKEND": "nccl"}),
     *[Case(f"WICK_DIST_TIMEOUT={v}", ["run", "recipe.lua"], rf"environment variable WICK_DIST_TIMEOUT={v}: " + EXPECTED,
            setup=recipe(RECIPE), env={"WICK_DIST_TIMEOUT": v})
       for v in ("abc", "0", "-5", "1e30", "inf", "nan", "30s", "604801")],
