@@ -1153,8 +1153,9 @@ void plan_training(const RunRequest& req, std::int64_t device_memory_given) {
   const double avail = static_cast<double>(device_memory_given > 0 ? device_memory_given : device_memory(r.device));
   const auto blocks = r.obj.model->blocks();
   const std::string precision = r.o.get_string("precision");
-  if (precision == "bf16-true" || precision == "fp16-true")
-    throw Error(L + ": precision = '" + precision + "' converts the weights; plan the recipe with a mixed precision");
+  // bf16-true and fp16-true convert the weights as the first row's trainer
+  // is made: every row keeps that precision (no row tries another), so the
+  // rows after it meet the weights as the recipe would train them
   const Value given_ck = r.o.at("checkpointing");
   struct Setting {
     std::string precision;

@@ -249,6 +249,7 @@ local model = wick.model("mlp", { inputs = 32, hidden = { 64, 64, 64 }, outputs 
 local opts = { model = model, data = data, optim = wick.optim("sgd", { lr = 0.2, momentum = 0.9 }), epochs = 2,
   shuffle = false, out = a.out, micro_batch = a.micro or 256, accumulate = a.acc or 1 }
 if a.auto then opts.micro_batch, opts.batch_size = "auto", 256 end
+if a.precision then opts.precision = a.precision end
 if a.preset then opts = wick.preset(a.preset, opts) end
 local run = wick.train(opts)
 print(string.format("micro %d acc %d eval %.7f", run.micro_batch, run.accumulate, wick.evaluate(model, data).loss))
@@ -332,6 +333,22 @@ describe("memory knobs", function()
     bad, _, berr = H.run("plan " .. path .. " --device-memory 12")
     assert.are.equal(2, bad, berr)
     assert.truthy(berr:find("--device-memory: '12' has no unit: expected a size such as 12GiB or 12GB", 1, true), berr)
+  end)
+
+  it("wick plan plans a recipe whose weights are converted (bf16-true) in that precision alone", function()
+    local code, out, err = H.run("plan " .. path .. " precision=bf16-true --device-memory 1MiB")
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("precision bf16-true", 1, true), out)
+    assert.truthy(out:find("micro_batch = 128, accumulate x 2", 1, true), out)
+    -- no row leaves bf16-true: the weights it converted are not fp32 again
+    assert.falsy(out:find('precision = "bf16-mixed"', 1, true), out)
+    assert.falsy(out:find('precision = "fp32"', 1, true), out)
+    assert.falsy(out:find("failed", 1, true), out)
+    local estimate = tonumber(out:match("estimate as given: (%d+) bytes"))
+    run("precision=bf16-true out=" .. dir .. "/plan_true")
+    local json = H.read(dir .. "/plan_true/run.json")
+    local measured = tonumber(json:match('"peak":(%d+)')) - tonumber(json:match('"other":(%d+)'))
+    assert.truthy(math.abs(estimate - measured) < 0.15 * measured, estimate .. " vs " .. measured)
   end)
 
   it("presets merge into a recipe and train with their knobs", function()
