@@ -54,7 +54,7 @@ CLASSES = {"qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "phi3":
 RECIPE = """
 local wick = require "wick"
 local a = wick.args
-local model = wick.model("decoder_lm", { path = a.path })
+local model = wick.model("decoder_lm", { path = a.path, loss_chunk = 7 })  -- the head and loss in several chunks
 wick.core.predict(model, a.batch, a.logits)
 wick.core.gradients(model, a.batch, a.grads)
 wick.save_pretrained(model, a.saved)
@@ -235,3 +235,26 @@ def test_qlora_trains(tmp_path, run_wick, family):
     layers, first, last = p.stdout.split()
     assert int(layers) == 2 * (4 if family == "phi3" else 7)
     assert float(last) < float(first) - 0.5
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3"])
+def test_a_fresh_model_of_the_family_saves_a_folder_transformers_loads(tmp_path, run_wick, family):
+    """decoder_lm built from options (family = ...) and saved by
+    wick.save_pretrained: transformers loads it as the family's class, with
+    the same logits."""
+    (tmp_path / "s.lua").write_text(
+        'local wick = require "wick"\n'
+        'wick.seed(11)\n'
+        f'local m = wick.model("decoder_lm", {{ family = "{family}", vocab_size = 61, hidden_size = 32, '
+        'intermediate_size = 48, layers = 2, heads = 4, kv_heads = 2 })\n'
+        "wick.save_pretrained(m, wick.args.dir)\n"
+        "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
+    ids = torch.randint(0, 61, (2, 7))
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    run_wick("run", tmp_path / "s.lua", f"dir={tmp_path / 'saved'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
+    assert type(hf).__name__ == CLASSES[family]
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+    assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
