@@ -7,6 +7,8 @@ transformers' in fp32; greedy generation with the key/value cache equals
 transformers' generate past the window; wick.save_pretrained writes a folder
 transformers loads as the same class with the same logits; a LoRA adapter
 goes from PEFT to wick and back, trained; QLoRA trains."""
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -257,4 +259,41 @@ def test_a_fresh_model_of_the_family_saves_a_folder_transformers_loads(tmp_path,
     assert type(hf).__name__ == CLASSES[family]
     with torch.no_grad():
         want = hf(input_ids=ids).logits
+    assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
+
+
+# config.json as the published folders still carry it: Gemma 3's rope_theta,
+# rope_local_base_freq, rope_scaling (the full layers') and
+# sliding_window_pattern; Phi-3's top-level rope_theta, partial_rotary_factor
+# and rope_scaling null; Gemma 2's hidden_act beside hidden_activation
+LEGACY = {
+    "gemma3_text": lambda c: {**{k: v for k, v in c.items() if k not in ("rope_parameters", "layer_types")},
+                              "rope_theta": 50000.0, "rope_local_base_freq": 1000.0,
+                              "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "sliding_window_pattern": 2,
+                              "final_logit_softcapping": None, "attn_logit_softcapping": None},
+    "phi3": lambda c: {**{k: v for k, v in c.items() if k != "rope_parameters"}, "rope_theta": 5000.0,
+                       "partial_rotary_factor": 0.5, "rope_scaling": None},
+    "gemma2": lambda c: {**c, "hidden_act": "gelu_pytorch_tanh"},
+}
+
+
+@pytest.mark.parametrize("family", list(LEGACY))
+def test_older_config_fields_read_as_transformers_reads_them(tmp_path, run_wick, family):
+    torch.manual_seed(6)
+    ref = tiny(family).float().eval()
+    spread(ref)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps(LEGACY[family](json.loads(path.read_text()))))
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
+    ids = torch.randint(0, V, (2, 13))
+    with torch.no_grad():
+        want = back(input_ids=ids).logits
+        assert (want - ref(input_ids=ids).logits).abs().max().item() < 1e-5  # the same model, said the old way
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text('local wick = require "wick"\n'
+                                    'local m = wick.model("decoder_lm", { path = wick.args.path })\n'
+                                    "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}")
     assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
