@@ -1,12 +1,14 @@
 """decoder_lm on the families beyond LLaMA and Qwen2, each a tiny random model
 made by transformers' own config class and saved by save_pretrained: Qwen3
 (q/k norms, explicit head_dim, a sliding layer), Mistral (a sliding window
-shorter than the sequence) and Phi-3 (fused qkv_proj and gate_up_proj, partial
-rotation, a sliding window). For each: logits, loss and gradients equal
-transformers' in fp32; greedy generation with the key/value cache equals
-transformers' generate past the window; wick.save_pretrained writes a folder
-transformers loads as the same class with the same logits; a LoRA adapter
-goes from PEFT to wick and back, trained; QLoRA trains."""
+shorter than the sequence), Phi-3 (fused qkv_proj and gate_up_proj, partial
+rotation, a sliding window), Gemma 2 (soft-capped scores and logits, sliding
+layers) and Gemma 3's text model (q/k norms, local and scaled global rotary
+bases). For each: logits, loss and gradients equal transformers' in fp32;
+greedy generation with the key/value cache equals transformers' generate past
+the window; wick.save_pretrained writes a folder transformers loads as the
+same class with the same logits; a LoRA adapter goes from PEFT to wick and
+back, trained; QLoRA trains. Qwen2's sliding layers too."""
 import json
 
 import pytest
@@ -296,4 +298,30 @@ def test_older_config_fields_read_as_transformers_reads_them(tmp_path, run_wick,
                                     "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
     run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
              f"logits={tmp_path / 'logits.safetensors'}")
+    assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
+
+
+def test_qwen2_sliding_layers_match_transformers(tmp_path, run_wick):
+    """Qwen2 with use_sliding_window: the layers from max_window_layers on see
+    the last sliding_window positions (wick refused such configs before it
+    had the mask); logits over 13 positions equal transformers', and differ
+    from full attention's."""
+    torch.manual_seed(7)
+    kw = dict(vocab_size=V, hidden_size=48, intermediate_size=72, num_hidden_layers=2, num_attention_heads=6,
+              num_key_value_heads=2, max_position_embeddings=64, use_sliding_window=True, max_window_layers=1)
+    ref = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw, sliding_window=4)).float().eval()
+    spread(ref)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    ids = torch.randint(0, V, (2, 13))
+    save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text('local wick = require "wick"\n'
+                                    'local m = wick.model("decoder_lm", { path = wick.args.path })\n'
+                                    "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"logits={tmp_path / 'logits.safetensors'}")
+    full = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**kw, "use_sliding_window": False})).float().eval()
+    full.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        want = ref(input_ids=ids).logits
+        assert (full(input_ids=ids).logits - want).abs().max().item() > 1e-3
     assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
