@@ -325,3 +325,35 @@ def test_qwen2_sliding_layers_match_transformers(tmp_path, run_wick):
         want = ref(input_ids=ids).logits
         assert (full(input_ids=ids).logits - want).abs().max().item() > 1e-3
     assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2"])
+def test_full_training_with_checkpointing_ends_where_it_does_without(tmp_path, run_wick, family):
+    """Full fine-tuning of a folder (every weight trains), the layers
+    recomputed in backward or not: the sliding mask and Gemma's local tables
+    travel into the recomputation, so both runs end at the same weights, and
+    the loss falls."""
+    torch.manual_seed(8)
+    tiny(family).float().save_pretrained(tmp_path / "base", safe_serialization=True)
+    ids = torch.randint(0, V, (4, 12))
+    save_file({"input_ids": ids, "labels": ids.clone()}, tmp_path / "batch.safetensors")
+    (tmp_path / "t.lua").write_text(
+        'local wick = require "wick"\n'
+        "local a = wick.args\n"
+        'local m = wick.model("decoder_lm", { path = a.base })\n'
+        'local run = wick.train { model = m, data = wick.data("tensors", { file = a.batch }),\n'
+        '  optim = wick.optim("adamw", { lr = 1e-2, weight_decay = 0 }), micro_batch = 2, accumulate = 2, epochs = 5,\n'
+        "  shuffle = false, quiet = true, checkpointing = a.ckpt == 1 }\n"
+        'print(string.format("%.6f %.6f", run.history[1].loss, run.final_loss))\n'
+        "m:save(a.result)\n")
+    losses = {}
+    for ckpt in (0, 1):
+        p = run_wick("run", tmp_path / "t.lua", f"base={tmp_path / 'base'}", f"batch={tmp_path / 'batch.safetensors'}",
+                     f"ckpt={ckpt}", f"result={tmp_path / f'{ckpt}.safetensors'}")
+        losses[ckpt] = [float(x) for x in p.stdout.split()]
+    assert losses[0] == losses[1]
+    assert losses[0][1] < losses[0][0] - 0.5
+    a, b = load_file(tmp_path / "0.safetensors"), load_file(tmp_path / "1.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
