@@ -174,6 +174,19 @@ void read_rope(const wick::JsonFields& rp, Config& c, const wick::JsonFields& to
   }
 }
 
+// layer_types: which layers slide (c.sliding), one entry per layer.
+void read_layer_types(const wick::JsonFields& j, Config& c) {
+  const auto& types = j.array("layer_types");
+  if (static_cast<std::int64_t>(types.size()) != c.layers)
+    j.bad("layer_types", "one entry per layer (num_hidden_layers " + std::to_string(c.layers) + "), not " +
+                             std::to_string(types.size()));
+  for (std::size_t i = 0; i < types.size(); ++i) {
+    if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
+      j.bad("layer_types", "a list of full_attention and sliding_attention");
+    c.sliding[i] = types[i] == "sliding_attention";
+  }
+}
+
 // The sliding window, as each family's config class reads it. Mistral and
 // Phi-3: a sliding_window (not null) makes every layer slide. Qwen2 and Qwen3:
 // with use_sliding_window and a sliding_window, the layers that layer_types
@@ -190,21 +203,13 @@ void read_sliding(const wick::JsonFields& j, Config& c) {
     return;
   }
   if (j.has("layer_types")) {
-    const auto& types = j.array("layer_types");
-    if (static_cast<std::int64_t>(types.size()) != c.layers)
-      j.bad("layer_types", "one entry per layer (num_hidden_layers " + std::to_string(c.layers) + "), not " +
-                               std::to_string(types.size()));
-    for (std::size_t i = 0; i < types.size(); ++i) {
-      if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
-        j.bad("layer_types", "a list of full_attention and sliding_attention");
-      c.sliding[i] = types[i] == "sliding_attention";
-    }
+    read_layer_types(j, c);
   } else {
     for (std::int64_t i = c.max_window_layers; i < c.layers; ++i) c.sliding[static_cast<std::size_t>(i)] = true;
   }
 }
 
-// the dtype the weights were saved in: the model is built in it
+// The special token ids, kept as given to be written back (eos may be a list).
 void read_token_ids(const wick::JsonFields& j, Config& c) {
   for (const char* key : {"pad_token_id", "bos_token_id", "eos_token_id"}) {
     if (!j.json().contains(key)) continue;
@@ -216,6 +221,7 @@ void read_token_ids(const wick::JsonFields& j, Config& c) {
   }
 }
 
+// the dtype the weights were saved in: the model is built in it
 void read_dtype(const wick::JsonFields& j, Config& c) {
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (!c.dtype.empty() || !j.has(key)) continue;
@@ -265,15 +271,7 @@ Config gemma_from_hf(const wick::JsonFields& j) {
   // the sliding layers
   c.sliding.assign(static_cast<std::size_t>(c.layers), false);
   if (j.has("layer_types")) {
-    const auto& types = j.array("layer_types");
-    if (static_cast<std::int64_t>(types.size()) != c.layers)
-      j.bad("layer_types", "one entry per layer (num_hidden_layers " + std::to_string(c.layers) + "), not " +
-                               std::to_string(types.size()));
-    for (std::size_t i = 0; i < types.size(); ++i) {
-      if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
-        j.bad("layer_types", "a list of full_attention and sliding_attention");
-      c.sliding[i] = types[i] == "sliding_attention";
-    }
+    read_layer_types(j, c);
   } else {
     const std::int64_t pattern = g3 ? j.integer("sliding_window_pattern", 6, 1, kMax) : 2;
     for (std::int64_t i = 0; i < c.layers; ++i) c.sliding[static_cast<std::size_t>(i)] = (i + 1) % pattern != 0;
