@@ -68,7 +68,14 @@ CASES = [
     gen("tie_word_embeddings a string", config(tie_word_embeddings="yes"), CFG + r"tie_word_embeddings is \"yes\", expected true or false"),
     gen("rms_norm_eps a string", config(rms_norm_eps="small"), CFG + r"rms_norm_eps is \"small\", expected a number of at least 0"),
     gen("rope_theta negative", config(rope_theta=-1.0), CFG + r"rope_theta is -1\.0, expected a number above 0"),
-    gen("model_type unknown", config(model_type="gpt2"), CFG + r"model_type is \"gpt2\", expected llama or qwen2"),
+    gen("model_type unknown", config(model_type="gpt2"),
+        CFG + r"model_type is \"gpt2\", expected llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text \(the "
+              r"decoders wick reads\)"),
+    # Gemma 3's vision-language folder (its text model alone, gemma3_text, loads)
+    gen("model_type gemma3", config(model_type="gemma3"),
+        CFG + r"model_type is \"gemma3\", expected llama, mistral, qwen2, qwen3, phi3, gemma2 or gemma3_text"),
+    gen("gemma2 hidden_activation", config(model_type="gemma2", hidden_activation="gelu"),
+        CFG + r"hidden_activation is \"gelu\", expected gelu_pytorch_tanh"),
     gen("rope_parameters a list", config(rope_parameters=[1]), CFG + r"rope_parameters is \[1\], expected an object"),
     # rotary scalings: the types wick computes, each with its own fields
     gen("rope_scaling longrope", config(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
@@ -130,22 +137,22 @@ CASES = [
 ]
 
 
-# Qwen2's sliding window (layers from max_window_layers on see the last
-# sliding_window positions): wick's attention sees all, so a config where a
-# layer slides is refused by name; the published configs (use_sliding_window
-# false, or max_window_layers covering every layer) load.
+# Qwen2's sliding window (layers from max_window_layers on, or those
+# layer_types names, see the last sliding_window positions): layer_types must
+# name each layer's kind; Phi-3's long-context rotary scaling is refused.
 QWEN = dict(model_type="qwen2", use_sliding_window=True, sliding_window=4)
 
 CASES += [
-    gen("qwen2 use_sliding_window with a sliding layer", config(**QWEN, max_window_layers=0),
-        CFG + r"use_sliding_window is true: layers 0 to 0 \(max_window_layers 0\) would attend to only the last 4 "
-              r"positions \(sliding_window\), and wick has no sliding-window attention; expected use_sliding_window "
-              r"false, or max_window_layers of at least num_hidden_layers \(1\)"),
-    gen("qwen2 use_sliding_window with transformers' default max_window_layers",
-        config(**QWEN, num_hidden_layers=30),
-        CFG + r"use_sliding_window is true: layers 28 to 29 \(max_window_layers 28\)"),
-    gen("qwen2 use_sliding_window with layer_types", config(**QWEN, layer_types=["sliding_attention"]),
-        CFG + r"use_sliding_window is true: 1 of the 1 layers \(layer_types, the first 0\) would attend to only the last 4"),
+    gen("qwen2 layer_types of the wrong length", config(**QWEN, layer_types=["full_attention", "sliding_attention"]),
+        CFG + r"layer_types is \[.*\], expected one entry per layer \(num_hidden_layers 1\), not 2"),
+    gen("mistral sliding_window 0", config(model_type="mistral", sliding_window=0),
+        CFG + r"sliding_window is 0, expected an integer of at least 1"),
+    gen("phi3 longrope", config(model_type="phi3", rope_scaling={"type": "longrope", "short_factor": [1.0],
+                                                               "long_factor": [1.0]}),
+        CFG + r"rope_scaling\.type is longrope: Phi-3's long-context rotary scaling \(longrope, su\) is not supported "
+              r"by wick, expected rope_scaling null"),
+    gen("phi3 partial_rotary_factor above 1", config(model_type="phi3", partial_rotary_factor=1.5),
+        CFG + r"partial_rotary_factor is 1\.5, expected a number above 0 and at most 1"),
     gen("qwen2 layer_types of another kind", config(**QWEN, layer_types=["chunked_attention"]),
         CFG + r"layer_types is \[\"chunked_attention\"\], expected a list of full_attention and sliding_attention"),
     # float64 weights were built as fp32 without a word

@@ -5,6 +5,7 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <vector>
@@ -46,12 +47,19 @@ std::uint64_t memory_here() {
 
 nlohmann::json read_json(const std::filesystem::path& p) { return wick::read_json_file(p); }
 
+std::int64_t rotary_dim(const Config& c) {
+  // as transformers: int(head_dim * partial_rotary_factor)
+  return static_cast<std::int64_t>(static_cast<double>(c.head_dim) * c.rotary_factor);
+}
+
 std::uint64_t parameter_count(const Config& c) {
   const std::uint64_t h = c.hidden, q = mul(c.heads, c.head_dim), kv = mul(c.kv_heads, c.head_dim);
   std::uint64_t layer = add(add(mul(h, q), mul(2, mul(h, kv))), mul(q, h));  // q, k, v, o
   if (c.qkv_bias) layer = add(layer, add(q, mul(2, kv)));
+  if (c.o_bias) layer = add(layer, h);
+  if (c.qk_norm) layer = add(layer, mul(2, c.head_dim));
   layer = add(layer, mul(3, mul(h, c.intermediate)));  // gate, up, down
-  layer = add(layer, mul(2, h));                       // two norms
+  layer = add(layer, mul(c.gemma ? 4 : 2, h));         // two norms (Gemma: four)
   std::uint64_t n = add(mul(c.layers, layer), add(mul(c.vocab, h), h));
   if (!c.tie) n = add(n, mul(c.vocab, h));
   return n;
@@ -73,6 +81,10 @@ void finish_config(Config& c, const std::string& who, bool hf, bool nf4) {
   if (c.head_dim % 2)
     throw wick::Error(who + ": the head size " + std::to_string(c.head_dim) + (hf ? " (head_dim, or hidden_size / num_attention_heads)" : " (hidden_size / heads)") +
                       " is odd, expected an even size (rotary embeddings turn pairs of features)");
+  if (rotary_dim(c) < 2 || rotary_dim(c) % 2)
+    throw wick::Error(who + ": partial_rotary_factor " + std::to_string(c.rotary_factor) + " of the head size " +
+                      std::to_string(c.head_dim) + " rotates " + std::to_string(rotary_dim(c)) +
+                      " features, expected an even number of at least 2 (rotary embeddings turn pairs of features)");
   if (c.heads % c.kv_heads)
     throw wick::Error(who + ": " + k_heads + " " + std::to_string(c.heads) + " is not a multiple of " + k_kv + " " +
                       std::to_string(c.kv_heads) + ", expected each key/value head to serve the same number of heads");
@@ -123,7 +135,7 @@ void read_rope(const wick::JsonFields& rp, Config& c, const wick::JsonFields& to
   }
   for (const auto& [k, v] : rp.json().items()) {
     if (v.is_null() || std::find(keys.begin(), keys.end(), k) != keys.end()) continue;
-    if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) continue;
+    if (k == "partial_rotary_factor" && v.is_number() && (c.family == "phi3" || v.get<double>() == 1.0)) continue;
     std::string list;
     for (const auto& x : keys) list += (list.empty() ? "" : ", ") + x;
     rp.fail(k, "is not a field of rope_type " + r.type + " (expected " + list + ")");
@@ -162,13 +174,163 @@ void read_rope(const wick::JsonFields& rp, Config& c, const wick::JsonFields& to
   }
 }
 
+// layer_types: which layers slide (c.sliding), one entry per layer.
+void read_layer_types(const wick::JsonFields& j, Config& c) {
+  const auto& types = j.array("layer_types");
+  if (static_cast<std::int64_t>(types.size()) != c.layers)
+    j.bad("layer_types", "one entry per layer (num_hidden_layers " + std::to_string(c.layers) + "), not " +
+                             std::to_string(types.size()));
+  for (std::size_t i = 0; i < types.size(); ++i) {
+    if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
+      j.bad("layer_types", "a list of full_attention and sliding_attention");
+    c.sliding[i] = types[i] == "sliding_attention";
+  }
+}
+
+// The sliding window, as each family's config class reads it. Mistral and
+// Phi-3: a sliding_window (not null) makes every layer slide. Qwen2 and Qwen3:
+// with use_sliding_window and a sliding_window, the layers that layer_types
+// calls sliding_attention, or else those from max_window_layers on.
+void read_sliding(const wick::JsonFields& j, Config& c) {
+  c.sliding.assign(static_cast<std::size_t>(c.layers), false);
+  const bool qwen = c.family == "qwen2" || c.family == "qwen3";
+  if (qwen) c.max_window_layers = j.integer("max_window_layers", 28, 0, kMax);  // transformers' default
+  if (c.family == "llama" || !j.has("sliding_window")) return;
+  if (qwen && !j.flag("use_sliding_window", false)) return;
+  c.sliding_window = j.integer("sliding_window", 1, kMax);
+  if (!qwen) {
+    c.sliding.assign(static_cast<std::size_t>(c.layers), true);
+    return;
+  }
+  if (j.has("layer_types")) {
+    read_layer_types(j, c);
+  } else {
+    for (std::int64_t i = c.max_window_layers; i < c.layers; ++i) c.sliding[static_cast<std::size_t>(i)] = true;
+  }
+}
+
+// The special token ids, kept as given to be written back (eos may be a list).
+void read_token_ids(const wick::JsonFields& j, Config& c) {
+  for (const char* key : {"pad_token_id", "bos_token_id", "eos_token_id"}) {
+    if (!j.json().contains(key)) continue;
+    const auto& v = j.json().at(key);
+    const bool ok = v.is_null() || v.is_number_integer() ||
+                    (v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_number_integer(); }));
+    if (!ok) j.bad(key, "a token id, a list of them, or null");
+    c.token_ids[key] = v;
+  }
+}
+
+// the dtype the weights were saved in: the model is built in it
+void read_dtype(const wick::JsonFields& j, Config& c) {
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!c.dtype.empty() || !j.has(key)) continue;
+    const std::string d = j.string(key);
+    c.dtype = d == "float32" ? "fp32" : d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "";
+    if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16 (the dtypes wick builds a decoder in)");
+  }
+}
+
+// A softcapping field: absent, the family's default; null, none.
+double softcap(const wick::JsonFields& j, const std::string& key, double fallback) {
+  const auto& json = j.json();
+  if (json.contains(key) && json.at(key).is_null()) return 0;
+  return j.number(key, fallback, 0, /*lo_open=*/true);
+}
+
+// Gemma 2 and Gemma 3's text model (Gemma2Config, Gemma3TextConfig): their
+// own defaults, sliding layers by layer_types (or the old pattern: every
+// second layer slides in Gemma 2, five of six in Gemma 3), and Gemma 3's two
+// rotary bases.
+Config gemma_from_hf(const wick::JsonFields& j) {
+  Config c;
+  const bool g3 = j.string("model_type") == "gemma3_text";
+  c.family = j.string("model_type");
+  c.gemma = true;
+  c.vocab = j.integer("vocab_size", 1);
+  c.hidden = j.integer("hidden_size", 1);
+  c.intermediate = j.integer("intermediate_size", 1);
+  c.layers = j.integer("num_hidden_layers", 1);
+  c.heads = j.integer("num_attention_heads", 1);
+  c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
+  c.head_dim = j.integer("head_dim", 256, 2, kMax);
+  c.eps = j.number("rms_norm_eps", 1e-6, 0);
+  c.init_range = j.number("initializer_range", 0.02, 0);
+  c.max_positions = j.integer("max_position_embeddings", g3 ? 131072 : 8192, 1, kMax);
+  c.tie = j.flag("tie_word_embeddings", true);
+  c.qkv_bias = c.o_bias = j.flag("attention_bias", false);
+  c.qk_norm = g3;
+  const std::string act = j.string("hidden_activation", "gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh") j.bad("hidden_activation", "gelu_pytorch_tanh (GeGLU with gelu's tanh approximation)");
+  c.query_pre_attn_scalar = j.integer("query_pre_attn_scalar", 256, 1, kMax);
+  c.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.query_pre_attn_scalar));
+  c.attn_softcap = softcap(j, "attn_logit_softcapping", g3 ? 0 : 50.0);
+  c.final_softcap = softcap(j, "final_logit_softcapping", g3 ? 0 : 30.0);
+  if (g3 && j.flag("use_bidirectional_attention", false))
+    j.bad("use_bidirectional_attention", "false (wick's decoder attends causally)");
+  // the sliding layers
+  c.sliding.assign(static_cast<std::size_t>(c.layers), false);
+  if (j.has("layer_types")) {
+    read_layer_types(j, c);
+  } else {
+    const std::int64_t pattern = g3 ? j.integer("sliding_window_pattern", 6, 1, kMax) : 2;
+    for (std::int64_t i = 0; i < c.layers; ++i) c.sliding[static_cast<std::size_t>(i)] = (i + 1) % pattern != 0;
+  }
+  const auto& json = j.json();
+  const bool no_window = json.contains("sliding_window") && json.at("sliding_window").is_null();
+  c.sliding_window = no_window ? 0 : j.integer("sliding_window", 4096, 1, kMax);
+  if (no_window && std::find(c.sliding.begin(), c.sliding.end(), true) != c.sliding.end())
+    j.bad("sliding_window", "a window for the layers layer_types calls sliding_attention");
+  // rotary: Gemma 2 as the others; Gemma 3 a base (and scaling) for the full
+  // layers and a base for the sliding ones
+  if (!g3) {
+    c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
+    if (j.has("rope_scaling")) {
+      const auto rs = j.object("rope_scaling");
+      c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+      read_rope(rs, c, j);
+    } else if (j.has("rope_parameters")) {
+      const auto rp = j.object("rope_parameters");
+      c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+      read_rope(rp, c, j);
+    }
+  } else {
+    c.rope_theta = j.number("rope_theta", 1000000.0, 0, /*lo_open=*/true);
+    c.rope_local_theta = j.number("rope_local_base_freq", 10000.0, 0, /*lo_open=*/true);
+    if (j.has("rope_parameters") && j.object("rope_parameters").has("full_attention")) {
+      const auto rp = j.object("rope_parameters");
+      const auto full = rp.object("full_attention");
+      c.rope_theta = full.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+      read_rope(full, c, j);
+      if (rp.has("sliding_attention")) {
+        const auto local = rp.object("sliding_attention");
+        c.rope_local_theta = local.number("rope_theta", c.rope_local_theta, 0, /*lo_open=*/true);
+        if (local.string("rope_type", "default") != "default")
+          local.bad("rope_type", "default (wick scales only the full-attention layers' rotation)");
+      }
+    }
+    if (j.has("rope_scaling")) {
+      const auto rs = j.object("rope_scaling");
+      c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+      read_rope(rs, c, j);
+    }
+  }
+  read_dtype(j, c);
+  read_token_ids(j, c);
+  finish_config(c, j.where(), /*hf=*/true);
+  return c;
+}
+
 }  // namespace
 
 Config config_from_hf(const nlohmann::json& json, const std::string& where, const std::string& path) {
   const wick::JsonFields j(json, where, path);
   Config c;
   const std::string type = j.string("model_type", "llama");
-  if (type != "llama" && type != "qwen2") j.bad("model_type", "llama or qwen2 (the decoders wick reads)");
+  if (type == "gemma2" || type == "gemma3_text") return gemma_from_hf(j);
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" && type != "phi3")
+    j.bad("model_type", std::string(kFamilies) + " (the decoders wick reads)");
+  const bool qwen = type == "qwen2" || type == "qwen3";
   c.family = type;
   c.vocab = j.integer("vocab_size", 1);
   c.hidden = j.integer("hidden_size", 1);
@@ -176,15 +338,40 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
   c.layers = j.integer("num_hidden_layers", 1);
   c.heads = j.integer("num_attention_heads", 1);
   c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
-  c.head_dim = j.integer("head_dim", 0, 2, kMax);
+  // absent: transformers' default (Qwen3Config's is 128; the others' the width over the heads)
+  c.head_dim = j.integer("head_dim", type == "qwen3" ? 128 : 0, 2, kMax);
   if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");
-  c.eps = j.number("rms_norm_eps", 1e-6, 0);
+  c.eps = j.number("rms_norm_eps", type == "phi3" ? 1e-5 : 1e-6, 0);
   c.init_range = j.number("initializer_range", 0.02, 0);
   // the context; absent, transformers' default for the family
-  c.max_positions = j.integer("max_position_embeddings", type == "qwen2" ? 32768 : 2048, 1, kMax);
+  c.max_positions = j.integer("max_position_embeddings",
+                              qwen ? 32768 : type == "mistral" ? 131072 : type == "phi3" ? 4096 : 2048, 1, kMax);
   c.tie = j.flag("tie_word_embeddings", false);
-  c.qkv_bias = type == "qwen2" ? true : j.flag("attention_bias", false);
+  // attention_bias: LLaMA's and Qwen3's cover q, k, v and o; Qwen2 has q/k/v
+  // biases always; Mistral and Phi-3 have none
+  const bool attention_bias = (type == "llama" || type == "qwen3") && j.flag("attention_bias", false);
+  c.qkv_bias = type == "qwen2" || attention_bias;
+  c.o_bias = attention_bias;
+  c.qk_norm = type == "qwen3";
+  c.fused = type == "phi3";
   if (j.string("hidden_act", "silu") != "silu") j.bad("hidden_act", "silu");
+  // Phi's partial rotation: top-level, or in rope_parameters (which wins)
+  if (type == "phi3") {
+    c.rotary_factor = j.number("partial_rotary_factor", 1.0, 0, /*lo_open=*/true);
+    if (c.rotary_factor > 1) j.bad("partial_rotary_factor", "a number above 0 and at most 1");
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+      if (!j.has(key)) continue;
+      const auto rp = j.object(key);
+      c.rotary_factor = rp.number("partial_rotary_factor", c.rotary_factor, 0, /*lo_open=*/true);
+      if (c.rotary_factor > 1) rp.bad("partial_rotary_factor", "a number above 0 and at most 1");
+      // Phi-3's long-context models rotate by longrope ("su"; transformers reads "yarn" as longrope for Phi-3)
+      const std::string t = rp.string("rope_type", rp.string("type", "default"));
+      if (t != "default")
+        rp.fail(rp.has("rope_type") ? "rope_type" : "type",
+                "is " + t + ": Phi-3's long-context rotary scaling (longrope, su) is not supported by wick, expected "
+                "rope_scaling null (the rotary embedding of Phi-3's 4k-context models)");
+    }
+  }
   // older configs: rope_theta and rope_scaling {type | rope_type, factor, ...};
   // newer: rope_parameters {rope_theta, rope_type, factor, ...} (rope_scaling wins, as in transformers)
   c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
@@ -197,44 +384,10 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
     c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
     read_rope(rp, c, j);
   }
-  // Qwen2's sliding window (transformers' Qwen2Config): with use_sliding_window
-  // and a sliding_window, the layers from max_window_layers on (or those
-  // layer_types calls sliding_attention) see only the last sliding_window
-  // positions. wick's attention sees every earlier position, so a config where
-  // some layer slides is refused rather than computed otherwise.
-  if (type == "qwen2" && j.flag("use_sliding_window", false) && j.has("sliding_window")) {
-    const std::int64_t window = j.integer("sliding_window", 1);
-    std::int64_t first = c.layers, sliding = 0;
-    std::string which;
-    if (j.has("layer_types")) {
-      const auto& types = j.array("layer_types");
-      for (std::size_t i = 0; i < types.size(); ++i) {
-        if (!types[i].is_string() || (types[i] != "full_attention" && types[i] != "sliding_attention"))
-          j.bad("layer_types", "a list of full_attention and sliding_attention");
-        if (types[i] == "sliding_attention" && sliding++ == 0) first = static_cast<std::int64_t>(i);
-      }
-      which = std::to_string(sliding) + " of the " + std::to_string(c.layers) + " layers (layer_types, the first " +
-              std::to_string(first) + ")";
-    } else {
-      first = j.integer("max_window_layers", 28, 0, kMax);  // transformers' default
-      sliding = std::max<std::int64_t>(0, c.layers - first);
-      which = "layers " + std::to_string(first) + " to " + std::to_string(c.layers - 1) + " (max_window_layers " +
-              std::to_string(first) + ")";
-    }
-    if (sliding > 0)
-      j.fail("use_sliding_window", "is true: " + which + " would attend to only the last " + std::to_string(window) +
-                                       " positions (sliding_window), and wick has no sliding-window attention; "
-                                       "expected use_sliding_window false, or max_window_layers of at least "
-                                       "num_hidden_layers (" + std::to_string(c.layers) + ")");
-  }
-  // the dtype the weights were saved in: the model is built in it
-  for (const char* key : {"dtype", "torch_dtype"}) {
-    if (!c.dtype.empty() || !j.has(key)) continue;
-    const std::string d = j.string(key);
-    c.dtype = d == "float32" ? "fp32" : d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "";
-    if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16 (the dtypes wick builds a decoder in)");
-  }
-  finish_config(c, where, /*hf=*/true);
+  read_sliding(j, c);
+  read_dtype(j, c);
+  read_token_ids(j, c);
+  finish_config(c, j.where(), /*hf=*/true);
   return c;
 }
 
@@ -252,11 +405,18 @@ Config config_from_options(const wick::Options& o) {
   c.init_range = o.get_double("initializer_range");
   c.tie = o.get_bool("tie_embeddings");
   c.qkv_bias = c.family == "qwen2";
+  c.qk_norm = c.family == "qwen3";
+  c.fused = c.family == "phi3";
+  c.sliding.assign(static_cast<std::size_t>(c.layers), false);
+  if (c.family == "qwen2" || c.family == "qwen3") c.max_window_layers = c.layers;
   return c;
 }
 
 wick::OptionSchema size_options() {
-  return {wick::opt_string("family", "llama", "llama, or qwen2 (q/k/v bias)").one_of({"llama", "qwen2"}),
+  return {wick::opt_string("family", "llama",
+                           "llama; mistral (llama's layers, saved as Mistral); qwen2 (q/k/v bias); qwen3 (q/k norms); "
+                           "phi3 (fused qkv_proj and gate_up_proj)")
+              .one_of({"llama", "mistral", "qwen2", "qwen3", "phi3"}),
           wick::opt_int("vocab_size", 256, "vocabulary size").at_least(1),
           wick::opt_int("hidden_size", 256, "model width").at_least(1),
           wick::opt_int("intermediate_size", 688, "MLP width").at_least(1),
@@ -296,9 +456,18 @@ nlohmann::json rope_json(const Config& c) {
 }
 
 nlohmann::json hf_config(const Config& c) {
-  const bool qwen = c.family == "qwen2";
-  nlohmann::json j = {{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-                      {"model_type", c.family},
+  const std::string& f = c.family;
+  const char* arch = f == "qwen2"     ? "Qwen2ForCausalLM"
+                     : f == "qwen3"   ? "Qwen3ForCausalLM"
+                     : f == "mistral" ? "MistralForCausalLM"
+                     : f == "phi3"    ? "Phi3ForCausalLM"
+                     : f == "gemma2"  ? "Gemma2ForCausalLM"
+                     : f == "gemma3_text" ? "Gemma3ForCausalLM"
+                                      : "LlamaForCausalLM";
+  nlohmann::json rope = rope_json(c);
+  if (f == "phi3") rope["partial_rotary_factor"] = c.rotary_factor;
+  nlohmann::json j = {{"architectures", {arch}},
+                      {"model_type", f},
                       {"vocab_size", c.vocab},
                       {"hidden_size", c.hidden},
                       {"intermediate_size", c.intermediate},
@@ -310,11 +479,41 @@ nlohmann::json hf_config(const Config& c) {
                       {"rms_norm_eps", c.eps},
                       {"initializer_range", c.init_range},
                       {"rope_theta", c.rope_theta},
-                      {"rope_parameters", rope_json(c)},
+                      {"rope_parameters", rope},
                       {"tie_word_embeddings", c.tie},
                       {"max_position_embeddings", c.max_positions},
                       {"torch_dtype", c.dtype == "bf16" ? "bfloat16" : c.dtype == "fp16" ? "float16" : "float32"}};
-  if (!qwen) j["attention_bias"] = c.qkv_bias;
+  // Phi3Config pads with token 32000 unless told: said, whatever the vocabulary
+  if (f == "phi3") j["pad_token_id"] = nullptr;
+  for (const auto& [k, v] : c.token_ids.items()) j[k] = v;
+  if (f == "llama" || f == "qwen3" || c.gemma) j["attention_bias"] = c.qkv_bias;
+  if (c.gemma) {
+    j.erase("hidden_act");
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    j["attn_logit_softcapping"] = c.attn_softcap > 0 ? nlohmann::json(c.attn_softcap) : nlohmann::json(nullptr);
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? nlohmann::json(c.final_softcap) : nlohmann::json(nullptr);
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+    nlohmann::json types = nlohmann::json::array();
+    for (std::int64_t i = 0; i < c.layers; ++i) types.push_back(layer_slides(c, i) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    if (f == "gemma3_text") {
+      j.erase("rope_theta");
+      j["rope_parameters"] = {{"full_attention", rope}, {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_theta}}}};
+    }
+  }
+  if (f == "phi3") j["partial_rotary_factor"] = c.rotary_factor;
+  // the sliding window as each family's config class reads it back
+  const nlohmann::json window = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nlohmann::json(nullptr);
+  if (f == "mistral" || f == "phi3") j["sliding_window"] = window;
+  if (f == "qwen2" || f == "qwen3") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = window;
+    j["max_window_layers"] = c.max_window_layers;
+    nlohmann::json types = nlohmann::json::array();
+    for (std::int64_t i = 0; i < c.layers; ++i) types.push_back(layer_slides(c, i) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   return j;
 }
 

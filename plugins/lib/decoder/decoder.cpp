@@ -1,6 +1,8 @@
 #include "lib/decoder/decoder.hpp"
 
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <tuple>
 
 #ifdef __GLIBC__
@@ -23,8 +25,9 @@ namespace fs = std::filesystem;
 
 namespace wick::decoder {
 
-RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype) : eps_(eps) {
-  weight = register_parameter("weight", at::ones({dim}, at::TensorOptions().dtype(dtype)));
+RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype, bool gemma) : eps_(eps), gemma_(gemma) {
+  const auto opt = at::TensorOptions().dtype(dtype);
+  weight = register_parameter("weight", gemma ? at::zeros({dim}, opt) : at::ones({dim}, opt));
 }
 
 namespace {
@@ -62,6 +65,10 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
 }  // namespace
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (gemma_) {  // (x * w).to(dtype), where LLaMA rounds x first
+    const at::Tensor h = x.to(at::kFloat);
+    return (h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_) * (1.0 + weight.to(at::kFloat))).to(x.scalar_type());
+  }
   if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
     return RmsNormFunction::apply(x, weight, eps_)[0];
   const auto dtype = x.scalar_type();
@@ -112,11 +119,15 @@ wick::OptionSchema quantize_options() {
 void check_nf4_block(const Config& c, std::int64_t block, const std::string& prefix, const std::string& who) {
   const std::string l0 = prefix + ".layers.0.";
   const std::int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
-  const std::vector<std::pair<std::string, std::int64_t>> layers = {
-      {"self_attn.q_proj", c.hidden * q},     {"self_attn.k_proj", c.hidden * kv},
-      {"self_attn.v_proj", c.hidden * kv},    {"self_attn.o_proj", q * c.hidden},
-      {"mlp.gate_proj", c.hidden * c.intermediate}, {"mlp.up_proj", c.hidden * c.intermediate},
-      {"mlp.down_proj", c.intermediate * c.hidden}};
+  const std::vector<std::pair<std::string, std::int64_t>> layers =
+      c.fused ? std::vector<std::pair<std::string, std::int64_t>>{
+                    {"self_attn.qkv_proj", c.hidden * (q + 2 * kv)}, {"self_attn.o_proj", q * c.hidden},
+                    {"mlp.gate_up_proj", c.hidden * 2 * c.intermediate}, {"mlp.down_proj", c.intermediate * c.hidden}}
+              : std::vector<std::pair<std::string, std::int64_t>>{
+                    {"self_attn.q_proj", c.hidden * q},     {"self_attn.k_proj", c.hidden * kv},
+                    {"self_attn.v_proj", c.hidden * kv},    {"self_attn.o_proj", q * c.hidden},
+                    {"mlp.gate_proj", c.hidden * c.intermediate}, {"mlp.up_proj", c.hidden * c.intermediate},
+                    {"mlp.down_proj", c.intermediate * c.hidden}};
   if (c.layers == 0) return;
   for (const auto& [name, n] : layers)
     if (n % block != 0 || n % 2 != 0)
@@ -125,21 +136,58 @@ void check_nf4_block(const Config& c, std::int64_t block, const std::string& pre
                         "layer's weight count (an even count)");
 }
 
-AttentionImpl::AttentionImpl(const Config& c, const Build& b) : c_(c) {
-  q_proj = register_module("q_proj", linear(c.hidden, c.heads * c.head_dim, c.qkv_bias, c, b));
-  k_proj = register_module("k_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, c, b));
-  v_proj = register_module("v_proj", linear(c.hidden, c.kv_heads * c.head_dim, c.qkv_bias, c, b));
-  o_proj = register_module("o_proj", linear(c.heads * c.head_dim, c.hidden, false, c, b));
+AttentionImpl::AttentionImpl(const Config& c, const Build& b, std::int64_t layer)
+    : c_(c), slides_(layer_slides(c, layer)) {
+  const std::int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  if (c.fused) {
+    qkv_proj = register_module("qkv_proj", linear(c.hidden, q + 2 * kv, c.qkv_bias, c, b));
+  } else {
+    q_proj = register_module("q_proj", linear(c.hidden, q, c.qkv_bias, c, b));
+    k_proj = register_module("k_proj", linear(c.hidden, kv, c.qkv_bias, c, b));
+    v_proj = register_module("v_proj", linear(c.hidden, kv, c.qkv_bias, c, b));
+  }
+  o_proj = register_module("o_proj", linear(q, c.hidden, c.o_bias, c, b));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(c.head_dim, c.eps, b.dtype, c.gemma));
+    k_norm = register_module("k_norm", RMSNorm(c.head_dim, c.eps, b.dtype, c.gemma));
+  }
+}
+
+namespace {
+// x [B, heads, T, head_dim] turned by the rotary tables [T, rotary]: the
+// first `rotary` features of each head (all but with Phi's partial rotation)
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto rd = cos.size(-1), D = x.size(-1);
+  if (rd == D) return x * cos + rotate_half(x) * sin;
+  const at::Tensor r = x.narrow(-1, 0, rd);
+  return at::cat({r * cos + rotate_half(r) * sin, x.narrow(-1, rd, D - rd)}, -1);
+}
+}  // namespace
+
+at::Tensor sliding_window_mask(std::int64_t window, std::int64_t T, std::int64_t S, at::Device device) {
+  if (window <= 0 || S <= window) return {};
+  const auto opt = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor p = at::arange(S - T, S, opt).unsqueeze(1), j = at::arange(S, opt).unsqueeze(0);
+  return j.le(p).logical_and(j.gt(p - window));
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  std::pair<at::Tensor, at::Tensor>* cache) {
+                                  std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window) {
   const auto B = x.size(0), T = x.size(1);
-  at::Tensor q = q_proj->forward(x).view({B, T, c_.heads, c_.head_dim}).transpose(1, 2);
-  at::Tensor k = k_proj->forward(x).view({B, T, c_.kv_heads, c_.head_dim}).transpose(1, 2);
-  at::Tensor v = v_proj->forward(x).view({B, T, c_.kv_heads, c_.head_dim}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  const std::int64_t nq = c_.heads * c_.head_dim, nkv = c_.kv_heads * c_.head_dim;
+  at::Tensor q, k, v;
+  if (c_.fused) {  // Phi-3's qkv_proj: q's rows, then k's, then v's
+    const at::Tensor qkv = qkv_proj->forward(x);
+    q = qkv.narrow(-1, 0, nq), k = qkv.narrow(-1, nq, nkv), v = qkv.narrow(-1, nq + nkv, nkv);
+  } else {
+    q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  }
+  q = q.reshape({B, T, c_.heads, c_.head_dim});
+  k = k.reshape({B, T, c_.kv_heads, c_.head_dim});
+  if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);  // Qwen3: each head's features, before the rotation
+  q = rotate(q.transpose(1, 2), cos, sin);
+  k = rotate(k.transpose(1, 2), cos, sin);
+  v = v.reshape({B, T, c_.kv_heads, c_.head_dim}).transpose(1, 2);
   const bool past = cache && cache->first.defined();
   if (cache) {
     if (past) {
@@ -155,13 +203,36 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   }
   // new positions see every cached one: causal masking is needed only among themselves
   if (past && T > 1) throw wick::Error("decoder_lm: several new tokens after a cache are not supported");
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/!past);
-  return o_proj->forward(y.transpose(1, 2).reshape({B, T, c_.heads * c_.head_dim}));
+  const std::optional<double> scale = c_.attn_scale > 0 ? std::optional<double>(c_.attn_scale) : std::nullopt;
+  const at::Tensor mask = slides_ && window.defined() ? window : at::Tensor();  // the window's mask holds the causal one
+  at::Tensor y;
+  if (c_.attn_softcap > 0) {
+    // Gemma 2's capped scores, which scaled-dot-product attention cannot take:
+    // the scores, cap * tanh(s / cap), the mask, a softmax in fp32
+    at::Tensor s = at::matmul(q, k.transpose(-2, -1)) * (scale ? *scale : 1.0 / std::sqrt(static_cast<double>(c_.head_dim)));
+    s = at::tanh(s / c_.attn_softcap) * c_.attn_softcap;
+    at::Tensor allowed = mask;
+    if (!allowed.defined() && !past) {
+      const auto S = k.size(2);
+      allowed = at::ones({T, S}, at::TensorOptions().dtype(at::kBool).device(x.device())).tril(S - T);
+    }
+    if (allowed.defined()) s = s.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+    y = at::matmul(at::softmax(s, -1, at::kFloat).to(q.scalar_type()), v);
+  } else if (mask.defined()) {
+    y = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/false, scale);
+  } else {
+    y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/!past, scale);
+  }
+  return o_proj->forward(y.transpose(1, 2).reshape({B, T, nq}));
 }
 
-MlpImpl::MlpImpl(const Config& c, const Build& b) {
-  gate_proj = register_module("gate_proj", linear(c.hidden, c.intermediate, false, c, b));
-  up_proj = register_module("up_proj", linear(c.hidden, c.intermediate, false, c, b));
+MlpImpl::MlpImpl(const Config& c, const Build& b) : gelu_(c.gemma) {
+  if (c.fused) {
+    gate_up_proj = register_module("gate_up_proj", linear(c.hidden, 2 * c.intermediate, false, c, b));
+  } else {
+    gate_proj = register_module("gate_proj", linear(c.hidden, c.intermediate, false, c, b));
+    up_proj = register_module("up_proj", linear(c.hidden, c.intermediate, false, c, b));
+  }
   down_proj = register_module("down_proj", linear(c.intermediate, c.hidden, false, c, b));
 }
 
@@ -188,23 +259,39 @@ struct SwiGlu : torch::autograd::Function<SwiGlu> {
 }  // namespace
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  const at::Tensor g = gate_proj->forward(x), u = up_proj->forward(x);
+  at::Tensor g, u;
+  if (gate_up_proj) {  // Phi-3: gate's rows, then up's
+    const at::Tensor gu = gate_up_proj->forward(x);
+    const auto n = gu.size(-1) / 2;
+    g = gu.narrow(-1, 0, n), u = gu.narrow(-1, n, n);
+  } else {
+    g = gate_proj->forward(x), u = up_proj->forward(x);
+  }
+  if (gelu_) return down_proj->forward(at::gelu(g, "tanh") * u);  // Gemma's GeGLU
   const at::Tensor h = at::GradMode::is_enabled() && (g.requires_grad() || u.requires_grad())
                            ? SwiGlu::apply(g, u)[0]
                            : at::silu(g) * u;
   return down_proj->forward(h);
 }
 
-LayerImpl::LayerImpl(const Config& c, const Build& b) {
-  self_attn = register_module("self_attn", Attention(c, b));
+LayerImpl::LayerImpl(const Config& c, const Build& b, std::int64_t index) {
+  self_attn = register_module("self_attn", Attention(c, b, index));
   mlp = register_module("mlp", Mlp(c, b));
-  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden, c.eps, b.dtype));
-  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden, c.eps, b.dtype));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden, c.eps, b.dtype, c.gemma));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden, c.eps, b.dtype, c.gemma));
+  if (c.gemma) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", RMSNorm(c.hidden, c.eps, b.dtype, true));
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm", RMSNorm(c.hidden, c.eps, b.dtype, true));
+  }
 }
 
 at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                              std::pair<at::Tensor, at::Tensor>* cache) {
-  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache);
+                              std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window) {
+  if (pre_feedforward_layernorm) {  // Gemma: each branch's output normalised too
+    x = x + post_attention_layernorm->forward(self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window));
+    return x + post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(x)));
+  }
+  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window);
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
@@ -216,8 +303,8 @@ BodyImpl::BodyImpl(const Config& c, const Build& b) {
                                                ._weight(at::empty({c.vocab, c.hidden}, at::TensorOptions().dtype(b.dtype)))));
   if (b.init) init_normal(embed_tokens->weight, c.init_range);
   layers = register_module("layers", torch::nn::ModuleList());
-  for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, b));
-  norm = register_module("norm", RMSNorm(c.hidden, c.eps, b.dtype));
+  for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, b, i));
+  norm = register_module("norm", RMSNorm(c.hidden, c.eps, b.dtype, c.gemma));
 }
 
 wick::NamedTensorList read_folder(const fs::path& dir, const std::string& who) {
@@ -311,7 +398,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
   // h [N, H], w [V, H], y [N] (int64, on h's device), y_cpu: the same on the CPU
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
                                                 const at::Tensor& w, const at::Tensor& y, const at::Tensor& y_cpu,
-                                                std::int64_t chunk, bool into_grad) {
+                                                std::int64_t chunk, bool into_grad, double softcap) {
     const at::ScalarType dt = head_dtype(h, w);
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // the casts are explicit
     const auto fopt = h.options().dtype(at::kFloat);
@@ -320,7 +407,8 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const at::Tensor wc = w.to(dt);
     for (const auto& [s, n] : live_chunks(y_cpu, chunk)) {
       const at::Tensor yc = y.narrow(0, s, n), keep = yc.ne(kIgnore);
-      const at::Tensor logits = at::mm(h.narrow(0, s, n).to(dt), wc.t()).to(at::kFloat);
+      at::Tensor logits = at::mm(h.narrow(0, s, n).to(dt), wc.t()).to(at::kFloat);
+      if (softcap > 0) logits = at::tanh(logits / softcap) * softcap;
       const at::Tensor l = at::logsumexp(logits, {1});
       lse.narrow(0, s, n).copy_(l);
       const at::Tensor target = logits.gather(1, yc.masked_fill(keep.logical_not(), 0).unsqueeze(1)).squeeze(1);
@@ -329,6 +417,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     }
     ctx->save_for_backward({h, w, y, y_cpu, lse});
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["into_grad"] = into_grad && w.is_leaf() && w.requires_grad();
     ctx->saved_data["dtype"] = static_cast<std::int64_t>(dt);
     ctx->mark_non_differentiable({right});
@@ -340,6 +429,7 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h = saved[0], &w = saved[1], &y = saved[2], &y_cpu = saved[3], &lse = saved[4];
     const auto chunk = ctx->saved_data["chunk"].toInt();
+    const double softcap = ctx->saved_data["softcap"].toDouble();
     const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
@@ -362,10 +452,15 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
       const at::Tensor yc = y.narrow(0, s, n), drop = yc.eq(kIgnore).unsqueeze(1);
       const at::Tensor hc = h.narrow(0, s, n).to(dt);
       // d loss / d logits = (softmax - one_hot(label)) * g on the rows that count
-      at::Tensor p = at::mm(hc, wc.t()).to(at::kFloat);
+      at::Tensor p = at::mm(hc, wc.t()).to(at::kFloat), t;
+      if (softcap > 0) {  // logits cap * tanh(z / cap): d/dz = 1 - tanh^2
+        t = p.div_(softcap).tanh_();
+        p = t * softcap;
+      }
       p.sub_(lse.narrow(0, s, n).unsqueeze(1)).exp_();
       p.scatter_add_(1, yc.masked_fill(drop.squeeze(1), 0).unsqueeze(1), drop.logical_not().to(at::kFloat).neg());
       p.mul_(g).masked_fill_(drop, 0);
+      if (softcap > 0) p.mul_(t.square_().neg_().add_(1));
       const at::Tensor pc = p.to(dt);
       p = at::Tensor();
       if (want_h) gh.narrow(0, s, n).copy_(at::mm(pc, wc));
@@ -374,17 +469,17 @@ struct ChunkedHeadLoss : torch::autograd::Function<ChunkedHeadLoss> {
         else gw.add_(at::mm(pc.t(), hc));
       }
     }
-    return {gh, into_grad ? at::Tensor() : gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gh, into_grad ? at::Tensor() : gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
-                                                    std::int64_t chunk, bool into_grad) {
+                                                    std::int64_t chunk, bool into_grad, double softcap) {
   if (chunk <= 0) throw wick::Error("chunked_head_loss: chunk " + std::to_string(chunk) + ", expected a positive count");
   const at::Tensor y = labels.to(at::kLong).contiguous();
-  auto out = ChunkedHeadLoss::apply(h, w, y, y.cpu(), chunk, into_grad);
+  auto out = ChunkedHeadLoss::apply(h, w, y, y.cpu(), chunk, into_grad, softcap);
   return {out[0], out[1]};
 }
 
@@ -409,13 +504,24 @@ Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(
   }
   std::tie(inv_freq_, rope_scale_) = rope_frequencies(c_, c_.max_positions);
   original_inv_freq_ = inv_freq_;
+  // transformers builds the lookup with padding_idx = pad_token_id (within the vocabulary)
+  if (c_.token_ids.contains("pad_token_id") && c_.token_ids["pad_token_id"].is_number_integer()) {
+    const auto pad = c_.token_ids["pad_token_id"].get<std::int64_t>();
+    if (pad >= 0 && pad < c_.vocab) padding_idx_ = pad;
+  }
+  if (c_.rope_local_theta > 0) {  // Gemma 3's sliding layers: their base, no scaling
+    Config local = c_;
+    local.rope = RopeScaling{};
+    local.rope_theta = c_.rope_local_theta;
+    local_inv_freq_ = rope_frequencies(local, c_.max_positions).first;
+  }
   rope_cached_ = c_.max_positions;
 }
 
 std::pair<at::Tensor, double> rope_frequencies(const Config& c, std::int64_t seq_len) {
   // fp32 throughout, as transformers computes them (python numbers where it uses them)
   const RopeScaling& r = c.rope;
-  const std::int64_t dim = c.head_dim;
+  const std::int64_t dim = rotary_dim(c);  // Phi's partial rotation turns fewer features
   const at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
   const at::Tensor inv = 1.0 / at::pow(c.rope_theta, exponents);
   if (r.type == "default") return {inv, 1.0};
@@ -478,21 +584,29 @@ at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::
       rope_cached_ = c_.max_positions;
     }
   }
-  at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(x.device()));
-  at::Tensor freqs = at::outer(pos, inv_freq_.to(x.device()));
-  at::Tensor emb = at::cat({freqs, freqs}, -1);
-  at::Tensor cos = emb.cos(), sin = emb.sin();
-  if (rope_scale_ != 1.0) cos = cos * rope_scale_, sin = sin * rope_scale_;
-  cos = cos.to(x.scalar_type()), sin = sin.to(x.scalar_type());
+  const at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(x.device()));
+  auto tables = [&](const at::Tensor& inv, double scale) {
+    const at::Tensor freqs = at::outer(pos, inv.to(x.device()));
+    const at::Tensor emb = at::cat({freqs, freqs}, -1);
+    at::Tensor cos = emb.cos(), sin = emb.sin();
+    if (scale != 1.0) cos = cos * scale, sin = sin * scale;
+    return std::make_pair(cos.to(x.scalar_type()), sin.to(x.scalar_type()));
+  };
+  const auto [cos, sin] = tables(inv_freq_, rope_scale_);
+  const auto [local_cos, local_sin] = local_inv_freq_.defined() ? tables(local_inv_freq_, 1.0) : std::make_pair(cos, sin);
   if (cache) cache->resize(body->layers->size());
+  // the sliding layers' mask, once for all of them (undefined while every position fits the window)
+  const at::Tensor window = sliding_window_mask(c_.sliding_window, T, offset + T, x.device());
   std::size_t i = 0;
   for (const auto& layer : *body->layers) {
     auto* l = layer->as<Layer>();
+    const bool local = l->self_attn->slides();
+    const at::Tensor &c = local ? local_cos : cos, &s = local ? local_sin : sin;
     if (cache || !owner) {
-      x = l->forward(x, cos, sin, cache ? &(*cache)[i] : nullptr);
+      x = l->forward(x, c, s, cache ? &(*cache)[i] : nullptr, window);
     } else {  // a declared block: checkpointed when the recipe asks
       x = owner->run_block(prefix_ + ".layers." + std::to_string(i),
-                           [l, cos, sin](const at::Tensor& h) { return l->forward(h, cos, sin, nullptr); }, x);
+                           [l, c, s, window](const at::Tensor& h) { return l->forward(h, c, s, nullptr, window); }, x);
     }
     ++i;
   }
@@ -503,12 +617,17 @@ at::Tensor Decoder::embed(const at::Tensor& ids) {
   const at::Tensor& w = body->embed_tokens->weight;
   // tied: a sparse gradient (the looked-up rows), added in place into the
   // dense gradient the head made first; untied, the optimizers want it dense
-  return at::embedding(w, ids, /*padding_idx=*/-1, /*scale_grad_by_freq=*/false,
-                       /*sparse=*/c_.tie && w.requires_grad() && loss_chunk_ != 0);
+  at::Tensor e = at::embedding(w, ids, padding_idx_, /*scale_grad_by_freq=*/false,
+                               /*sparse=*/c_.tie && w.requires_grad() && loss_chunk_ != 0);
+  // Gemma: times sqrt(hidden), rounded to the weight's dtype first as transformers does
+  if (c_.gemma) e = e * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden)), at::kFloat).to(w.scalar_type());
+  return e;
 }
 
 at::Tensor Decoder::head(const at::Tensor& h) {
-  return c_.tie ? at::linear(h, body->embed_tokens->weight) : lm_head->forward(h);
+  at::Tensor out = c_.tie ? at::linear(h, body->embed_tokens->weight) : lm_head->forward(h);
+  if (c_.final_softcap > 0) out = at::tanh(out / c_.final_softcap) * c_.final_softcap;  // Gemma 2
+  return out;
 }
 
 wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& labels) {
@@ -544,7 +663,7 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
     y = y.index_select(0, rows.to(y.device()));
   }
   // tied: the embedding's lookup accumulates into the same weight after the head (Decoder::embed)
-  auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk(), /*into_grad=*/c_.tie);
+  auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk(), /*into_grad=*/c_.tie, c_.final_softcap);
   wick::ForwardResult r;
   r.loss_sum = sum;
   r.items = items;
@@ -631,12 +750,20 @@ std::vector<std::pair<std::string, wick::Linear>> Decoder::linear_layers() {
   for (const auto& m : *body->layers) {
     auto* layer = m->as<Layer>();
     const std::string p = prefix_ + ".layers." + std::to_string(i++) + ".";
-    out.emplace_back(p + "self_attn.q_proj", layer->self_attn->q_proj);
-    out.emplace_back(p + "self_attn.k_proj", layer->self_attn->k_proj);
-    out.emplace_back(p + "self_attn.v_proj", layer->self_attn->v_proj);
+    if (c_.fused) {
+      out.emplace_back(p + "self_attn.qkv_proj", layer->self_attn->qkv_proj);
+    } else {
+      out.emplace_back(p + "self_attn.q_proj", layer->self_attn->q_proj);
+      out.emplace_back(p + "self_attn.k_proj", layer->self_attn->k_proj);
+      out.emplace_back(p + "self_attn.v_proj", layer->self_attn->v_proj);
+    }
     out.emplace_back(p + "self_attn.o_proj", layer->self_attn->o_proj);
-    out.emplace_back(p + "mlp.gate_proj", layer->mlp->gate_proj);
-    out.emplace_back(p + "mlp.up_proj", layer->mlp->up_proj);
+    if (c_.fused) {
+      out.emplace_back(p + "mlp.gate_up_proj", layer->mlp->gate_up_proj);
+    } else {
+      out.emplace_back(p + "mlp.gate_proj", layer->mlp->gate_proj);
+      out.emplace_back(p + "mlp.up_proj", layer->mlp->up_proj);
+    }
     out.emplace_back(p + "mlp.down_proj", layer->mlp->down_proj);
   }
   return out;

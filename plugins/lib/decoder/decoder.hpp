@@ -58,46 +58,71 @@ void check_nf4_block(const Config& c, std::int64_t block, const std::string& pre
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype = at::kFloat);
+  /// gemma: scales by (1 + weight) in fp32 before rounding to x's dtype
+  /// (Gemma2RMSNorm), its weight starting at 0; else LLaMA's weight * x
+  /// rounded, the weight starting at 1.
+  RMSNormImpl(std::int64_t dim, double eps, at::ScalarType dtype = at::kFloat, bool gemma = false);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
 
  private:
   double eps_;
+  bool gemma_ = false;
 };
 TORCH_MODULE(RMSNorm);
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const Config& c, const Build& b = {});
-  /// cache: this layer's keys and values of earlier positions, extended in place
+  /// `layer`: its index, which says whether it slides (Config::sliding)
+  explicit AttentionImpl(const Config& c, const Build& b = {}, std::int64_t layer = 0);
+  /// cache: this layer's keys and values of earlier positions, extended in
+  /// place; window: the sliding-window mask [T, S] (true: attend) when this
+  /// layer's window is shorter than the S positions seen, else undefined
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     std::pair<at::Tensor, at::Tensor>* cache = nullptr);
-  wick::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {});
+  /// q_proj, k_proj, v_proj; or (Config::fused, Phi-3) qkv_proj alone
+  wick::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< Config::qk_norm (Qwen3)
+  bool slides() const { return slides_; }
 
  private:
   Config c_;
+  bool slides_ = false;
 };
 TORCH_MODULE(Attention);
 
 class MlpImpl : public torch::nn::Module {
  public:
   explicit MlpImpl(const Config& c, const Build& b = {});
+  /// act(gate) * up through down: SwiGLU, or GeGLU (gelu, tanh approximation) for Gemma
   at::Tensor forward(const at::Tensor& x);
-  wick::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  /// gate_proj and up_proj; or (Config::fused, Phi-3) gate_up_proj, gate's rows first
+  wick::Linear gate_proj{nullptr}, up_proj{nullptr}, gate_up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  bool gelu_ = false;
 };
 TORCH_MODULE(Mlp);
 
 class LayerImpl : public torch::nn::Module {
  public:
-  explicit LayerImpl(const Config& c, const Build& b = {});
+  explicit LayerImpl(const Config& c, const Build& b = {}, std::int64_t index = 0);
   at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                     std::pair<at::Tensor, at::Tensor>* cache = nullptr);
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {});
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  /// Gemma: the MLP's input and output norms (post_attention_layernorm then
+  /// normalises the attention's output)
+  RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
 };
 TORCH_MODULE(Layer);
+
+/// The sliding-window causal mask [T, S] (true: attend) of T new positions
+/// after S - T earlier ones: position p sees p - window + 1 .. p, as
+/// transformers' sliding_window_causal mask; undefined when no position
+/// reaches past the window (plain causal attention then).
+at::Tensor sliding_window_mask(std::int64_t window, std::int64_t T, std::int64_t S, at::Device device);
 
 /// LlamaModel: embed_tokens, layers, norm.
 class BodyImpl : public torch::nn::Module {
@@ -153,8 +178,9 @@ std::int64_t budget_loss_chunk(std::int64_t vocab);
 /// [vocab, hidden] buffer exists beside the gradient; the lookup's own
 /// contribution then runs w's accumulation (and its hooks, as a rank's
 /// gradient reduction needs).
+/// softcap > 0: the logits are softcap * tanh(logits / softcap) (Gemma 2's final_logit_softcapping).
 std::pair<at::Tensor, at::Tensor> chunked_head_loss(const at::Tensor& h, const at::Tensor& w, const at::Tensor& labels,
-                                                    std::int64_t chunk, bool into_grad = false);
+                                                    std::int64_t chunk, bool into_grad = false, double softcap = 0);
 
 /// Sampling of the next token from the last position's logits (greedy when
 /// temperature is 0).
@@ -242,6 +268,8 @@ class Decoder {
   Config c_;
   std::string prefix_;
   at::Tensor inv_freq_, original_inv_freq_;
+  at::Tensor local_inv_freq_;
+  std::int64_t padding_idx_ = -1;  // pad_token_id: its row of the lookup gets no gradient, as nn.Embedding's padding_idx  // Gemma 3's sliding layers: their own base, unscaled
   double rope_scale_ = 1.0;        // cos and sin times this (yarn's attention factor)
   std::int64_t rope_cached_ = 0;   // dynamic: the sequence length inv_freq_ was made for
   std::int64_t loss_chunk_ = kDefaultLossChunk;

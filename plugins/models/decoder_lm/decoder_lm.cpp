@@ -1,7 +1,10 @@
-// model `decoder_lm`: the LLaMA / Qwen2 decoder (decoder.hpp: token embedding,
-// RMSNorm, rotary position embeddings, grouped-query attention through
-// LibTorch's scaled-dot-product attention with a causal mask, SwiGLU MLP,
-// optional q/k/v bias, tied or separate output head), with Hugging Face's
+// model `decoder_lm`: the LLaMA / Mistral / Qwen2 / Qwen3 / Phi-3 / Gemma 2 / Gemma 3 decoder
+// (decoder.hpp: token embedding, RMSNorm, rotary position embeddings, partial
+// with Phi-3, grouped-query attention through LibTorch's scaled-dot-product
+// attention with a causal or sliding-window mask, SwiGLU MLP, optional q/k/v
+// bias, Qwen3's q/k norms, Phi-3's fused projections, Gemma's (1 + weight)
+// norms, scaled embedding, GeGLU, sandwich norms and soft-capping, tied or
+// separate output head), with Hugging Face's
 // parameter names, so a folder saved by `transformers` loads unchanged and
 // wick's weights load back into `transformers`.
 //
@@ -124,4 +127,4 @@ wick::OptionSchema schema() {
 }  // namespace
 
 WICK_PLUGIN(wick::plugin<DecoderLM>("decoder_lm",
-                                          "LLaMA/Qwen2 decoder language model (Hugging Face names and folders)", schema()))
+                                          "LLaMA/Mistral/Qwen2/Qwen3/Phi-3/Gemma 2/Gemma 3 decoder language model (Hugging Face names and folders)", schema()))
