@@ -78,6 +78,12 @@ CASES = [
     Case("max_position_embeddings zero", ["generate", "m", "tokenizer=bytes", "max_new_tokens=1"],
          r"decoder_lm: m/config\.json: max_position_embeddings is 0, expected an integer of at least 1",
          setup=folder(max_position_embeddings=0)),
+    Case("save_pretrained with a tokenizer that is not there", ["run", "r.lua"],
+         r"r\.lua:3: save_pretrained: cannot read the tokenizer t\.json: No such file or directory$",
+         setup=lambda d: (d / "r.lua").write_text(
+             'local wick = require "wick"\n'
+             'local m = wick.model("decoder_lm", { vocab_size = 16, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2 })\n'
+             'wick.save_pretrained(m, "out", "t.json")\n')),
     recipe("on_token not a function", "{ on_token = 3 }", r"r\.lua:3: generate: option 'on_token': expected a function, got number"),
     recipe("on_token raises", '{ max_new_tokens = 2, on_token = function(id) error("stop here") end }',
            r"r\.lua:3: generate: on_token: r\.lua:3: stop here"),
