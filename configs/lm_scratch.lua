@@ -33,5 +33,5 @@ local run = wick.train {
 
 print("after:  This License " .. sample())
 local out = wick.args.out or "runs/lm_scratch"
-wick.save_pretrained(model, out .. "/model")  -- wick generate runs/lm_scratch/model prompt="This License "
+wick.save_pretrained(model, out .. "/model")  -- wick generate runs/lm_scratch/model tokenizer=bytes prompt="This License "
 print(string.format("final loss %.3f (%.2f bits per byte), %d steps", run.final_loss, run.final_loss / math.log(2), run.steps))

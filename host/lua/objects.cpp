@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 
+#include "dist/group.hpp"
 #include "plugin/registry.hpp"
 #include "train/freeze.hpp"
 #include "train/inspect.hpp"
@@ -14,9 +15,17 @@
 namespace wick::lua {
 namespace {
 
+// Files of the model (model:save, lora:save) are written by rank 0 alone:
+// every rank holds the same weights, and a recipe calls save on each (ranks
+// writing one path at once would each write it whole). The others check
+// their arguments as rank 0 does and go on: no collective, so a save that
+// only rank 0 makes (if wick.is_main() then ... end) stays correct.
+bool writes_files() { return dist_env().rank == 0; }
+
 int model_save(lua_State* L) {
   auto m = check_model(L, 1, "save");
-  save_model(*m, check_string(L, 2, "save"));
+  const std::string path = check_string(L, 2, "save");
+  if (writes_files()) save_model(*m, path);
   return 0;
 }
 
@@ -242,7 +251,9 @@ int transform_apply(lua_State* L) {
 
 int transform_save(lua_State* L) {
   auto& t = check_transform(L, "save");
-  t.save(*check_model(L, 2, "save"), check_string(L, 3, "save"));
+  auto m = check_model(L, 2, "save");
+  const std::string dir = check_string(L, 3, "save");
+  if (writes_files()) t.save(*m, dir);
   return 0;
 }
 

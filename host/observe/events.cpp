@@ -96,17 +96,12 @@ void EventWriter::scalars(std::int64_t step, const std::vector<std::pair<std::st
     auto* summary = last_scalars_->mutable_summary();
     for (const auto& [tag, v] : values) {
       last_tags_.push_back(tag);
+      // Summary.Value.simple_value, as torch.utils.tensorboard's add_scalar
+      // writes it: what every reader of scalars reads (the event
+      // accumulator's Scalars, the data server behind the UI)
       auto* val = summary->add_value();
       val->set_tag(tag);
-      auto* md = val->mutable_metadata();
-      md->mutable_plugin_data()->set_plugin_name("scalars");
-      md->set_data_class(tb::DATA_CLASS_SCALAR);
-      auto* t = val->mutable_tensor();
-      // float32: TensorBoard's data server (what its UI reads through) drops
-      // scalars of any other dtype
-      t->set_dtype(tb::DT_FLOAT);
-      t->mutable_tensor_shape();  // rank 0
-      t->add_float_val(0);
+      val->set_simple_value(0);
     }
   }
   tb::Event& e = *last_scalars_;
@@ -114,7 +109,7 @@ void EventWriter::scalars(std::int64_t step, const std::vector<std::pair<std::st
   e.set_step(step);
   auto* summary = e.mutable_summary();
   for (std::size_t i = 0; i < values.size(); ++i)
-    summary->mutable_value(static_cast<int>(i))->mutable_tensor()->set_float_val(0, static_cast<float>(values[i].second));
+    summary->mutable_value(static_cast<int>(i))->set_simple_value(static_cast<float>(values[i].second));
   write_record(e.SerializeAsString());
   if (flush_now) flush();
 }

@@ -23,9 +23,10 @@ std::uint32_t crc32c(std::string_view data);
 std::uint32_t masked_crc32c(std::string_view data);
 
 /// Writes one event file `events.out.tfevents.<seconds>.<host>.<pid>.<n>` in
-/// a folder. Scalars are float32 scalar tensors under TensorBoard's scalars
-/// plugin (the only dtype TensorBoard's data server shows; metrics.jsonl keeps
-/// the doubles); text goes to the text plugin.
+/// a folder. Scalars are Summary.Value.simple_value (float32), as
+/// torch.utils.tensorboard writes them and TensorBoard's readers take them
+/// (the event accumulator's Scalars, the data server's scalars plugin;
+/// metrics.jsonl keeps the doubles); text goes to the text plugin.
 /// Every call writes whole records and flushes them (scalars: unless told
 /// not to, when the caller flushes a group): a reader (or a crash) sees
 /// complete steps.

@@ -3,7 +3,10 @@
 a token is made); a prompt plus max_new_tokens beyond the model's context
 (max_position_embeddings) is refused, not generated into positions the model
 never learned; a recipe's on_token callback that is not a function, or that
-fails, is named."""
+fails, is named. A model folder without a tokenizer.json is refused (its ids
+printed as bytes would be text that means nothing), naming the folder, the
+tokenizer files it does hold and what to pass, unless tokenizer=bytes says the
+model was trained on bytes."""
 from harness import Case
 from hf_files import write_decoder
 
@@ -13,7 +16,7 @@ def folder(**changes):
 
 
 def gen(name, args, message, setup=folder()):
-    return Case(name, ["generate", "m", "prompt=hi", *args], "generate: " + message, setup=setup)
+    return Case(name, ["generate", "m", "tokenizer=bytes", "prompt=hi", *args], "generate: " + message, setup=setup)
 
 
 def recipe(name, options, message, prompt="{1, 2}"):
@@ -24,7 +27,34 @@ def recipe(name, options, message, prompt="{1, 2}"):
     return Case(name, ["run", "r.lua"], message, setup=lambda d: (d / "r.lua").write_text(body))
 
 
+NO_TOKENIZER = (r"generate: the model folder m has no tokenizer\.json{}, so the ids the model makes cannot be turned "
+                r"into text: pass tokenizer=PATH \(a tokenizer\.json, or a folder holding one\), or tokenizer=bytes "
+                r"for a model trained on UTF-8 bytes .*or save the tokenizer with the model "
+                r"\(wick\.save_pretrained\(model, dir, tokenizer_json\)\)$")
+
+
+def with_files(*names):
+    def setup(d):
+        write_decoder(d / "m")
+        for n in names:
+            (d / "m" / n).write_text("{}\n")
+    return setup
+
+
 CASES = [
+    Case("model folder without a tokenizer", ["generate", "m", "prompt=hi"], NO_TOKENIZER.format(" and no other tokenizer files"),
+         setup=folder()),
+    Case("model folder with a sentencepiece tokenizer only", ["generate", "m", "prompt=hi"],
+         NO_TOKENIZER.format(r" \(it holds tokenizer\.model, tokenizer_config\.json, which wick does not read: it "
+                             r"reads the tokenizer\.json that Hugging Face's tokenizers library saves\)"),
+         setup=with_files("tokenizer.model", "tokenizer_config.json")),
+    Case("tokenizer= a folder without tokenizer.json", ["generate", "m", "prompt=hi", "tokenizer=t"],
+         r"generate: tokenizer=t is a folder without a tokenizer\.json, expected a tokenizer\.json file, a folder "
+         r"holding one, or bytes", setup=lambda d: (write_decoder(d / "m"), (d / "t").mkdir())),
+    Case("tokenizer= a file that is not there", ["generate", "m", "prompt=hi", "tokenizer=t.json"],
+         r"generate: tokenizer=t\.json: no such file, expected a tokenizer\.json file, a folder holding one, or bytes",
+         setup=folder()),
+
     gen("unknown generate key", ["foo=1"], r"unknown option 'foo' \(known options: max_new_tokens, "),
     gen("top_p not a number", ["top_p=nan"], r"option 'top_p': expected number, got string \"nan\""),
     gen("top_p zero", ["top_p=0"], r"option 'top_p': expected a value in \(0, 1\], got number 0"),
@@ -45,9 +75,15 @@ CASES = [
     gen("prompt longer than the context", ["prompt=a-long-prompt", "max_new_tokens=1"],
         r"a prompt of 13 tokens and max_new_tokens=1 exceed the model's context of 8 positions "
         r"\(max_position_embeddings\), expected a prompt shorter than 8 tokens", setup=folder(max_position_embeddings=8)),
-    Case("max_position_embeddings zero", ["generate", "m", "max_new_tokens=1"],
+    Case("max_position_embeddings zero", ["generate", "m", "tokenizer=bytes", "max_new_tokens=1"],
          r"decoder_lm: m/config\.json: max_position_embeddings is 0, expected an integer of at least 1",
          setup=folder(max_position_embeddings=0)),
+    Case("save_pretrained with a tokenizer that is not there", ["run", "r.lua"],
+         r"r\.lua:3: save_pretrained: cannot read the tokenizer t\.json: No such file or directory$",
+         setup=lambda d: (d / "r.lua").write_text(
+             'local wick = require "wick"\n'
+             'local m = wick.model("decoder_lm", { vocab_size = 16, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2 })\n'
+             'wick.save_pretrained(m, "out", "t.json")\n')),
     recipe("on_token not a function", "{ on_token = 3 }", r"r\.lua:3: generate: option 'on_token': expected a function, got number"),
     recipe("on_token raises", '{ max_new_tokens = 2, on_token = function(id) error("stop here") end }',
            r"r\.lua:3: generate: on_token: r\.lua:3: stop here"),

@@ -16,7 +16,7 @@ def config(**changes):
 
 
 def gen(name, setup, message, rc=1):
-    return Case(name, ["generate", "m", "max_new_tokens=2"], message, setup=setup, rc=rc)
+    return Case(name, ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"], message, setup=setup, rc=rc)
 
 
 def sharded(weight_map=None, shards=("a.safetensors", "b.safetensors"), extra=None):

@@ -23,10 +23,10 @@ def load(name, body, message, **changes):
 MODEL = 'local m = wick.model("decoder_lm", {{ path = "m"{} }})\n'
 
 CASES = [
-    Case("torch_dtype int8", ["generate", "m", "max_new_tokens=2"],
+    Case("torch_dtype int8", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"],
          CFG + r"torch_dtype is \"int8\", expected float32, bfloat16 or float16",
          setup=lambda d: write_decoder(d / "m", torch_dtype="int8")),
-    Case("dtype a number", ["generate", "m", "max_new_tokens=2"], CFG + r"dtype is 16, expected a string",
+    Case("dtype a number", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"], CFG + r"dtype is 16, expected a string",
          setup=lambda d: write_decoder(d / "m", dtype=16)),
     load("quantize int4", MODEL.format(', quantize = "int4"'),
          r"r\.lua:2: model 'decoder_lm': option 'quantize': expected one of .*nf4.*, got string \"?int4"),

@@ -24,7 +24,7 @@ def t(dtype, shape, offsets):
 
 
 def gen(name, setup, message):
-    return Case(name, ["generate", "m", "max_new_tokens=2"], r"corrupt safetensors file m/model\.safetensors: " + message,
+    return Case(name, ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"], r"corrupt safetensors file m/model\.safetensors: " + message,
                 setup=setup)
 
 
@@ -106,7 +106,7 @@ CASES = [
         r"header length 1000 exceeds the file size 10"),
     gen("file shorter than 8 bytes", lambda d: write_decoder(d / "m", weights=b"\x02\0"),
         r"shorter than its 8-byte header length"),
-    Case("folder given as the weights file", ["generate", "m", "max_new_tokens=2"],
+    Case("folder given as the weights file", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"],
          r"safetensors file m/model\.safetensors is a directory, expected a \.safetensors file",
          setup=lambda d: (write_decoder(d / "m"), (d / "m" / F).unlink(), (d / "m" / F).mkdir())),
     Case("recipe loads a folder as a safetensors file", ["run", "r.lua"],
@@ -122,12 +122,12 @@ CASES = [
                                              bytes(8)))),
     # another kind of file under the name: said to be no safetensors file, its
     # first 8 bytes not echoed as a header length, a link's target named
-    Case("model.safetensors a link to a text file", ["generate", "m", "max_new_tokens=2"],
+    Case("model.safetensors a link to a text file", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"],
          r"^wick: .*m/model\.safetensors \(a link to /.*/notes\.txt\) is not a safetensors file: it does not start with "
          r"the 8-byte length of a JSON header that fits in its 26 bytes, expected a safetensors file",
          setup=lambda d: (write_decoder(d / "m"), (d / "notes.txt").write_text("these are not the weights\n"),
                           (d / "m" / F).unlink(), (d / "m" / F).symlink_to(d / "notes.txt"))),
-    Case("model.safetensors a text file", ["generate", "m", "max_new_tokens=2"],
+    Case("model.safetensors a text file", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"],
          r"^wick: .*m/model\.safetensors is not a safetensors file: it does not start with the 8-byte length",
          setup=lambda d: write_decoder(d / "m", weights=b"version https://git-lfs.github.com/spec/v1\n")),
 ]

@@ -40,9 +40,12 @@ do
 end
 
 --- This process among the ranks (torchrun-style variables or SLURM's):
--- wick.rank, wick.world_size, wick.local_rank.
+-- wick.rank, wick.world_size, wick.local_rank (0, 1, 0 for one process);
+-- wick.is_main(): whether this is rank 0, the rank that writes the run's
+-- files and what model:save and wick.save_pretrained write.
 local dist = core.dist()
 wick.rank, wick.world_size, wick.local_rank = dist.rank, dist.world_size, dist.local_rank
+function wick.is_main() return wick.rank == 0 end
 
 --- Plugins: wick.model(name, opts), wick.data(name, opts), wick.optim(name, opts).
 -- `name` is a plugin name or a path to a plugin .so.
@@ -100,7 +103,9 @@ end
 
 --- A model folder that `transformers` and `wick generate` read: config.json
 -- (for models that describe one, like decoder_lm) and model.safetensors;
--- `tokenizer` (a tokenizer.json path) is copied beside them.
+-- `tokenizer` (a tokenizer.json path) is copied beside them. Called from
+-- every rank, rank 0 writes the folder and the others go on (after the same
+-- checks, so a model that cannot be saved fails on every rank).
 function wick.save_pretrained(model, dir, tokenizer)
   local cfg = model.hf_config
   if not cfg then error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0) end
@@ -113,11 +118,20 @@ function wick.save_pretrained(model, dir, tokenizer)
       .. "(qlora:merge(model) turns the layers it adapted back into float weights), or save the adapters alone "
       .. "(qlora:save(model, dir)), or load the model without quantize to save it whole", 0)
   end
+  local f
+  if tokenizer then
+    local err
+    f, err = io.open(tokenizer, "rb")
+    if not f then error(core.where() .. "save_pretrained: cannot read the tokenizer " .. tostring(err), 0) end
+  end
+  if not wick.is_main() then
+    if f then f:close() end
+    return
+  end
   core.mkdirs(dir)
   core.write_file(dir .. "/config.json", cfg .. "\n")
   model:save(dir .. "/model.safetensors")
-  if tokenizer then
-    local f = assert(io.open(tokenizer, "rb"))
+  if f then
     core.write_file(dir .. "/tokenizer.json", f:read("*a"))
     f:close()
   end

@@ -167,6 +167,52 @@ def test_checkpoint_is_written_once_and_resumes_with_another_rank_count(tmp_path
     assert_same_weights(tmp_path / "resumed.safetensors", tmp_path / "unbroken.safetensors")
 
 
+SAVE_FROM_EVERY_RANK = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 32, inputs = 8, classes = 3, seed = 4 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 12 }, outputs = 3 })
+wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4, epochs = 1,
+  quiet = true }
+-- each rank its own decoder weights: the folder shows whose were written
+wick.seed(7 + wick.rank)
+local lm = wick.model("decoder_lm", { vocab_size = 16, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2 })
+-- rank 1 saves last: had it written, its weights would be what the files hold
+if wick.rank == 1 then os.execute("sleep 1") end
+model:save(a.dest .. "/model.safetensors")
+lm:save(a.dest .. "/lm.safetensors")
+wick.save_pretrained(lm, a.dest .. "/lm", a.tok)
+print(string.format("rank %d of %d is_main %s", wick.rank, wick.world_size, tostring(wick.is_main())))
+"""
+
+
+def test_saving_from_every_rank_writes_once_from_rank_0(tmp_path, run_wick):
+    """model:save and wick.save_pretrained called on every rank: rank 0
+    writes each file once, whole; the other ranks go on, and the run exits 0.
+    wick.is_main() is rank 0."""
+    recipe = tmp_path / "save.lua"
+    recipe.write_text(SAVE_FROM_EVERY_RANK)
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text('{"model": {}}\n')
+    out = tmp_path / "out"
+    p = run_wick("launch", "--nproc-per-node", 2, recipe, f"dest={out}", f"tok={tok}")
+    assert "rank 0 of 2 is_main true" in p.stdout
+    assert "[rank 1] rank 1 of 2 is_main false" in p.stdout
+    # one intact file each, no temporary left behind
+    assert sorted(f.name for f in out.iterdir()) == ["lm", "lm.safetensors", "model.safetensors"]
+    assert sorted(f.name for f in (out / "lm").iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (out / "lm" / "tokenizer.json").read_text() == tok.read_text()
+    assert len(weights(out / "model.safetensors")) == 4  # the MLP's two weights and biases
+    # the files hold rank 0's decoder (seed 7), as one process makes it, not rank 1's
+    one = tmp_path / "one"
+    p = run_wick("run", recipe, f"dest={one}", f"tok={tok}")
+    assert "rank 0 of 1 is_main true" in p.stdout
+    want = weights(one / "lm.safetensors")
+    for f in (out / "lm.safetensors", out / "lm" / "model.safetensors"):
+        got = weights(f)
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), f
+
+
 def test_ranks_with_different_options_are_refused(tmp_path, run_wick):
     r = tmp_path / "r.lua"
     r.write_text(RECIPE.replace("micro_batch = a.micro", "micro_batch = a.micro + wick.rank"))

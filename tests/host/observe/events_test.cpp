@@ -62,6 +62,10 @@ TEST(EventWriter, WritesWholeFramedRecords) {
   EXPECT_EQ(records, 3);  // file version, scalars of step 1, text
   EXPECT_NE(data.find("brain.Event:2"), std::string::npos);
   EXPECT_NE(data.find("train/loss"), std::string::npos);
+  // train/loss = 0.5 as Summary.Value.simple_value: field 2, wire type 5
+  // (key 0x15), then 0.5f little-endian; as torch.utils.tensorboard writes it
+  EXPECT_NE(data.find(std::string("\x0atrain/loss\x15\x00\x00\x00\x3f", 16)), std::string::npos);
+  EXPECT_EQ(data.find("scalars"), std::string::npos);  // no tensor summary under the scalars plugin
   fs::remove_all(dir);
 }
 

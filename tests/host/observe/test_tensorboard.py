@@ -1,8 +1,11 @@
 """Event files read back with TensorBoard's own readers: the Python event
-accumulator (which checks both masked CRC-32C of every record) and the Rust
-data server that TensorBoard's UI queries. Every scalar of every step in
-metrics.jsonl must read back equal, under the tag wick's documented mapping
-gives it, at float32 (TensorBoard's scalar type)."""
+accumulator (EventAccumulator.Scalars, which checks both masked CRC-32C of
+every record), the plugin accumulator behind TensorBoard's Python backend, and
+the Rust data server that TensorBoard's UI queries. Every scalar of every step
+in metrics.jsonl must read back equal, under the tag wick's documented mapping
+gives it, at float32 (TensorBoard's scalar type). Scalars are
+Summary.Value.simple_value, as torch.utils.tensorboard's add_scalar writes
+them."""
 import json
 import os
 import socket
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 
 from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
 from tensorboard.util import tensor_util
 
@@ -66,6 +70,13 @@ def records(out):
     return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def scalars(out, tag):
+    """(step, value) of a tag as TensorBoard's EventAccumulator reads it."""
+    ea = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    ea.Reload()
+    return [(e.step, e.value) for e in ea.Scalars(tag)]
+
+
 def expected(out):
     want = {}
     for r in records(out):
@@ -79,21 +90,32 @@ def test_every_scalar_reads_back_equal(run_wick, tmp_path, precision):
     out, recipe = run_recipe(run_wick, tmp_path, precision)
     files = list(out.glob("events.out.tfevents.*"))
     assert len(files) == 1
-    acc = pea.EventAccumulator(str(out), size_guidance={pea.TENSORS: 0})
-    acc.Reload()
     want = expected(out)
-    got_tags = set(acc.Tags()["tensors"])
     assert {"train/loss", "train/lr", "train/grad_norm", "train/items_per_s", "memory/resident", "eval/loss",
             "train/lr_x2", "eval/loss_plus_1"} <= set(want)
     if precision == "fp16-mixed":
         assert "train/loss_scale" in want
         skipped = [s for s, v in want["train/skipped"] if v == 1]
         assert skipped and all(s not in skipped for s, _ in want["train/grad_norm"])
-    assert set(want) | {"recipe", "options"} == got_tags
+    # TensorBoard's EventAccumulator, as a user reads a run: every scalar
+    # under Scalars, at the steps and float32 values metrics.jsonl gives
+    ea = EventAccumulator(str(out), size_guidance={"scalars": 0, "tensors": 0})
+    ea.Reload()
+    assert set(ea.Tags()["scalars"]) == set(want)
+    assert set(ea.Tags()["tensors"]) == {"recipe", "options"}
+    for tag, series in want.items():
+        assert [(e.step, e.value) for e in ea.Scalars(tag)] == series, tag  # exact, at float32
+    assert [(e.step, e.value) for e in ea.Scalars("train/loss")] == \
+        [(r["step"], float(np.float32(r["loss"]))) for r in records(out) if not r.get("eval")]
+    # the plugin accumulator (TensorBoard's Python backend) takes simple_value
+    # as the scalars plugin's float32 tensors
+    acc = pea.EventAccumulator(str(out), size_guidance={pea.TENSORS: 0})
+    acc.Reload()
+    assert set(want) | {"recipe", "options"} == set(acc.Tags()["tensors"])
     for tag, series in want.items():
         assert acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
         got = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors(tag)]
-        assert got == series, tag  # exact, at float32
+        assert got == series, tag
     steps = [r["step"] for r in records(out) if not r.get("eval")]
     assert steps == list(range(1, 25))
     text = tensor_util.make_ndarray(acc.Tensors("recipe")[0].tensor_proto).item().decode()
@@ -107,7 +129,9 @@ def test_records_are_framed_with_masked_crc32c(run_wick, tmp_path):
     """TFRecord framing checked byte by byte with TensorBoard's CRC-32C."""
     out, _ = run_recipe(run_wick, tmp_path)
     data = next(out.glob("events.out.tfevents.*")).read_bytes()
+    from tensorboard.compat.proto import event_pb2
     pos, n = 0, 0
+    events = []
     while pos < len(data):
         header = data[pos:pos + 8]
         (length,) = struct.unpack("<Q", header)
@@ -116,11 +140,22 @@ def test_records_are_framed_with_masked_crc32c(run_wick, tmp_path):
         body = data[pos + 12:pos + 12 + length]
         (dcrc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
         assert dcrc == stub.masked_crc32c(body)
+        events.append(event_pb2.Event.FromString(body))
         pos += 16 + length
         n += 1
     assert pos == len(data)
     # file version, session start, recipe, options, 24 steps, 5 evaluations
     assert n == 4 + 24 + 5
+    assert events[0].file_version == "brain.Event:2"
+    assert events[1].session_log.status == event_pb2.SessionLog.START
+    kinds = [e.WhichOneof("what") for e in events]
+    assert kinds == ["file_version", "session_log"] + ["summary"] * (n - 2)
+    # scalars: Summary.Value.simple_value (field 2), as torch.utils.tensorboard writes them
+    steps = [e for e in events[2:] if any(v.tag == "train/loss" for v in e.summary.value)]
+    assert [e.step for e in steps] == list(range(1, 25))
+    for e in events[2:]:
+        for v in e.summary.value:
+            assert v.WhichOneof("value") == ("tensor" if v.tag in ("recipe", "options") else "simple_value"), v.tag
     # a flipped bit is caught by the reader
     bad = bytearray(data)
     bad[-6] ^= 0x10
@@ -144,12 +179,9 @@ def test_resumed_run_continues_the_series(run_wick, tmp_path):
     time.sleep(1.1)  # event file names carry the second they were opened in
     run_wick("run", recipe)
     assert len(list(out.glob("events.out.tfevents.*"))) == 2
-    acc = pea.EventAccumulator(str(out), size_guidance={pea.TENSORS: 0})
-    acc.Reload()
-    steps = [e.step for e in acc.Tensors("train/loss")]
-    assert steps == list(range(1, 25))
-    assert [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("train/loss")] == \
-        expected(out)["train/loss"]
+    got = scalars(out, "train/loss")
+    assert [s for s, _ in got] == list(range(1, 25))
+    assert got == expected(out)["train/loss"]
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "finished" and meta["resumed"] == 1 and meta["steps"] == 24
 
@@ -170,9 +202,7 @@ def test_steps_run_again_after_a_resume_are_read_once(run_wick, tmp_path):
     first = {r["step"]: r["loss"] for r in records(out) if not r.get("eval")}
     time.sleep(1.1)
     run_wick("run", recipe, "lr_scale=1")  # (an unused key: the run itself is the same)
-    acc = pea.EventAccumulator(str(out), size_guidance={pea.TENSORS: 0})
-    acc.Reload()
-    got = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item()) for e in acc.Tensors("train/loss")]
+    got = scalars(out, "train/loss")
     assert [s for s, _ in got] == list(range(1, 25))
     assert got == expected(out)["train/loss"]
     # steps 9 and 10 are the resumed run's (equal to the first's here: the same weights and data)
