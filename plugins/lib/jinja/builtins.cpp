@@ -1,5 +1,7 @@
 #include "lib/jinja/builtins.hpp"
 
+#include "lib/jinja/text.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -24,29 +26,17 @@ Value missing_attr(const Value& obj, const std::string& name) {
   return Value::undefined("'" + object_type(obj) + "' has no attribute '" + name + "'");
 }
 
-bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::string strip(const std::string& s, const std::optional<Value>& chars, bool left, bool right) {
-  auto drop = [&](unsigned char c) {
-    if (!chars || chars->is_none()) return is_ws(c);
-    return chars->s.find(char(c)) != std::string::npos;
-  };
-  std::size_t b = 0, e = s.size();
-  if (left)
-    while (b < e && drop(s[b])) ++b;
-  if (right)
-    while (e > b && drop(s[e - 1])) --e;
-  return s.substr(b, e - b);
+  if (chars && !chars->is_none()) {
+    if (!chars->is_string()) error("strip arg must be None or str");
+    return detail::strip(s, &chars->s, left, right);
+  }
+  return detail::strip(s, nullptr, left, right);
 }
 
-std::string upper(std::string s) {
-  for (auto& c : s) c = char(std::toupper((unsigned char)c));
-  return s;
-}
-std::string lower(std::string s) {
-  for (auto& c : s) c = char(std::tolower((unsigned char)c));
-  return s;
-}
+std::string upper(const std::string& s) { return to_upper(s); }
+std::string lower(const std::string& s) { return to_lower(s); }
 
 std::string replace(const std::string& s, const std::string& from, const std::string& to, std::int64_t count) {
   std::string out;
@@ -78,19 +68,20 @@ std::string replace(const std::string& s, const std::string& from, const std::st
 List split(const std::string& s, const std::optional<Value>& sep, std::int64_t maxsplit) {
   List out;
   if (!sep || sep->is_none()) {
+    auto cps = decode(s);
     std::size_t k = 0;
     while (true) {
-      while (k < s.size() && is_ws(s[k])) ++k;
-      if (k >= s.size()) break;
+      while (k < cps.size() && is_space(cps[k])) ++k;
+      if (k >= cps.size()) break;
       if (maxsplit >= 0 && std::int64_t(out.size()) >= maxsplit) {
-        std::size_t e = s.size();
-        while (e > k && is_ws(s[e - 1])) --e;
-        out.push_back(Value::string(s.substr(k, e - k)));
+        std::size_t e = cps.size();
+        while (e > k && is_space(cps[e - 1])) --e;
+        out.push_back(Value::string(encode({cps.begin() + k, cps.begin() + e})));
         break;
       }
       std::size_t j = k;
-      while (j < s.size() && !is_ws(s[j])) ++j;
-      out.push_back(Value::string(s.substr(k, j - k)));
+      while (j < cps.size() && !is_space(cps[j])) ++j;
+      out.push_back(Value::string(encode({cps.begin() + k, cps.begin() + j})));
       k = j;
     }
     return out;
@@ -134,25 +125,7 @@ bool affix(const std::string& s, const Value& x, bool start) {
   return one(x);
 }
 
-std::string capitalize(const std::string& s) {
-  if (s.empty()) return s;
-  std::string out = lower(s);
-  out[0] = char(std::toupper((unsigned char)out[0]));
-  return out;
-}
-
-// Python's str.title: a letter after a non-letter starts a word.
-std::string py_title(const std::string& s) {
-  std::string out = s;
-  bool prev_cased = false;
-  for (auto& c : out) {
-    unsigned char u = c;
-    bool alpha = std::isalpha(u);
-    if (alpha) c = char(prev_cased ? std::tolower(u) : std::toupper(u));
-    prev_cased = alpha || u >= 0x80;
-  }
-  return out;
-}
+std::string py_title(const std::string& s) { return title(s); }
 
 Value string_method(const std::string& s, const std::string& name) {
   auto m = [](auto f) { return Value::function(f); };
@@ -245,16 +218,18 @@ Value string_method(const std::string& s, const std::string& name) {
     });
   auto all_of = [&](auto pred) {
     return m([s, pred](Args&) {
-      if (s.empty()) return Value::boolean(false);
-      for (unsigned char c : s)
+      auto cps = decode(s);
+      if (cps.empty()) return Value::boolean(false);
+      for (char32_t c : cps)
         if (!pred(c)) return Value::boolean(false);
       return Value::boolean(true);
     });
   };
-  if (name == "isdigit" || name == "isnumeric" || name == "isdecimal") return all_of([](unsigned char c) { return std::isdigit(c) != 0; });
-  if (name == "isalpha") return all_of([](unsigned char c) { return std::isalpha(c) != 0 || c >= 0x80; });
-  if (name == "isalnum") return all_of([](unsigned char c) { return std::isalnum(c) != 0 || c >= 0x80; });
-  if (name == "isspace") return all_of([](unsigned char c) { return is_ws(c); });
+  auto digit = [](char32_t c) { return c >= '0' && c <= '9'; };
+  if (name == "isdigit" || name == "isnumeric" || name == "isdecimal") return all_of(digit);
+  if (name == "isalpha") return all_of([](char32_t c) { return is_alpha(c); });
+  if (name == "isalnum") return all_of([digit](char32_t c) { return is_alpha(c) || digit(c); });
+  if (name == "isspace") return all_of([](char32_t c) { return is_space(c); });
   if (name == "islower")
     return m([s](Args&) { return Value::boolean(lower(s) == s && upper(s) != s); });
   if (name == "isupper")
@@ -420,18 +395,17 @@ std::unordered_map<std::string, FilterFn> make_filters() {
   f["capitalize"] = [](const Value& v, Args&, const Callbacks&) { return Value::string(capitalize(str(v))); };
   f["title"] = [](const Value& v, Args&, const Callbacks&) {
     // jinja2 splits on runs of "-", whitespace and ({[< and capitalizes each piece
-    std::string s = str(v), out;
+    auto cps = decode(str(v));
+    std::string out;
     std::size_t k = 0;
-    auto sep = [](char c) { return c == '-' || is_ws(c) || c == '(' || c == '{' || c == '[' || c == '<'; };
-    while (k < s.size()) {
+    auto sep = [](char32_t c) { return c == '-' || is_space(c) || c == '(' || c == '{' || c == '[' || c == '<'; };
+    while (k < cps.size()) {
       std::size_t j = k;
-      if (sep(s[k])) {
-        while (j < s.size() && sep(s[j])) ++j;
-        out += s.substr(k, j - k);
-      } else {
-        while (j < s.size() && !sep(s[j])) ++j;
-        out += capitalize(s.substr(k, j - k));
-      }
+      bool is_sep = sep(cps[k]);
+      while (j < cps.size() && sep(cps[j]) == is_sep) ++j;
+      std::string piece = encode({cps.begin() + k, cps.begin() + j});
+      // jinja2: item[0].upper() + item[1:].lower()
+      out += is_sep ? piece : to_upper(encode({cps[k]})) + to_lower(encode({cps.begin() + k + 1, cps.begin() + j}));
       k = j;
     }
     return Value::string(out);
@@ -496,7 +470,7 @@ std::unordered_map<std::string, FilterFn> make_filters() {
     std::string how = method ? str(*method) : "common";
     double x = v.as_double(), scale = std::pow(10.0, double(precision));
     double r = how == "ceil" ? std::ceil(x * scale) / scale : how == "floor" ? std::floor(x * scale) / scale
-                                                                                : std::round(x * scale) / scale;
+                                                                                : std::nearbyint(x * scale) / scale;
     return Value::real(r);
   };
   f["replace"] = [](const Value& v, Args& a, const Callbacks&) {

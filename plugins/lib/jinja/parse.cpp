@@ -305,9 +305,10 @@ class Lexer {
   int line_ = 1;
 };
 
+// jinja2's describe_token: a name or an operator as itself, else the token's kind.
 std::string describe(const Token& t) {
   switch (t.type) {
-    case Tok::kData: return "template data";
+    case Tok::kData: return "template data / text";
     case Tok::kBlockBegin: return "begin of statement block";
     case Tok::kBlockEnd: return "end of statement block";
     case Tok::kVarBegin: return "begin of print statement";
@@ -316,9 +317,11 @@ std::string describe(const Token& t) {
     case Tok::kString: return "string";
     case Tok::kInt: return "integer";
     case Tok::kFloat: return "float";
-    default: return "'" + t.text + "'";
+    default: return t.text;
   }
 }
+
+std::string quoted(const Token& t) { return "'" + describe(t) + "'"; }
 
 class Parser {
  public:
@@ -327,7 +330,7 @@ class Parser {
   std::shared_ptr<Program> run() {
     auto p = std::make_shared<Program>();
     p->body = parse_body({});
-    if (cur().type != Tok::kEof) fail("unexpected " + describe(cur()), cur().line);
+    if (cur().type != Tok::kEof) fail("unexpected " + quoted(cur()), cur().line);
     return p;
   }
 
@@ -348,20 +351,20 @@ class Parser {
     return true;
   }
   void expect_op(const char* op) {
-    if (!skip_op(op)) fail(std::string("expected token '") + op + "', got " + describe(cur()), cur().line);
+    if (!skip_op(op)) fail(std::string("expected token '") + op + "', got " + quoted(cur()), cur().line);
   }
   std::string expect_name() {
-    if (cur().type != Tok::kName) fail("expected token 'name', got " + describe(cur()), cur().line);
+    if (cur().type != Tok::kName) fail("expected token 'name', got " + quoted(cur()), cur().line);
     return next().text;
   }
   void expect_block_end() {
-    if (cur().type != Tok::kBlockEnd) fail("expected token 'end of statement block', got " + describe(cur()), cur().line);
+    if (cur().type != Tok::kBlockEnd) fail("expected token 'end of statement block', got " + quoted(cur()), cur().line);
     ++pos_;
   }
 
   static std::string join_tags(const std::vector<std::string>& tags) {
     std::string s;
-    for (std::size_t k = 0; k < tags.size(); ++k) s += (k ? (k + 1 == tags.size() ? " or " : ", ") : "") + ("'" + tags[k] + "'");
+    for (std::size_t k = 0; k < tags.size(); ++k) s += (k ? " or " : "") + ("'" + tags[k] + "'");
     return s;
   }
 
@@ -391,7 +394,7 @@ class Parser {
         s->kind = StmtKind::kOutput;
         s->line = t.line;
         s->expr = parse_tuple();
-        if (cur().type != Tok::kVarEnd) fail("expected token 'end of print statement', got " + describe(cur()), cur().line);
+        if (cur().type != Tok::kVarEnd) fail("expected token 'end of print statement', got " + quoted(cur()), cur().line);
         ++pos_;
         body.push_back(std::move(s));
       } else if (t.type == Tok::kBlockBegin) {
@@ -405,7 +408,7 @@ class Parser {
         ++pos_;
         body.push_back(parse_statement(ends));
       } else {
-        fail("unexpected " + describe(t), t.line);
+        fail("unexpected " + quoted(t), t.line);
       }
     }
   }
@@ -443,7 +446,7 @@ class Parser {
       open_.push_back("for");
       s->targets.push_back(expect_name());
       while (skip_op(",")) s->targets.push_back(expect_name());
-      if (!skip_name("in")) fail("expected token 'in', got " + describe(cur()), cur().line);
+      if (!skip_name("in")) fail("expected token 'in', got " + quoted(cur()), cur().line);
       s->expr = parse_tuple(/*with_condexpr=*/false);
       if (skip_name("if")) s->filter = parse_expression();
       if (skip_name("recursive")) s->recursive = true;
@@ -544,6 +547,8 @@ class Parser {
   // An expression, or a tuple of them without parentheses (`{{ a, b }}`).
   ExprPtr parse_tuple(bool with_condexpr = true) {
     int line = cur().line;
+    if (cur().type == Tok::kBlockEnd || cur().type == Tok::kVarEnd)
+      fail("Expected an expression, got " + quoted(cur()), line);
     ExprPtr first = with_condexpr ? parse_expression() : parse_or();
     if (!is_op(",")) return first;
     auto t = make(ExprKind::kTuple, line);
@@ -744,7 +749,7 @@ class Parser {
       }
       return d;
     }
-    fail("unexpected " + describe(t), line);
+    fail("unexpected " + quoted(t), line);
   }
 
   ExprPtr constant(Value v, int line) {
@@ -795,7 +800,7 @@ class Parser {
         if (n > 2) fail("expected ']'", cur().line);
         continue;
       }
-      if (parts[n]) fail("expected ':' or ']', got " + describe(cur()), cur().line);
+      if (parts[n]) fail("expected ':' or ']', got " + quoted(cur()), cur().line);
       parts[n] = parse_expression();
     }
     expect_op("]");
