@@ -78,9 +78,20 @@ TEMPLATES = [
     "{% set x = 'outer' %}{% if t %}{% set x = 'if' %}{% endif %}{{ x }}",
     "{% for i in xs %}{% set y = i %}{{ y }}{% endfor %}{{ y }}",
     "{% set d2 = dict(a=1, b='x') %}{{ d2 }} {{ d2 | tojson }}",
+    "{% for i in [1, 2] %}{% if i == 2 %}[{{ y }}]{% endif %}{% set y = i %}{% endfor %}",
+    "{% set y = 0 %}{% for i in [1, 2] %}{{ y }}{% set y = i %}{{ y }}{% endfor %}{{ y }}",
+    "{% for i in [1, 2] %}{% for j in [3] %}{% set z = i %}{% endfor %}{{ z }}{% endfor %}",
+    "{% set content %}\n  a\n  {% if true %}\n  b\n  {% endif %}\n{% endset %}[{{ content }}]",
+    "{% filter upper %}hello {{ 'x' }}{% endfilter %}{{ range(3) | list }} {{ range(1, 7, 2) | list }}",
     # macros
     "{% macro greet(name, punct='!') %}Hello {{ name }}{{ punct }}{% endmacro %}{{ greet('ann') }} {{ greet('bob', punct='?') }}",
     "{%- macro render(x) -%}\n  {%- if x is mapping -%}{{ x | tojson }}{%- else -%}{{ x }}{%- endif -%}\n{%- endmacro -%}\n{{ render(d) }}|{{ render(n) }}",
+    "{% macro m() %}{{ g }}{% endmacro %}{% set g = 5 %}{{ m() }}",
+    "{% for i in [1] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}",
+    "{% macro m(x) %}{{ x }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, k=3) }}",
+    # printf-style formatting
+    "{{ '%s and %d' % ('a', 3) }} {{ '%s' % n }} {{ '%05.2f|%-4s|%r' % (f, 'x', 'y') }} {{ '%(a)s' % {'a': 1} }} {{ '%s-%s' | format('a', 'b') }} {{ '100%%' % () }}",
+    "{{ 3.0 | string }} {{ 1e100 }} {{ 12345678901234567.0 }} {{ 0.0001 }} {{ 0.00001 }} {{ -0.0 }} {{ 7 // 2.0 }} {{ 2 ** -1 }} {{ 2 ** 0.5 }}",
     # slicing
     "{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ 'hello'[1:3] }} {{ u[::-1] }} {{ u[2:5] }} {{ xs[5:] }} {{ xs[-10:2] }}",
     # filters

@@ -8,6 +8,9 @@
 #include <stdexcept>
 
 namespace wick::jinja::detail {
+
+std::string percent_format(const std::string& fmt, const Value& values);
+
 namespace {
 
 [[noreturn]] void error(const std::string& message) { throw std::runtime_error(message); }
@@ -21,6 +24,8 @@ std::string object_type(const Value& v) {
   if (v.is_none()) return "None";
   return type_name(v) + " object";
 }
+
+bool number_kind_of(const Value& v) { return v.kind == Kind::kInt || v.kind == Kind::kFloat || v.kind == Kind::kBool; }
 
 Value missing_attr(const Value& obj, const std::string& name) {
   return Value::undefined("'" + object_type(obj) + "' has no attribute '" + name + "'");
@@ -494,6 +499,14 @@ std::unordered_map<std::string, FilterFn> make_filters() {
     return Value::string(to_json(v, ensure_ascii && truthy(*ensure_ascii), ind, seps, sort_keys && truthy(*sort_keys)));
   };
   f["safe"] = [](const Value& v, Args&, const Callbacks&) { return v; };
+  f["format"] = [](const Value& v, Args& a, const Callbacks&) {
+    if (!a.keyword.empty()) {
+      Dict d;
+      for (auto& [k, x] : a.keyword) d.set(Value::string(k), x);
+      return Value::string(percent_format(str(v), Value::of_dict(std::move(d))));
+    }
+    return Value::string(percent_format(str(v), Value::of_list(a.positional, /*tuple=*/true)));
+  };
   f["escape"] = [](const Value& v, Args&, const Callbacks&) { return Value::string(html_escape(str(v))); };
   f["e"] = f["escape"];
   f["reverse"] = [](const Value& v, Args&, const Callbacks&) {
@@ -891,6 +904,79 @@ Value slice(const Value& obj, const std::optional<Value>& start_v, const std::op
   return Value::of_list(out, obj.tuple);
 }
 
+// Python's printf-style `format % values`: %s %r %d %i %f %F %e %x %o %c %%,
+// with flags, width and precision.
+std::string percent_format(const std::string& fmt, const Value& values) {
+  List args = values.is_list() && values.tuple ? *values.list : List{values};
+  const Dict* named = values.is_dict() ? values.dict.get() : nullptr;
+  std::size_t next = 0;
+  std::string out;
+  for (std::size_t k = 0; k < fmt.size(); ++k) {
+    if (fmt[k] != '%') {
+      out += fmt[k];
+      continue;
+    }
+    if (++k >= fmt.size()) error("incomplete format");
+    const Value* arg = nullptr;
+    if (fmt[k] == '(') {
+      std::size_t close = fmt.find(')', k);
+      if (close == std::string::npos) error("incomplete format key");
+      if (!named) error("format requires a mapping");
+      arg = named->find(Value::string(fmt.substr(k + 1, close - k - 1)));
+      if (!arg) error("'" + fmt.substr(k + 1, close - k - 1) + "'");
+      k = close + 1;
+    }
+    std::string spec = "%";
+    while (k < fmt.size() && std::string("-+ #0").find(fmt[k]) != std::string::npos) spec += fmt[k++];
+    while (k < fmt.size() && (std::isdigit((unsigned char)fmt[k]) || fmt[k] == '.')) spec += fmt[k++];
+    if (k >= fmt.size()) error("incomplete format");
+    char conv = fmt[k];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (!arg) {
+      if (next >= args.size()) error("not enough arguments for format string");
+      arg = &args[next++];
+    }
+    char buf[512];
+    switch (conv) {
+      case 's':
+      case 'r': {
+        std::string text = conv == 's' ? str(*arg) : repr(*arg);
+        std::snprintf(buf, sizeof buf, (spec + "s").c_str(), text.c_str());
+        out += buf;
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'x':
+      case 'X':
+      case 'o': {
+        if (!number_kind_of(*arg)) error("%" + std::string(1, conv) + " format: a real number is required, not " + type_name(*arg));
+        long long x = arg->kind == Kind::kFloat ? (long long)arg->f : arg->as_int();
+        std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), x);
+        out += buf;
+        break;
+      }
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G':
+        if (!number_kind_of(*arg)) error("must be real number, not " + type_name(*arg));
+        std::snprintf(buf, sizeof buf, (spec + conv).c_str(), arg->as_double());
+        out += buf;
+        break;
+      case 'c': out += arg->is_string() ? arg->s : std::string(1, char(arg->as_int())); break;
+      default: error(std::string("unsupported format character '") + conv + "'");
+    }
+  }
+  if (!named && next < args.size()) error("not all arguments converted during string formatting");
+  return out;
+}
+
 Value binary(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value::string(str(a) + str(b));
   check_defined(a);
@@ -945,6 +1031,7 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     return Value::integer(py_floordiv(a.as_int(), b.as_int()));
   }
   if (op == "%") {
+    if (a.is_string()) return Value::string(percent_format(a.s, b));
     if (!nums) return unsupported();
     if (b.as_double() == 0) error("integer division or modulo by zero");
     if (floats) {

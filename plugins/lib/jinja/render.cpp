@@ -177,6 +177,7 @@ class Renderer {
               if (a.positional.empty()) throw std::invalid_argument("no items for cycling given");
               return a.positional[k % a.positional.size()];
             }));
+      frames_.back().clear();  // each pass starts afresh: a `set` lasts until the pass ends
       frames_.back()["loop"] = loop;
       assign(s.targets, items[k], s.line);
       Flow f = exec(s.bodies[0]);
@@ -185,9 +186,12 @@ class Renderer {
     return Flow::kNormal;
   }
 
+  // A macro sees the template's top-level names as they are when it is
+  // called, and the loop variables around its definition as they were then.
   Value make_macro(const Stmt& s) {
     const Stmt* def = &s;
-    return Value::function([this, def](Args& args) -> Value {
+    std::vector<Frame> closure(frames_.begin() + 2, frames_.end());
+    return Value::function([this, def, closure](Args& args) -> Value {
       Frame frame;
       for (std::size_t k = 0; k < def->params.size(); ++k) {
         auto v = args.take(k, def->params[k]);
@@ -202,7 +206,9 @@ class Renderer {
       for (auto& [k, v] : args.keyword) kwargs.set(Value::string(k), v);
       frame["kwargs"] = Value::of_dict(std::move(kwargs));
       std::vector<Frame> saved = std::move(frames_);
-      frames_ = {saved[0], saved[1], std::move(frame)};
+      frames_ = {saved[0], saved[1]};
+      frames_.insert(frames_.end(), closure.begin(), closure.end());
+      frames_.push_back(std::move(frame));
       std::string text;
       try {
         text = capture(def->bodies[0]);
