@@ -1,6 +1,7 @@
-"""Chat templates: wick's Jinja engine renders the chat templates of LLaMA-3.1
-and 3.2, Qwen2.5 and Qwen3, Mistral-7B-Instruct-v0.3, Gemma-2 and 3, Phi-3,
-3.5 and 4-mini and SmolLM2 byte for byte as transformers' apply_chat_template
+"""Chat templates: wick's Jinja engine renders the chat templates of LLaMA-2,
+3, 3.1 and 3.2, Qwen2.5 and Qwen3, Mistral-7B-Instruct v0.1 and v0.3, Gemma-2
+and 3, Phi-3, 3.5, 4 and 4-mini, SmolLM2, Zephyr and DeepSeek-R1-Distill byte
+for byte as transformers' apply_chat_template
 renders them (its own render_jinja_template: jinja2's immutable sandbox with
 trim_blocks, lstrip_blocks, loopcontrols and its globals), on conversations
 that take every branch: with and without a system message, several turns,
@@ -64,6 +65,10 @@ TOOL_RESULT = {"role": "tool", "tool_call_id": "call12345", "name": "get_weather
 TOOL_RESULT2 = {"role": "tool", "tool_call_id": "call67890", "name": "get_time", "content": "12:00"}
 WEATHER_Q = {"role": "user", "content": "Weather in Köln?"}
 WEATHER_A = {"role": "assistant", "content": "It is 21.5 °C in Köln."}
+# DeepSeek's template concatenates the arguments, so they come as a string.
+DEEPSEEK_TOOL_CALLS = {"role": "assistant", "content": None, "tool_calls": [
+    {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Köln\"}"}},
+    {"type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
 THINKING = {"role": "assistant", "content": "<think>\nLet me add.\n</think>\n\n4"}
 REASONING = {"role": "assistant", "content": "4", "reasoning_content": "Two plus two."}
 
@@ -155,6 +160,16 @@ CASES = {
     "phi-4-mini-instruct": {**BASIC, **PHI4_EXTRA},
     "smollm2-instruct": BASIC,
     "chatml-generation": BASIC,
+    "llama-2-chat": {**BASIC, **ALTERNATION},
+    "llama-3-instruct": BASIC,
+    "mistral-7b-instruct-v0.1": {**BASIC, **ALTERNATION, "system_refused": case([SYSTEM, USER1])},
+    "zephyr-7b-beta": BASIC,
+    "phi-4": BASIC,
+    "deepseek-r1-distill-qwen": {**BASIC, "thinking": case([USER1, THINKING, USER2], add_generation_prompt=True),
+                                 "tool_calls": case([WEATHER_Q, DEEPSEEK_TOOL_CALLS, TOOL_RESULT, TOOL_RESULT2,
+                                                     WEATHER_A], add_generation_prompt=True),
+                                 "ends_in_tool": case([WEATHER_Q, DEEPSEEK_TOOL_CALLS, TOOL_RESULT],
+                                                      add_generation_prompt=True)},
 }
 
 
