@@ -415,6 +415,7 @@ class Parser {
 
   std::unique_ptr<Stmt> parse_statement(const std::vector<std::string>& ends) {
     int line = cur().line;
+    if (open_.size() > 100) fail("blocks nested too deeply", line);
     std::string tag = next().text;
     auto s = std::make_unique<Stmt>();
     s->line = line;
@@ -680,6 +681,11 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter = true) {
+    struct Nest {
+      int& d;
+      ~Nest() { --d; }
+    } nest{++nesting_};
+    if (nesting_ > kMaxNesting) fail("expressions nested too deeply", cur().line);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       Token t = next();
@@ -892,6 +898,8 @@ class Parser {
   std::vector<Token> toks_;
   std::size_t pos_ = 0;
   std::vector<std::string> open_;  // blocks being parsed, innermost last
+  int nesting_ = 0;
+  static constexpr int kMaxNesting = 200;
 };
 
 }  // namespace

@@ -288,7 +288,22 @@ class Renderer {
     }
   }
 
+  // Deep nesting or a macro that calls itself forever ends in an error, as
+  // Python's recursion limit ends it in jinja2, not in a stack overflow.
+  struct Depth {
+    int& d;
+    Depth(int& depth, int line) : d(depth) {
+      if (++d > kMaxDepth) {
+        --d;
+        raise("maximum recursion depth exceeded", line);
+      }
+    }
+    ~Depth() { --d; }
+  };
+  static constexpr int kMaxDepth = 400;
+
   Value eval(const Expr& e) {
+    Depth depth(depth_, e.line);
     switch (e.kind) {
       case ExprKind::kConst: return e.value;
       case ExprKind::kName: return lookup(e.name);
@@ -384,28 +399,44 @@ class Renderer {
   RenderResult& result_;
   std::string* out_;
   std::vector<Frame> frames_;  // [globals, context, loop and macro frames...]
+  int depth_ = 0;
 };
 
 }  // namespace
 }  // namespace detail
 
-ChatTemplate::ChatTemplate(const std::string& source) : program_(detail::parse(source)) {}
+namespace {
+// Whatever fails inside (a bad_alloc on a huge repetition, say) reaches the
+// caller as a TemplateError.
+template <class F>
+auto as_template_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const TemplateError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw TemplateError(e.what(), 0);
+  }
+}
+}  // namespace
+
+ChatTemplate::ChatTemplate(const std::string& source)
+    : program_(as_template_error([&] { return detail::parse(source); })) {}
 ChatTemplate::~ChatTemplate() = default;
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
-RenderResult ChatTemplate::render(const nlohmann::ordered_json& context) const {
-  RenderResult result;
-  detail::Renderer r(context, result);
-  r.run(program_->body);
-  return result;
+template <class Json>
+static RenderResult render_with(const detail::Program& program, const Json& context) {
+  return as_template_error([&] {
+    RenderResult result;
+    detail::Renderer r(context, result);
+    r.run(program.body);
+    return result;
+  });
 }
 
-RenderResult ChatTemplate::render(const nlohmann::json& context) const {
-  RenderResult result;
-  detail::Renderer r(context, result);
-  r.run(program_->body);
-  return result;
-}
+RenderResult ChatTemplate::render(const nlohmann::ordered_json& context) const { return render_with(*program_, context); }
+RenderResult ChatTemplate::render(const nlohmann::json& context) const { return render_with(*program_, context); }
 
 }  // namespace wick::jinja

@@ -102,3 +102,12 @@ TEST(Jinja, TheSandboxRefusesMutation) {
   EXPECT_EQ(error_of("{{ xs.append(1) }}", {{"xs", ordered_json::array()}}),
             "access to attribute 'append' of 'list' object is unsafe.");
 }
+
+TEST(Jinja, RunawayRecursionAndNestingAreErrorsNotCrashes) {
+  EXPECT_EQ(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"), "maximum recursion depth exceeded");
+  EXPECT_EQ(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+            "line 1: expressions nested too deeply");
+  std::string blocks;
+  for (int k = 0; k < 3000; ++k) blocks += "{% if true %}";
+  EXPECT_EQ(error_of(blocks), "line 1: blocks nested too deeply");
+}
