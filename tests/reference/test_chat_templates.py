@@ -123,6 +123,8 @@ QWEN3_EXTRA = {
     "thinking_in_content": case([USER1, THINKING, USER2, THINKING]),
     "reasoning_content": case([USER1, REASONING]),
     "reasoning_earlier_turn": case([USER1, REASONING, USER2], add_generation_prompt=True),
+    "reasoning_older_name": case([USER1, {"role": "assistant", "content": "4", "reasoning": "Add."}]),
+    "thinking_name": case([USER1, {"role": "assistant", "content": "4", "thinking": "Sum."}]),
     "no_thinking": case([USER1], add_generation_prompt=True, enable_thinking=False),
     "thinking_on": case([USER1], add_generation_prompt=True, enable_thinking=True),
     "tool_response_as_user": case([WEATHER_Q, TOOL_CALL, {"role": "user", "content": "<tool_response>x</tool_response>"},
@@ -185,11 +187,10 @@ def reference(template, c):
     return {"text": texts[0], "spans": [list(s) for s in spans[0]]}
 
 
-def context(c):
-    """What transformers hands the template, for wick."""
-    messages = cu._alias_reasoning_fields(copy.deepcopy(c["messages"]))
-    return {"messages": messages, "tools": c["tools"], "documents": None,
-            "add_generation_prompt": c["add_generation_prompt"], **SPECIALS, **c["kwargs"]}
+def chat(c):
+    """The conversation as ChatTemplate::apply takes it (which aliases the reasoning as transformers does)."""
+    return {"messages": c["messages"], "tools": c["tools"], "add_generation_prompt": c["add_generation_prompt"],
+            "variables": {**SPECIALS, **c["kwargs"]}}
 
 
 _rendered = {}
@@ -200,7 +201,7 @@ def wick_render(name):
         if not Path(RENDER).exists():
             pytest.skip(f"{RENDER} is not built")
         cases = CASES[name]
-        request = {"template": TEMPLATES[name], "contexts": [context(c) for c in cases.values()]}
+        request = {"template": TEMPLATES[name], "chats": [chat(c) for c in cases.values()]}
         p = subprocess.run([RENDER], input=json.dumps(request), capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         _rendered[name] = dict(zip(cases, json.loads(p.stdout)))

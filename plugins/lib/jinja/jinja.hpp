@@ -6,8 +6,8 @@
 // dict) and its tojson filter (json.dumps with ensure_ascii=False).
 //
 //   wick::jinja::ChatTemplate tpl(source);              // parses; throws TemplateError
-//   auto r = tpl.render({{"messages", messages}, {"add_generation_prompt", true},
-//                        {"bos_token", "<s>"}});        // throws TemplateError
+//   auto r = tpl.apply(messages, {.add_generation_prompt = true,
+//                                 .variables = {{"bos_token", "<s>"}}});  // throws TemplateError
 //   r.text; r.generation_spans;                         // byte offsets into r.text
 
 #include <cstddef>
@@ -42,6 +42,17 @@ struct RenderResult {
   std::vector<std::pair<std::size_t, std::size_t>> generation_spans;
 };
 
+/// What apply_chat_template passes besides the messages.
+struct ChatOptions {
+  /// JSON schemas of the tools (a list), or null.
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json documents = nullptr;
+  bool add_generation_prompt = false;
+  /// Further variables: the tokenizer's special tokens (bos_token,
+  /// eos_token, ...) and the caller's keyword arguments (enable_thinking, ...).
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();
+};
+
 namespace detail {
 struct Program;
 }
@@ -62,6 +73,13 @@ class ChatTemplate {
   /// already sorted them.
   RenderResult render(const nlohmann::ordered_json& context) const;
   RenderResult render(const nlohmann::json& context) const;
+
+  /// Renders a conversation as transformers' apply_chat_template(messages,
+  /// tokenize=False) does: the variables messages, tools, documents and
+  /// add_generation_prompt, plus options.variables; a message's reasoning,
+  /// under reasoning_content, thinking or reasoning, is given under both
+  /// `thinking` and `reasoning_content` as transformers gives it.
+  RenderResult apply(const nlohmann::ordered_json& messages, const ChatOptions& options = {}) const;
 
  private:
   std::shared_ptr<const detail::Program> program_;

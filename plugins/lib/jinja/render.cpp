@@ -439,4 +439,43 @@ static RenderResult render_with(const detail::Program& program, const Json& cont
 RenderResult ChatTemplate::render(const nlohmann::ordered_json& context) const { return render_with(*program_, context); }
 RenderResult ChatTemplate::render(const nlohmann::json& context) const { return render_with(*program_, context); }
 
+namespace {
+// transformers' _alias_reasoning_fields: {"thinking": r, **message, "reasoning_content": r}.
+nlohmann::ordered_json alias_reasoning(const nlohmann::ordered_json& message) {
+  if (!message.is_object()) return message;
+  const nlohmann::ordered_json* reasoning = nullptr;
+  for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
+    auto it = message.find(key);
+    if (it != message.end() && !it->is_null()) {
+      reasoning = &*it;
+      break;
+    }
+  }
+  if (!reasoning) return message;
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  out["thinking"] = *reasoning;
+  for (auto& [k, v] : message.items()) out[k] = v;
+  out["reasoning_content"] = *reasoning;
+  return out;
+}
+}  // namespace
+
+RenderResult ChatTemplate::apply(const nlohmann::ordered_json& messages, const ChatOptions& options) const {
+  if (!messages.is_array()) throw TemplateError("the messages must be a list of dicts", 0);
+  nlohmann::ordered_json chat = nlohmann::ordered_json::array();
+  for (auto& m : messages) {
+    if (!m.is_object()) throw TemplateError("Chat messages should be dicts, but got " + m.dump() + ".", 0);
+    chat.push_back(alias_reasoning(m));
+  }
+  nlohmann::ordered_json context = {{"messages", std::move(chat)},
+                                    {"tools", options.tools},
+                                    {"documents", options.documents},
+                                    {"add_generation_prompt", options.add_generation_prompt}};
+  if (!options.variables.is_null() && !options.variables.is_object())
+    throw TemplateError("the template's variables must be a JSON object", 0);
+  if (options.variables.is_object())
+    for (auto& [k, v] : options.variables.items()) context[k] = v;
+  return render_with(*program_, context);
+}
+
 }  // namespace wick::jinja

@@ -111,3 +111,15 @@ TEST(Jinja, RunawayRecursionAndNestingAreErrorsNotCrashes) {
   for (int k = 0; k < 3000; ++k) blocks += "{% if true %}";
   EXPECT_EQ(error_of(blocks), "line 1: blocks nested too deeply");
 }
+
+TEST(Jinja, ApplyPassesWhatApplyChatTemplatePasses) {
+  ChatTemplate tpl(
+      "{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content }}[{{ m.reasoning_content }}|{{ m.thinking }}]"
+      "{% endfor %}{{ tools is none }}{{ documents is none }}{% if add_generation_prompt %}>{% endif %}");
+  auto messages = ordered_json::parse(R"([{"role": "user", "content": "q"},
+                                          {"role": "assistant", "content": "a", "reasoning": "r"}])");
+  wick::jinja::ChatOptions options;
+  options.add_generation_prompt = true;
+  options.variables = {{"bos_token", "<s>"}};
+  EXPECT_EQ(tpl.apply(messages, options).text, "<s>user:q[|]assistant:a[r|r]TrueTrue>");
+}
