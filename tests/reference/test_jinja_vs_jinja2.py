@@ -117,6 +117,7 @@ TEMPLATES = [
     "{{ s.startswith('  He') }} {{ s.endswith(('x', '  ')) }} {{ s.upper() }} {{ s.lower() }} {{ s.replace('o', '0') }} {{ 'hello world'.title() }} {{ 'hELLO'.capitalize() }}",
     "{{ 'a-b-c'.rsplit('-', 1) }} {{ 'hello'.find('l') }} {{ 'hello'.count('l') }} {{ ', '.join(words) }} {{ 'a\nb'.splitlines() }} {{ '12'.isdigit() }} {{ u.find('c') }}",
     "{{ xs.index(2) }} {{ xs.count(3) }}",
+    "{{ '{} and {}'.format('a', n) }} {{ '{1}{0}{{x}}'.format('a', 'b') }} {{ '{name}!r={name!r}'.format(name='q') }}",
     # Unicode: case mapping and whitespace as Python's str sees them
     "{{ u | upper }}|{{ 'ÉCOLE Ωμέγα' | lower }}|{{ 'élan vital ǆ' | title }}|{{ 'ébène' | capitalize }}|{{ 'straße'.upper() }}",
     "[{{ '\u00a0\u3000 x\u2003' | trim }}]{{ 'a\u00a0b\u3000c'.split() }}{{ 'ü1'.isalnum() }}{{ 'ü'.isalpha() }}{{ '\u2003'.isspace() }}",

@@ -221,6 +221,47 @@ Value string_method(const std::string& s, const std::string& name) {
         }
       return Value::string(out);
     });
+  if (name == "format")
+    return m([s](Args& a) {
+      // str.format with {}, {0} and {name} fields, !s and !r, and {{ }}; no format specs
+      std::string out;
+      std::size_t auto_index = 0;
+      for (std::size_t k = 0; k < s.size(); ++k) {
+        char c = s[k];
+        if ((c == '{' || c == '}') && k + 1 < s.size() && s[k + 1] == c) {
+          out += c;
+          ++k;
+          continue;
+        }
+        if (c == '}') error("Single '}' encountered in format string");
+        if (c != '{') {
+          out += c;
+          continue;
+        }
+        std::size_t close = s.find('}', k);
+        if (close == std::string::npos) error("Single '{' encountered in format string");
+        std::string field = s.substr(k + 1, close - k - 1);
+        k = close;
+        char conversion = 's';
+        if (auto bang = field.find('!'); bang != std::string::npos) {
+          conversion = bang + 1 < field.size() ? field[bang + 1] : 's';
+          field.resize(bang);
+        }
+        if (field.find(':') != std::string::npos) error("format specs are not supported in str.format");
+        const Value* v = nullptr;
+        if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit((unsigned char)d); })) {
+          std::size_t index = field.empty() ? auto_index++ : std::stoul(field);
+          if (index >= a.positional.size()) error("Replacement index " + std::to_string(index) + " out of range for positional args tuple");
+          v = &a.positional[index];
+        } else {
+          for (auto& [key, x] : a.keyword)
+            if (key == field) v = &x;
+          if (!v) error("'" + field + "'");
+        }
+        out += conversion == 'r' ? repr(*v) : str(*v);
+      }
+      return Value::string(out);
+    });
   auto all_of = [&](auto pred) {
     return m([s, pred](Args&) {
       auto cps = decode(s);

@@ -281,8 +281,9 @@ class Renderer {
   auto guard(int line, F&& f) -> decltype(f()) {
     try {
       return f();
-    } catch (const TemplateError&) {
-      throw;
+    } catch (const TemplateError& e) {
+      if (e.line() != 0 || line == 0) throw;
+      raise(e.what(), line);  // raise_exception's message, with the line of its call
     } catch (const std::exception& e) {
       raise(e.what(), line);
     }

@@ -123,3 +123,13 @@ TEST(Jinja, ApplyPassesWhatApplyChatTemplatePasses) {
   options.variables = {{"bos_token", "<s>"}};
   EXPECT_EQ(tpl.apply(messages, options).text, "<s>user:q[|]assistant:a[r|r]TrueTrue>");
 }
+
+TEST(Jinja, RuntimeErrorsCarryTheirLine) {
+  try {
+    render("a\n{% if true %}\n{{ raise_exception('no') }}{% endif %}");
+    FAIL();
+  } catch (const TemplateError& e) {
+    EXPECT_STREQ(e.what(), "no");
+    EXPECT_EQ(e.line(), 3);
+  }
+}
