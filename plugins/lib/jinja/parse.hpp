@@ -1,6 +1,6 @@
 #pragma once
-// A template's syntax tree and the parser that builds it from the source,
-// lexed as jinja2 lexes with trim_blocks and lstrip_blocks.
+// A template's syntax tree and the parser that builds it from the tokens
+// (lexer.hpp), with jinja2's grammar and its messages for syntax errors.
 
 #include <memory>
 #include <string>
