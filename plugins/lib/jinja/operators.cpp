@@ -2,6 +2,7 @@
 // `in`, and printf-style formatting.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 
 #include "lib/jinja/builtins.hpp"
@@ -10,7 +11,29 @@
 namespace wick::jinja::detail {
 namespace {
 
+// Python's ints have no bound; wick's are 64-bit and fail where they would overflow.
+[[noreturn]] void overflow() { error("integer overflow: the result does not fit in 64 bits"); }
+std::int64_t add(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) overflow();
+  return r;
+}
+std::int64_t sub(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) overflow();
+  return r;
+}
+std::int64_t mul(std::int64_t a, std::int64_t b) {
+  std::int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) overflow();
+  return r;
+}
+
+// A repetition ('ab' * n) that would exceed this is refused rather than exhaust memory.
+constexpr std::int64_t kMaxRepeatBytes = std::int64_t(1) << 28;
+
 std::int64_t py_floordiv(std::int64_t a, std::int64_t b) {
+  if (a == INT64_MIN && b == -1) overflow();
   std::int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -101,7 +124,7 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
   bool nums = number_kind_of(a) && number_kind_of(b);
   bool floats = nums && (a.kind == Kind::kFloat || b.kind == Kind::kFloat);
   if (op == "+") {
-    if (nums) return floats ? Value::real(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
+    if (nums) return floats ? Value::real(a.as_double() + b.as_double()) : Value::integer(add(a.as_int(), b.as_int()));
     if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
     if (a.is_list() && b.is_list()) {
       List l = *a.list;
@@ -113,15 +136,17 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
     return unsupported();
   }
   if (op == "-") {
-    if (nums) return floats ? Value::real(a.as_double() - b.as_double()) : Value::integer(a.as_int() - b.as_int());
+    if (nums) return floats ? Value::real(a.as_double() - b.as_double()) : Value::integer(sub(a.as_int(), b.as_int()));
     return unsupported();
   }
   if (op == "*") {
-    if (nums) return floats ? Value::real(a.as_double() * b.as_double()) : Value::integer(a.as_int() * b.as_int());
+    if (nums) return floats ? Value::real(a.as_double() * b.as_double()) : Value::integer(mul(a.as_int(), b.as_int()));
     const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
     const Value* count = seq == &a ? &b : &a;
     if (seq && (count->kind == Kind::kInt || count->kind == Kind::kBool)) {
       std::int64_t n = std::max<std::int64_t>(0, count->as_int());
+      std::int64_t unit = seq->is_string() ? std::int64_t(seq->s.size()) : std::int64_t(seq->list->size()) * 64;
+      if (unit > 0 && n > kMaxRepeatBytes / unit) error("repetition too large: over 256 MiB");
       if (seq->is_string()) {
         std::string s;
         for (std::int64_t k = 0; k < n; ++k) s += seq->s;
@@ -153,13 +178,18 @@ Value binary(const std::string& op, const Value& a, const Value& b) {
       if (m != 0 && ((m < 0) != (b.as_double() < 0))) m += b.as_double();
       return Value::real(m);
     }
-    return Value::integer(a.as_int() - py_floordiv(a.as_int(), b.as_int()) * b.as_int());
+    return Value::integer(sub(a.as_int(), mul(py_floordiv(a.as_int(), b.as_int()), b.as_int())));
   }
   if (op == "**") {
     if (!nums) return unsupported();
     if (!floats && b.as_int() >= 0) {
-      std::int64_t r = 1;
-      for (std::int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
+      // by squaring, so 2 ** 62 takes 6 steps and (-1) ** 10**18 no time
+      std::int64_t r = 1, base = a.as_int(), e = b.as_int();
+      while (e > 0) {
+        if (e & 1) r = mul(r, base);
+        e >>= 1;
+        if (e) base = mul(base, base);
+      }
       return Value::integer(r);
     }
     return Value::real(std::pow(a.as_double(), b.as_double()));

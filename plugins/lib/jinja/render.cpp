@@ -4,6 +4,7 @@
 // that chat templates call (builtins.cpp).
 
 #include <cmath>
+#include <cstdint>
 #include <unordered_map>
 
 #include "lib/jinja/builtins.hpp"
@@ -347,6 +348,7 @@ class Renderer {
         if (v.is_undefined()) raise(v.s, e.line);
         if (!v.is_number()) raise("bad operand type for unary " + std::string(e.kind == ExprKind::kNeg ? "-" : "+") + ": '" + type_name(v) + "'", e.line);
         if (e.kind == ExprKind::kPos) return v.kind == Kind::kBool ? Value::integer(v.b) : v;
+        if (v.kind != Kind::kFloat && v.as_int() == INT64_MIN) raise("integer overflow: the result does not fit in 64 bits", e.line);
         return v.kind == Kind::kFloat ? Value::real(-v.f) : Value::integer(-v.as_int());
       }
       case ExprKind::kNot: return Value::boolean(!truthy(eval(*e.kids[0])));

@@ -133,3 +133,10 @@ TEST(Jinja, RuntimeErrorsCarryTheirLine) {
     EXPECT_EQ(e.line(), 3);
   }
 }
+
+TEST(Jinja, IntegersFailRatherThanOverflow) {
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-1) ** 1000000000001 }}"), "4611686018427387904 -1");
+  EXPECT_EQ(error_of("{{ 2 ** 64 }}"), "integer overflow: the result does not fit in 64 bits");
+  EXPECT_EQ(error_of("{{ 9223372036854775807 + 1 }}"), "integer overflow: the result does not fit in 64 bits");
+  EXPECT_EQ(error_of("{{ 'ab' * 1000000000000 }}"), "repetition too large: over 256 MiB");
+}
