@@ -560,6 +560,20 @@ PHI_4 = r'''{% for message in messages %}{% if (message['role'] == 'system') %}{
 
 DEEPSEEK_R1_DISTILL = r'''{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}{%- for message in messages %}{%- if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}{{'<｜User｜>' + message['content']}}{%- endif %}{%- if message['role'] == 'assistant' and message['content'] is none %}{%- set ns.is_tool = false -%}{%- for tool in message['tool_calls']%}{%- if not ns.is_first %}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- set ns.is_first = true -%}{%- else %}{{'\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments'] + '\n' + '```' + '<｜tool▁call▁end｜>'}}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor %}{%- endif %}{%- if message['role'] == 'assistant' and message['content'] is not none %}{%- if ns.is_tool %}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}{%- set ns.is_tool = false -%}{%- else %}{% set content = message['content'] %}{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{%- endif %}{%- endif %}{%- if message['role'] == 'tool' %}{%- set ns.is_tool = true -%}{%- if ns.is_output_first %}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- set ns.is_output_first = false %}{%- else %}{{'\n<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- endif %}{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{% endif %}{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜><think>\n'}}{% endif %}'''
 
+# The same with the assistant's turn rendered by a macro: transformers
+# measures a span from the top-level output rendered before the macro's call.
+CHATML_GENERATION_MACRO = r'''{%- macro turn(message) %}
+    {{- '<|im_start|>' + message['role'] + '\n' }}
+    {%- if message['role'] == 'assistant' %}
+        {%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}
+    {%- else %}
+        {{- message['content'] + '<|im_end|>' }}
+    {%- endif %}
+    {{- '\n' }}
+{%- endmacro %}
+{%- for message in messages %}{{ turn(message) }}{% endfor %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}'''
+
 TEMPLATES = {
     "llama-3.1-instruct": LLAMA_3_1,
     "llama-3.2-instruct": LLAMA_3_2,
@@ -573,6 +587,7 @@ TEMPLATES = {
     "phi-4-mini-instruct": PHI_4_MINI,
     "smollm2-instruct": SMOLLM2,
     "chatml-generation": CHATML_GENERATION,
+    "chatml-generation-macro": CHATML_GENERATION_MACRO,
     "llama-2-chat": LLAMA_2,
     "llama-3-instruct": LLAMA_3,
     "mistral-7b-instruct-v0.1": MISTRAL_7B_V0_1,

@@ -162,6 +162,7 @@ CASES = {
     "phi-4-mini-instruct": {**BASIC, **PHI4_EXTRA},
     "smollm2-instruct": BASIC,
     "chatml-generation": BASIC,
+    "chatml-generation-macro": BASIC,
     "llama-2-chat": {**BASIC, **ALTERNATION},
     "llama-3-instruct": BASIC,
     "mistral-7b-instruct-v0.1": {**BASIC, **ALTERNATION, "system_refused": case([SYSTEM, USER1])},

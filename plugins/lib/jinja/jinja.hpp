@@ -37,8 +37,10 @@ class TemplateError : public std::runtime_error {
 struct RenderResult {
   std::string text;
   /// [begin, end) byte offsets into `text` of what each {% generation %}
-  /// block produced, in order (transformers reports the same spans in
-  /// characters for return_assistant_tokens_mask).
+  /// block produced, in order: the spans transformers reports (in
+  /// characters) for return_assistant_tokens_mask. Like transformers', a
+  /// block inside a macro or a `{% set %}` block starts where the top-level
+  /// output stood when it ran, which is not where its text lands.
   std::vector<std::pair<std::size_t, std::size_t>> generation_spans;
 };
 

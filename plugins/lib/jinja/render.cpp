@@ -100,10 +100,13 @@ class Renderer {
       case StmtKind::kBreak: return Flow::kBreak;
       case StmtKind::kContinue: return Flow::kContinue;
       case StmtKind::kGeneration: {
-        bool root = out_ == &result_.text;
+        // transformers takes a span's start from the output rendered so far
+        // at the top level, also when the block renders into a macro's or a
+        // `set` block's text, and its end that many characters further
         std::size_t begin = out_->size();
         Flow f = exec(s.bodies[0]);
-        if (root) result_.generation_spans.emplace_back(begin, out_->size());
+        std::size_t start = result_.text.size() - (out_ == &result_.text ? out_->size() - begin : 0);
+        result_.generation_spans.emplace_back(start, start + (out_->size() - begin));
         return f;
       }
       default: raise("unsupported statement", s.line);
