@@ -174,3 +174,47 @@ def test_renders_as_jinja2(template):
         return
     assert "error" not in got, f"wick failed: {got['error']}"
     assert got["text"] == want["text"]
+
+
+def random_template(rng, depth=0):
+    """Text, prints, comments, if/else, for and set in random nesting, every
+    tag with a random `-`, `+` or nothing on each side."""
+    def sign():
+        return rng.choice(["", "-", "+"])
+
+    def piece(d):
+        r = rng.random()
+        if r < 0.3:
+            return rng.choice(["", " ", "  ", "\n", " \n", "\n  ", "\t", "a", " a ", "\n\n", "x\n  ", "\r\n", "  \n\t "])
+        if r < 0.45:
+            return "{{" + rng.choice(["", "-"]) + " 'v' " + rng.choice(["", "-"]) + "}}"
+        if r < 0.55:
+            return "{#" + rng.choice(["", "-"]) + " c " + rng.choice(["", "-"]) + "#}"
+        if r < 0.7 and d < 3:
+            return (f"{{%{sign()} if x {sign()}%}}" + body(d + 1) + f"{{%{sign()} else {sign()}%}}" + body(d + 1) +
+                    f"{{%{sign()} endif {sign()}%}}")
+        if r < 0.85 and d < 3:
+            return f"{{%{sign()} for i in [1, 2] {sign()}%}}" + body(d + 1) + f"{{%{sign()} endfor {sign()}%}}"
+        return f"{{%{sign()} set y = 1 {sign()}%}}"
+
+    def body(d):
+        return "".join(piece(d) for _ in range(rng.randint(0, 4)))
+
+    return body(depth) + rng.choice(["", "\n", "\n\n", " \n"])
+
+
+def test_whitespace_control_matches_on_random_templates():
+    """trim_blocks, lstrip_blocks and `-`/`+` on 300 random templates, with x true and false."""
+    import random
+    if not Path(RENDER).exists():
+        pytest.skip(f"{RENDER} is not built")
+    rng = random.Random(35)
+    for _ in range(300):
+        template = random_template(rng)
+        contexts = [{"x": True}, {"x": False}]
+        p = subprocess.run([RENDER], input=json.dumps({"template": template, "contexts": contexts}),
+                           capture_output=True, text=True, timeout=60)
+        got = json.loads(p.stdout)
+        for context, g in zip(contexts, got):
+            want = jinja2_render(template, context)
+            assert g.get("text") == want.get("text"), (template, context, want, g)
