@@ -107,6 +107,10 @@ TEMPLATES = [
     "{{ -3 | abs }} {{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}|{{ 'x y  z' | wordcount }}",
     "{{ people | sort(attribute='age') | map(attribute='name') | list }} {{ words | sort(reverse=true) }} {{ '<a&b>' | e }} {{ d | dictsort }}",
     "{{ 'abc' | center(9) }}|{{ 'ab' | center(9) }}|",
+    "{{ 0 | round }} {{ true | round }} {{ 7 | round(1) }} {{ 'False' | min }} {{ ['b', 'A', 'c'] | max }} {{ 0.5 is even }} {{ 3.0 is odd }}",
+    "{{ [1, 2] is upper }} {{ '' is upper }} {{ 'A1' is upper }} {{ missing is lower }} {{ 'é' is lower }}",
+    "{{ [1] in {'k': 1} }}",
+    "{{ 'x' is odd }}",
     # tests
     "{{ 'x' is string }} {{ 1 is string }} {{ d is mapping }} {{ xs is mapping }} {{ xs is iterable }} {{ 'x' is iterable }} {{ n is iterable }} {{ missing is iterable }}",
     "{{ no is none }} {{ n is number }} {{ n is integer }} {{ f is float }} {{ t is boolean }} {{ t is true }} {{ false is false }} {{ n is odd }} {{ n is even }} {{ 9 is divisibleby 3 }}",

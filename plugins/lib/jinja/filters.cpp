@@ -133,6 +133,8 @@ std::unordered_map<std::string, FilterFn> make_filters() {
     std::int64_t precision = int_arg(a.take(0, "precision"), 0);
     auto method = a.take(1, "method");
     std::string how = method ? str(*method) : "common";
+    if (!number_kind_of(v)) error("type " + type_name(v) + " doesn't define __round__ method");
+    if (how == "common" && v.kind != Kind::kFloat && precision >= 0) return Value::integer(v.as_int());  // round(int, n)
     double x = v.as_double(), scale = std::pow(10.0, double(precision));
     double r = how == "ceil" ? std::ceil(x * scale) / scale : how == "floor" ? std::floor(x * scale) / scale
                                                                                 : std::nearbyint(x * scale) / scale;
@@ -200,6 +202,10 @@ std::unordered_map<std::string, FilterFn> make_filters() {
       Value best = l[0];
       for (auto& x : l) {
         Value kx = attribute ? attr_path(x, *attribute) : x, kb = attribute ? attr_path(best, *attribute) : best;
+        if (kx.is_string() && kb.is_string()) {  // case_sensitive=False
+          kx = Value::string(lower(kx.s));
+          kb = Value::string(lower(kb.s));
+        }
         if (want_max ? less(kb, kx) : less(kx, kb)) best = x;
       }
       return best;
@@ -344,11 +350,18 @@ std::unordered_map<std::string, TestFn> make_tests() {
   t["iterable"] = [](const Value& v, Args&) { return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined(); };
   t["sequence"] = [](const Value& v, Args&) { return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined(); };
   t["callable"] = [](const Value& v, Args&) { return v.kind == Kind::kFunction; };
-  t["lower"] = [](const Value& v, Args&) { std::string s = str(v); return lower(s) == s; };
-  t["upper"] = [](const Value& v, Args&) { std::string s = str(v); return upper(s) == s; };
+  // str.islower() / isupper(): some cased character, and none of the other case
+  t["lower"] = [](const Value& v, Args&) {
+    std::string s = str(v);
+    return lower(s) == s && upper(s) != s;
+  };
+  t["upper"] = [](const Value& v, Args&) {
+    std::string s = str(v);
+    return upper(s) == s && lower(s) != s;
+  };
   t["escaped"] = [](const Value&, Args&) { return false; };
-  t["even"] = [](const Value& v, Args&) { return v.as_int() % 2 == 0; };
-  t["odd"] = [](const Value& v, Args&) { return v.as_int() % 2 != 0; };
+  t["even"] = [](const Value& v, Args&) { return !truthy(binary("%", v, Value::integer(2))); };
+  t["odd"] = [](const Value& v, Args&) { return equals(binary("%", v, Value::integer(2)), Value::integer(1)); };
   t["divisibleby"] = [arg](const Value& v, Args& a) {
     Value n = arg(a);
     if (n.as_int() == 0) error("integer modulo by zero");

@@ -211,7 +211,11 @@ bool compare(const std::string& op, const Value& a, const Value& b) {
       case Kind::kList:
         found = std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equals(x, a); });
         break;
-      case Kind::kDict: found = b.dict->find(a) != nullptr; break;
+      case Kind::kDict:
+        if (a.is_list() && !a.tuple) error("unhashable type: 'list'");
+        if (a.is_dict()) error("unhashable type: '" + type_name(a) + "'");
+        found = b.dict->find(a) != nullptr;
+        break;
       default: error("argument of type '" + type_name(b) + "' is not iterable");
     }
     return op == "in" ? found : !found;
