@@ -8,6 +8,7 @@
 #   config       a Hugging Face config.json (tests/plugins/lib/decoder/fuzz_config.cpp)
 #   tokenizer    a tokenizer.json (tests/plugins/lib/tokenizer/fuzz_tokenizer.cpp)
 #   jsonl        data `text`'s JSONL lines (tests/plugins/data/text/fuzz_jsonl.cpp)
+#   jinja        a chat template (tests/plugins/lib/jinja/fuzz_jinja.cpp)
 set -euo pipefail
 BUILD=$1 SRC=$2 TARGET=$3
 OUT=$BUILD/sanitize
@@ -19,11 +20,14 @@ case $TARGET in
   tokenizer) SOURCES=("$T/plugins/lib/tokenizer/fuzz_tokenizer.cpp" "$SRC/plugins/lib/tokenizer/tokenizer.cpp")
              read -r -a LIBS <<< "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
   jsonl) SOURCES=("$T/plugins/data/text/fuzz_jsonl.cpp"); LIBS=() ;;
-  *) echo "fuzz.sh: unknown target '$TARGET' (safetensors, config, tokenizer, jsonl)" >&2; exit 2 ;;
+  jinja) SOURCES=("$T/plugins/lib/jinja/fuzz_jinja.cpp" "$SRC"/plugins/lib/jinja/*.cpp)
+         read -r -a LIBS <<< "$(pkg-config --cflags --libs libutf8proc)" ;;
+  *) echo "fuzz.sh: unknown target '$TARGET' (safetensors, config, tokenizer, jsonl, jinja)" >&2; exit 2 ;;
 esac
 BIN=$OUT/fuzz_$TARGET
 # rebuilt only when a source or a header it may include changed
 if [ ! -x "$BIN" ] || [ -n "$(find "${SOURCES[@]}" "$SRC/sdk/wick" "$SRC/plugins/lib/decoder" "$SRC/plugins/lib/tokenizer" \
+     "$SRC/plugins/lib/jinja" \
      -newer "$BIN" -print -quit)" ]; then
   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 \
     -I"$SRC/sdk" -I"$SRC/plugins" "${SOURCES[@]}" "${LIBS[@]}" -o "$BIN"
@@ -59,6 +63,11 @@ elif target == "tokenizer":
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
     j["model"]["merges"] = [m.split(" ") for m in j["model"]["merges"]]
     put("qwen2", json.dumps(j))
+elif target == "jinja":
+    sys.path.insert(0, sys.argv[1] + "/../reference")
+    from chat_templates import TEMPLATES
+    for name, source in TEMPLATES.items():
+        put(name, source)
 elif target == "jsonl":
     put("lines", '{"text": "hello"}\n{"prompt": "Q:", "completion": "A"}\n{"input_ids": [1, 2, 299]}\n\n')
 PY
