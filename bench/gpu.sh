@@ -75,6 +75,25 @@ wants() { [[ ",$skip," != *",$1,"* ]]; }
 'available', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''); \
 print('transformers', transformers.__version__, 'peft', peft.__version__)" 2>&1 || echo "python: failed"
   timeout 20 "$PYTHON" -c "import bitsandbytes" > /dev/null 2>&1 && echo "bitsandbytes: present" || echo "bitsandbytes: absent"
+  # what the first products take from the caching allocator (the seeds hold
+  # about 64 MiB before their first step on the GPU that the CPU does not):
+  # the same LibTorch as wick's, so the same cuBLAS / cuBLASLt workspaces
+  [ "$device" = cuda ] && timeout 60 "$PYTHON" - <<'PY' 2>&1
+import torch
+a = torch.randn(256, 256, device="cuda")
+b = a.to(torch.bfloat16)
+torch.cuda.synchronize()
+m0 = torch.cuda.memory_allocated()
+(a @ a).sum().item()
+m1 = torch.cuda.memory_allocated()
+(b @ b).sum().item()
+m2 = torch.cuda.memory_allocated()
+with torch.autocast("cuda", torch.bfloat16):
+    torch.nn.functional.linear(a, a, a[0]).sum().item()
+m3 = torch.cuda.memory_allocated()
+print(f"allocator bytes the first products keep (cuBLAS workspaces): fp32 mm {(m1 - m0) / 2**20:.1f} MiB, "
+      f"then bf16 mm {(m2 - m1) / 2**20:.1f} MiB, then bf16 linear with bias {(m3 - m2) / 2**20:.1f} MiB")
+PY
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt" >&2
 
