@@ -191,6 +191,22 @@ void read_layer_types(const wick::JsonFields& j, Config& c) {
 // Phi-3: a sliding_window (not null) makes every layer slide. Qwen2 and Qwen3:
 // with use_sliding_window and a sliding_window, the layers that layer_types
 // calls sliding_attention, or else those from max_window_layers on.
+// rope_theta and its scaling: older configs rope_theta and rope_scaling
+// {type | rope_type, factor, ...}; newer rope_parameters {rope_theta,
+// rope_type, factor, ...} (rope_scaling wins, as in transformers)
+void read_rope_fields(const wick::JsonFields& j, Config& c) {
+  c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
+  if (j.has("rope_scaling")) {
+    const auto rs = j.object("rope_scaling");
+    c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+    read_rope(rs, c, j);
+  } else if (j.has("rope_parameters")) {
+    const auto rp = j.object("rope_parameters");
+    c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
+    read_rope(rp, c, j);
+  }
+}
+
 void read_sliding(const wick::JsonFields& j, Config& c) {
   c.sliding.assign(static_cast<std::size_t>(c.layers), false);
   const bool qwen = c.family == "qwen2" || c.family == "qwen3";
@@ -284,16 +300,7 @@ Config gemma_from_hf(const wick::JsonFields& j) {
   // rotary: Gemma 2 as the others; Gemma 3 a base (and scaling) for the full
   // layers and a base for the sliding ones
   if (!g3) {
-    c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
-    if (j.has("rope_scaling")) {
-      const auto rs = j.object("rope_scaling");
-      c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
-      read_rope(rs, c, j);
-    } else if (j.has("rope_parameters")) {
-      const auto rp = j.object("rope_parameters");
-      c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
-      read_rope(rp, c, j);
-    }
+    read_rope_fields(j, c);
   } else {
     c.rope_theta = j.number("rope_theta", 1000000.0, 0, /*lo_open=*/true);
     c.rope_local_theta = j.number("rope_local_base_freq", 10000.0, 0, /*lo_open=*/true);
@@ -372,18 +379,7 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
                 "rope_scaling null (the rotary embedding of Phi-3's 4k-context models)");
     }
   }
-  // older configs: rope_theta and rope_scaling {type | rope_type, factor, ...};
-  // newer: rope_parameters {rope_theta, rope_type, factor, ...} (rope_scaling wins, as in transformers)
-  c.rope_theta = j.number("rope_theta", 10000.0, 0, /*lo_open=*/true);
-  if (j.has("rope_scaling")) {
-    const auto rs = j.object("rope_scaling");
-    c.rope_theta = rs.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
-    read_rope(rs, c, j);
-  } else if (j.has("rope_parameters")) {
-    const auto rp = j.object("rope_parameters");
-    c.rope_theta = rp.number("rope_theta", c.rope_theta, 0, /*lo_open=*/true);
-    read_rope(rp, c, j);
-  }
+  read_rope_fields(j, c);
   read_sliding(j, c);
   read_dtype(j, c);
   read_token_ids(j, c);

@@ -1,4 +1,5 @@
 #include "lib/jinja/lexer.hpp"
+#include "lib/jinja/text.hpp"
 
 #include <cctype>
 #include <cstdint>
@@ -31,24 +32,6 @@ namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
-
 // The body of a string literal, its escapes decoded as Python's
 // "unicode-escape" codec decodes them (what jinja2's lexer applies).
 std::string unescape(const std::string& s, int line) {
@@ -78,9 +61,9 @@ std::string unescape(const std::string& s, int line) {
       case 'v': out += '\v'; break;
       case '0': out += '\0'; break;
       case '\n': break;
-      case 'x': append_utf8(out, hex(2)); break;
-      case 'u': append_utf8(out, hex(4)); break;
-      case 'U': append_utf8(out, hex(8)); break;
+      case 'x': append_utf8(out, static_cast<char32_t>(hex(2))); break;
+      case 'u': append_utf8(out, static_cast<char32_t>(hex(4))); break;
+      case 'U': append_utf8(out, static_cast<char32_t>(hex(8))); break;
       default: out += '\\'; out += c;
     }
   }

@@ -10,6 +10,7 @@
 #include "lib/jinja/builtins.hpp"
 #include "lib/jinja/jinja.hpp"
 #include "lib/jinja/parse.hpp"
+#include "lib/jinja/python.hpp"
 
 namespace wick::jinja {
 namespace detail {
@@ -227,23 +228,7 @@ class Renderer {
 
   // The items a for loop visits: a list's, a dict's keys, a string's characters.
   List iterate(const Value& v, int line) {
-    switch (v.kind) {
-      case Kind::kUndefined: return {};
-      case Kind::kList: return *v.list;
-      case Kind::kDict: {
-        List keys;
-        for (auto& kv : v.dict->items) keys.push_back(kv.first);
-        return keys;
-      }
-      case Kind::kString: {
-        List chars;
-        auto starts = code_point_starts(v.s);
-        for (std::size_t k = 0; k + 1 < starts.size(); ++k)
-          chars.push_back(Value::string(v.s.substr(starts[k], starts[k + 1] - starts[k])));
-        return chars;
-      }
-      default: raise("'" + type_name(v) + "' object is not iterable", line);
-    }
+    return guard(line, [&] { return to_list(v); });
   }
 
   Args eval_args(const Expr& e, std::size_t first) {
