@@ -16,8 +16,11 @@
 # (PYTHON defaults to WICK_PYTHON, as the bundle's bin/wick-env exports it,
 # then python3; WICK to this tree's build/bin/wick)
 # Knobs (environment): GPU_BUDGET (230), GPU_SEEDS (004,002,000,001,003),
-# GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_K (2),
-# GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40),
+# GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_PEERS_FULL
+# (the same for the Python peers; GPU_FULL), GPU_K (2),
+# GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40; GPU_SHARE_003ws
+# for 003 with a pre-Hopper card's cuBLAS workspaces, GPU_SHARE_LM for the
+# fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS),
 # PEAK_FLOPS (989e12, H100 SXM dense bf16), GPU_SKIP (parts to leave out:
 # seeds,peers,lm,plan); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
 # (--tiny), GPU_LM_ARGS (layers=2 steps=3).
@@ -40,6 +43,10 @@ device=${GPU_DEVICE:-cuda}
 read -ra peers_args <<< "${GPU_PEERS_ARGS:-}"
 read -ra lm_args <<< "${GPU_LM_ARGS:-}"
 start=$(date +%s)
+# PyTorch's cuBLAS workspace on a chip other than Hopper (CUBLAS_WORKSPACE_CONFIG
+# :4096:2:16:8, 8.1 MiB), also asked of cuBLASLt (CUBLASLT_WORKSPACE_SIZE, KiB):
+# what seed 003's 8 GB card gets, where an H100 or H200 gets 32 MiB
+prehopper="CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8 CUBLASLT_WORKSPACE_SIZE=8320"
 media=$(mktemp -d)
 trap 'rm -rf "$media"' EXIT
 times=$out/times.txt
@@ -77,8 +84,14 @@ print('transformers', transformers.__version__, 'peft', peft.__version__)" 2>&1 
   timeout 20 "$PYTHON" -c "import bitsandbytes" > /dev/null 2>&1 && echo "bitsandbytes: present" || echo "bitsandbytes: absent"
   # what the first products take from the caching allocator (the seeds hold
   # about 64 MiB before their first step on the GPU that the CPU does not):
-  # the same LibTorch as wick's, so the same cuBLAS / cuBLASLt workspaces
-  [ "$device" = cuda ] && timeout 60 "$PYTHON" - <<'PY' 2>&1
+  # the same LibTorch as wick's, so the same cuBLAS / cuBLASLt workspaces;
+  # PyTorch gives Hopper larger ones than other chips, so again with the
+  # sizes it gives an 8-12 GB card (below: $prehopper)
+  for ws in default prehopper; do
+    [ "$device" = cuda ] || break
+    echo "cuBLAS workspaces: $ws"
+    if [ $ws = default ]; then w=(); else w=($prehopper); fi
+    env "${w[@]}" timeout 60 "$PYTHON" - <<'PY' 2>&1
 import torch
 a = torch.randn(256, 256, device="cuda")
 b = a.to(torch.bfloat16)
@@ -94,6 +107,7 @@ m3 = torch.cuda.memory_allocated()
 print(f"allocator bytes the first products keep (cuBLAS workspaces): fp32 mm {(m1 - m0) / 2**20:.1f} MiB, "
       f"then bf16 mm {(m2 - m1) / 2**20:.1f} MiB, then bf16 linear with bias {(m3 - m2) / 2**20:.1f} MiB")
 PY
+  done
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt" >&2
 
@@ -114,25 +128,33 @@ if wants seeds; then
       bench/seeds.sh device=$device seeds=$s k=$k $f
   done
 fi
+# seed 003 again with the cuBLAS workspaces of its 8 GB card (not a Hopper):
+# extrapolated from k and 2k layers, its rows named 003ws
+if wants seeds && [ "$device" = cuda ] && [[ ",$seeds," == *",003,"* ]]; then
+  part "seeds 003ws" "${GPU_SHARE_003ws:-40}" 100 "$out/seeds_003ws.txt" env $prehopper \
+    bench/seeds.sh device=$device seeds=003 k=$k
+  sed -i 's/^\(RESULT\|MEASURE\) seed=003 /\1 seed=003ws /' "$out/seeds_003ws.txt"
+fi
 # the media, if no seed made them (the plans read them)
 [ -f "$media/clips/manifest.csv" ] ||
   "$WICK" make-clips "$media/clips" --classes 6 --per-class 40 --size 64x48 --seconds 4 --fps 25 --no-extras > /dev/null 2>&1
 
 # 2. the same workloads in transformers + PEFT
 wants peers && part peers 90 55 "$out/peers.txt" "$PYTHON" -u bench/seeds_peers.py --device "$device" --seeds "$seeds" \
-  --k "$k" --full "$full" "${peers_args[@]}"
+  --k "$k" --full "${GPU_PEERS_FULL-$full}" "${peers_args[@]}"
 
 # 3. fine-tuning a decoder LM: full, LoRA, QLoRA, bf16 (wick against transformers + PEFT)
-wants lm && part lm_finetune 50 25 "$out/lm_finetune.txt" bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" \
+wants lm && part lm_finetune "${GPU_SHARE_LM:-50}" 25 "$out/lm_finetune.txt" bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" \
   peak_flops="$peak_flops" "${lm_args[@]}"
 
 # 4. wick plan on each seed at its real shape, against its card
 declare -A file=([000]=000_microvlm.lua [001]=001_video_llm.lua [002]=002_car_clip.lua [003]=003_llava_qlora.lua
   [004]=004_gearhead_lm.lua)
+IFS=, read -ra plan_list <<< "${GPU_PLAN_SEEDS-$seeds}"
 if wants plan; then
-  n=${#seed_list[@]}
+  n=${#plan_list[@]}
   i=0
-  for s in "${seed_list[@]}"; do
+  for s in "${plan_list[@]}"; do
     i=$((i + 1))
     card=12GiB
     [ "$s" = 003 ] && card=8GiB
@@ -140,6 +162,20 @@ if wants plan; then
       --device-memory $card clips="$media/clips" shape=real out="$media/plan-$s" device="$device"
   done
 fi
+
+# 5. seed 003 measured at full depth (the 7 B model built and quantized on the
+# host first: minutes), its rows named 003full, if the budget has room
+if wants seeds && [ "$device" = cuda ] && [[ ",$seeds," == *",003,"* ]] && [[ ",$full," != *",003,"* ]]; then
+  part "seeds 003full" "${GPU_SHARE_003full:-180}" 0 "$out/seeds_003full.txt" bench/seeds.sh device=$device seeds=003 \
+    full=003 k=1
+  sed -i 's/^\(RESULT\|MEASURE\) seed=003 /\1 seed=003full /' "$out/seeds_003full.txt"
+fi
+
+# 6. the same fine-tuning at a width where products, not launches, take the
+# time (1,024 wide, 8 layers, 4 x 512 tokens), if the budget has room
+[ "$device" = cuda ] && wants lm && part lm_finetune_wide "${GPU_SHARE_LM:-50}" 0 "$out/lm_finetune_wide.txt" \
+  bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" peak_flops="$peak_flops" hidden=1024 inter=2816 layers=8 \
+  heads=16 seq=512
 
 # the summary
 "$PYTHON" - "$out" "$seeds" "$k" > "$out/summary.txt" 2>&1 <<'PY' || { echo "summary failed:"; cat "$out/summary.txt"; grep -h '^RESULT\|^LM ' "$out"/*.txt; }
@@ -207,6 +243,9 @@ print(fmt.format(*hdr))
 names = []
 for s in seeds:
     names += [s, s + "fb"] if s == "004" else [s]
+    for extra in ("full", "ws"):  # measured at full depth; with a pre-Hopper card's cuBLAS workspaces
+        if s + extra in wick:
+            names.append(s + extra)
 for s in names:
     w, p = wick.get(s, {}), py.get(s, {})
     if not w and not p and s.endswith("fb"):
@@ -228,7 +267,9 @@ for s in names:
 print("w/p: wick's peak allocated over Python's; py/wick: Python's seconds per step over wick's (above 1: wick faster);")
 print("plan est: `wick plan`'s estimate as given at the real shape; fits: wick's peak against the goal, its device memory")
 print("against the card. 003's Python peer: qlora (bitsandbytes' 4-bit NF4) where bitsandbytes imports, else")
-print("bf16-lora (its frozen weights in bf16: not the seed's 4-bit); see how (wick; python).")
+print("bf16-lora (its frozen weights in bf16: not the seed's 4-bit); see how (wick; python). 003ws: 003 with the")
+print("cuBLAS/cuBLASLt workspaces PyTorch gives a card that is not a Hopper (8.1 MiB each, not 32: its 8 GB card's);")
+print("003full: 003 measured at full depth.")
 for n in plan_notes:
     print(n)
 
@@ -260,10 +301,12 @@ if wm or pm:
         print(f2.format(str(key[0]), str(key[1]), g(wp), g(pp), ratio(wp, pp), g(num(w, "reserved")),
                         g(num(p, "reserved")), g(num(w, "device")), g(num(p, "device")),
                         f"{ws:.4f}" if ws else "n/a", f"{ps:.4f}" if ps else "n/a", ratio(ps, ws)))
-lm = os.path.join(out, "lm_finetune.txt")
-if os.path.exists(lm):
+for lm, shape in ((os.path.join(out, "lm_finetune.txt"), "6 layers, 512 wide, 4 x 256 tokens"),
+                  (os.path.join(out, "lm_finetune_wide.txt"), "8 layers, 1,024 wide, 4 x 512 tokens")):
+    if not os.path.exists(lm):
+        continue
     print("")
-    print("decoder LM fine-tuning (bench/lm_finetune.sh device=cuda, bf16 autocast):")
+    print(f"decoder LM fine-tuning (bench/lm_finetune.sh device=cuda, bf16 autocast; {shape}):")
     print(f"{'mode':<6} {'wick tok/s':>11} {'py tok/s':>11} {'w/p':>6} {'wick peak':>10} {'py peak':>10} {'wick MFU':>9} {'py MFU':>9}")
     notes = []
     for line in open(lm, errors="replace"):

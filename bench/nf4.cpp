@@ -5,8 +5,12 @@
 // (wick/kit/nf4.hpp), on LLaMA-2-7B's layer shapes (the seed 003 QLoRA model).
 // Bytes come from the counting CPU allocator (what CUDA's allocated bytes
 // would show); both decodes give the same bits.
-//   build/bin/wick-bench-nf4 [tokens=64] [bf16|fp32] [reps=3]
+//   build/bin/wick-bench-nf4 [tokens=64] [bf16|fp32] [reps=3] [cpu|cuda]
+// cuda: on the GPU, the engine's one-kernel decode (host/kernels/) against the
+// ATen decode it replaced, for the products and the whole dequantization:
+// time (median, synchronised) and whether both give the same bits.
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -57,6 +61,59 @@ Measure measure(F&& f, std::int64_t weights, int reps) {
   return m;
 }
 
+// The GPU: kernel against ATen decode, per layer and product.
+int cuda_main(std::int64_t tokens, at::ScalarType dtype, int reps) {
+  if (!torch::cuda::is_available() || !wick::detail::nf4_kernel_op()) {
+    std::fprintf(stderr, "wick-bench-nf4: cuda needs a CUDA device and an engine built with CUDA\n");
+    return 2;
+  }
+  struct Layer {
+    const char* name;
+    std::int64_t out, in;
+  };
+  const Layer layers[] = {{"q_proj 4096x4096", 4096, 4096}, {"up_proj 11008x4096", 11008, 4096},
+                          {"down_proj 4096x11008", 4096, 11008}, {"tiny 512x512", 512, 512}};
+  std::printf("NF4 on the GPU, %lld tokens, %s, median of %d: the kernel (one launch a slice) against the ATen decode\n",
+              static_cast<long long>(tokens), at::toString(dtype), reps);
+  std::printf("%-22s %-11s %10s %10s %8s %s\n", "layer", "work", "ATen ms", "kernel ms", "speedup", "same bits");
+  at::manual_seed(0);
+  int failures = 0;
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  auto time = [&](auto&& f) {
+    std::vector<double> t;
+    at::Tensor y;
+    for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
+      torch::cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      y = f();
+      torch::cuda::synchronize();
+      if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return std::make_pair(t[t.size() / 2], y);
+  };
+  for (const auto& l : layers) {
+    const wick::Nf4Weight q = wick::nf4_quantize(at::randn({l.out, l.in}, opts) * 0.02);
+    const at::Tensor x = at::randn({tokens, l.in}, opts).to(dtype), g = at::randn({tokens, l.out}, opts).to(dtype);
+    for (int work = 0; work < 3; ++work) {
+      auto run = [&] {
+        return work == 0 ? wick::detail::nf4_matmul_t(x, q)
+                         : work == 1 ? wick::detail::nf4_matmul(g, q) : wick::nf4_dequantize(q, dtype);
+      };
+      wick::detail::nf4_use_kernel() = false;
+      const auto [aten_s, aten_y] = time(run);
+      wick::detail::nf4_use_kernel() = true;
+      const auto [kernel_s, kernel_y] = time(run);
+      const bool same = at::equal(aten_y, kernel_y);
+      failures += !same;
+      std::printf("%-22s %-11s %10.3f %10.3f %7.2fx %s\n", l.name, work == 0 ? "x W^T" : work == 1 ? "g W" : "dequantize",
+                  aten_s * 1e3, kernel_s * 1e3, aten_s / kernel_s, same ? "yes" : "NO");
+    }
+  }
+  std::printf("speedup: ATen's time over the kernel's\n");
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,11 +122,13 @@ int main(int argc, char** argv) {
   const std::int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 64;
   const std::string dt = argc > 2 ? argv[2] : "bf16";
   const int reps = argc > 3 ? std::atoi(argv[3]) : 3;
-  if (tokens < 1 || reps < 1 || (dt != "bf16" && dt != "fp32")) {
-    std::fprintf(stderr, "usage: wick-bench-nf4 [tokens >= 1] [bf16|fp32] [reps >= 1]\n");
+  const std::string device = argc > 4 ? argv[4] : "cpu";
+  if (tokens < 1 || reps < 1 || (dt != "bf16" && dt != "fp32") || (device != "cpu" && device != "cuda")) {
+    std::fprintf(stderr, "usage: wick-bench-nf4 [tokens >= 1] [bf16|fp32] [reps >= 1] [cpu|cuda]\n");
     return 2;
   }
   const at::ScalarType dtype = dt == "bf16" ? at::kBFloat16 : at::kFloat;
+  if (device == "cuda") return cuda_main(tokens, dtype, reps);
   struct Layer {
     const char* name;
     std::int64_t out, in;

@@ -165,6 +165,38 @@ TEST(Nf4Memory, AProductHoldsUnderTwoBytesPerWeight) {
   }
 }
 
+// The engine's CUDA decoder (host/kernels/): registered when built with CUDA,
+// never used for a CPU weight; on a machine with a GPU, the same bits as the
+// ATen decode for every shape and dtype above, whole and in rectangles.
+TEST(Nf4Kernel, TheEngineRegistersItsCudaDecoderWhenBuiltWithCuda) {
+#ifdef WICK_WITH_CUDA
+  ASSERT_TRUE(detail::nf4_kernel_op().has_value());
+  EXPECT_EQ(detail::nf4_kernel_op()->schema().name(), "wick::nf4_decode");
+#else
+  EXPECT_FALSE(detail::nf4_kernel_op().has_value());
+#endif
+  const Nf4Weight q = nf4_quantize(at::randn({8, 64}), 64);
+  EXPECT_FALSE(detail::nf4_kernel_applies(q, at::kBFloat16));  // a CPU weight decodes with ATen
+}
+
+TEST(Nf4Kernel, OnAGpuItGivesTheBitsOfTheATenDecode) {
+  if (!detail::nf4_kernel_op() || !at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device here";
+  at::manual_seed(3);
+  for (const Shape& s : kShapes) {
+    const Nf4Weight q = nf4_quantize(at::randn({s.out, s.in}).cuda(), s.block);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      detail::nf4_use_kernel() = false;
+      const at::Tensor whole = nf4_dequantize(q, dtype);
+      const at::Tensor cols = detail::nf4_decode_columns(q, 1, s.in - 1, at::Tensor(), dtype);
+      const at::Tensor range = detail::nf4_decode_range(q, 3, q.numel() - 5, dtype);
+      detail::nf4_use_kernel() = true;
+      EXPECT_TRUE(same_bits(nf4_dequantize(q, dtype), whole)) << s.out << "x" << s.in << " " << at::toString(dtype);
+      EXPECT_TRUE(same_bits(detail::nf4_decode_columns(q, 1, s.in - 1, at::Tensor(), dtype), cols));
+      EXPECT_TRUE(same_bits(detail::nf4_decode_range(q, 3, q.numel() - 5, dtype), range));
+    }
+  }
+}
+
 TEST(Nf4Errors, AWeightNotAMultipleOfTheBlockIsRefused) {
   try {
     nf4_quantize(at::randn({10, 10}), 64);

@@ -14,6 +14,7 @@
 /// compress_statistics=True) gives the same bytes.
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -171,10 +173,11 @@ namespace detail {
 /// slice is all of it that exists at a time. A slice holds at most this many
 /// bytes of decoded float weight (16 MiB: LLaMA-2-7B's 4096 x 4096 products
 /// in 4 slices, its 11008 x 4096 ones in 11); a smaller weight is one slice.
-/// Each slice costs a dozen kernel launches on a GPU, so a fixed count of 8
+/// Each slice cost a dozen kernel launches on a GPU, so a fixed count of 8
 /// made a small model's QLoRA step launch-bound (an H200 ran a 6-layer,
 /// 512-wide model at 0.27x the tokens per second of bitsandbytes' one fused
-/// dequantization per product).
+/// dequantization per product); on a GPU a slice is now one launch of the
+/// engine's kernel (nf4_use_kernel) and its product.
 inline constexpr std::int64_t kNf4SliceBytes = std::int64_t{16} << 20;
 
 /// The slice limit in force (kNf4SliceBytes; a test lowers it to see the
@@ -190,6 +193,27 @@ inline std::int64_t nf4_slices(const Nf4Weight& q) {
   return std::max<std::int64_t>(1, (q.numel() * 4 + limit - 1) / limit);
 }
 
+/// Whether a CUDA weight decodes with the engine's kernel (the operator
+/// wick::nf4_decode, host/kernels/: one launch straight into the product's
+/// dtype) where this process has it; bench/nf4.cpp turns it off to compare the
+/// kernel with the ATen decode below, which gives the same bits.
+inline bool& nf4_use_kernel() {
+  static bool on = true;
+  return on;
+}
+
+/// The operator, if the engine that loaded this code was built with CUDA.
+inline const std::optional<c10::OperatorHandle>& nf4_kernel_op() {
+  static const std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema({"wick::nf4_decode", ""});
+  return op;
+}
+
+/// Whether `q` decodes into `dtype` with the kernel.
+inline bool nf4_kernel_applies(const Nf4Weight& q, at::ScalarType dtype) {
+  return nf4_use_kernel() && q.packed.is_cuda() &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && nf4_kernel_op().has_value();
+}
+
 /// The two levels of each of the 256 packed bytes (high nibble first), [256, 2]
 /// float on `device`: one int32 index per byte decodes two weights.
 inline const at::Tensor& nf4_pair_table(const at::Device& device) {
@@ -203,6 +227,21 @@ inline const at::Tensor& nf4_pair_table(const at::Device& device) {
     t = at::stack({levels.index_select(0, byte.floor_divide(16)), levels.index_select(0, byte.remainder(16))}, 1).to(device);
   }
   return t;
+}
+
+/// Values [row0, row0 + rows) x [col0, col0 + cols) of the weight seen as rows
+/// of `width` values, [rows, cols] in `dtype`, by the kernel (nf4_kernel_applies).
+inline at::Tensor nf4_kernel_decode(const Nf4Weight& q, std::int64_t width, std::int64_t row0, std::int64_t rows,
+                                    std::int64_t col0, std::int64_t cols, at::ScalarType dtype) {
+  static const auto op =
+      nf4_kernel_op()
+          ->typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                             std::int64_t, std::int64_t, at::ScalarType)>();
+  const at::Device device = q.packed.device();
+  return op.call(q.packed.contiguous(), q.absmax_q.contiguous(), q.absmax_scale.contiguous(),
+                 q.absmax_offset.contiguous(), nf4_table(1, device), nf4_table(0, device), width, row0, rows, col0, cols,
+                 q.block, q.scale_block, dtype);
 }
 
 /// The absmax constants of blocks [b0, b1), float: the same float arithmetic
@@ -224,9 +263,12 @@ inline at::Tensor nf4_absmax_all(const Nf4Weight& q) {
   return out;
 }
 
-/// Values [p0, p1) of the flattened weight, float: level x absmax, the same
-/// float arithmetic as the whole weight's. Decodes whole bytes around the range.
-inline at::Tensor nf4_decode_range(const Nf4Weight& q, std::int64_t p0, std::int64_t p1) {
+/// Values [p0, p1) of the flattened weight in `dtype`: level x absmax in
+/// float, the same float arithmetic as the whole weight's, rounded once to
+/// `dtype`. The ATen decode reads whole bytes around the range.
+inline at::Tensor nf4_decode_range(const Nf4Weight& q, std::int64_t p0, std::int64_t p1,
+                                   at::ScalarType dtype = at::kFloat) {
+  if (nf4_kernel_applies(q, dtype)) return nf4_kernel_decode(q, q.numel(), 0, 1, p0, p1 - p0, dtype).view({-1});
   const std::int64_t B = q.block;
   const std::int64_t a = p0 / 2 * 2, b = (p1 + 1) / 2 * 2;  // on byte boundaries
   const std::int64_t k0 = a / B, k1 = (b - 1) / B + 1;       // the blocks they touch
@@ -238,21 +280,25 @@ inline at::Tensor nf4_decode_range(const Nf4Weight& q, std::int64_t p0, std::int
     vals.mul_(absmax.unsqueeze(1).expand({k1 - k0, B}).reshape({-1}).slice(0, a - k0 * B, b - k0 * B));
   }
   // a buffer of its own: BLAS may round a product differently at another alignment
+  if (dtype != at::kFloat) return vals.slice(0, p0 - a, p1 - a).to(dtype);
   return p0 == a && p1 == b ? vals : vals.slice(0, p0 - a, p1 - a).clone();
 }
 
-/// Columns [c0, c1) of the [out, in] weight, float [out, c1 - c0]. With `absmax`
-/// (every block's constant) the columns are cut from 2-D views of the packed
-/// bytes, which needs in % block == 0, an even block and c0, c1 on block
-/// boundaries; without, each slice of rows is decoded whole and cut.
-inline at::Tensor nf4_decode_columns(const Nf4Weight& q, std::int64_t c0, std::int64_t c1, const at::Tensor& absmax) {
+/// Columns [c0, c1) of the [out, in] weight, [out, c1 - c0] in `dtype`. The
+/// kernel decodes them where it applies; else, with `absmax` (every block's
+/// constant) the columns are cut from 2-D views of the packed bytes, which
+/// needs in % block == 0, an even block and c0, c1 on block boundaries;
+/// without, each slice of rows is decoded whole and cut.
+inline at::Tensor nf4_decode_columns(const Nf4Weight& q, std::int64_t c0, std::int64_t c1, const at::Tensor& absmax,
+                                     at::ScalarType dtype = at::kFloat) {
   const std::int64_t out = q.shape[0], in = q.shape[1], B = q.block, w = c1 - c0;
+  if (nf4_kernel_applies(q, dtype)) return nf4_kernel_decode(q, in, 0, out, c0, w, dtype);
   if (absmax.defined()) {
     at::Tensor bytes = q.packed.view({out, in / 2}).slice(1, c0 / 2, c1 / 2).to(at::kInt).contiguous();
     at::Tensor vals = nf4_pair_table(q.packed.device()).index_select(0, bytes.view({-1})).view({out, w / B, B});
     bytes.reset();
     vals.mul_(absmax.view({out, in / B}).slice(1, c0 / B, c1 / B).unsqueeze(2));
-    return vals.view({out, w});
+    return vals.view({out, w}).to(dtype);
   }
   at::Tensor cols = at::empty({out, w}, q.absmax_scale.options());
   const std::int64_t slices = nf4_slices(q);
@@ -261,7 +307,7 @@ inline at::Tensor nf4_decode_columns(const Nf4Weight& q, std::int64_t c0, std::i
     const std::int64_t r1 = std::min(out, r0 + rows);
     cols.slice(0, r0, r1).copy_(nf4_decode_range(q, r0 * in, r1 * in).view({r1 - r0, in}).slice(1, c0, c1));
   }
-  return cols;
+  return cols.to(dtype);
 }
 
 inline void nf4_check_matrix(const Nf4Weight& q) {
@@ -303,10 +349,15 @@ inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
   at::Tensor x2 = x.reshape({-1, in}), y;
-  for (const auto& [r0, r1] : nf4_row_slices(q)) {
-    at::Tensor part = at::mm(x2, nf4_decode_range(q, r0 * in, r1 * in).to(x.scalar_type()).view({r1 - r0, in}).t());
-    if (!y.defined()) y = at::empty({x2.size(0), out}, part.options());
-    y.slice(1, r0, r1).copy_(part);
+  const auto slices = nf4_row_slices(q);
+  for (const auto& [r0, r1] : slices) {
+    at::Tensor part = at::mm(x2, nf4_decode_range(q, r0 * in, r1 * in, x.scalar_type()).view({r1 - r0, in}).t());
+    if (slices.size() == 1) {
+      y = part;
+    } else {
+      if (!y.defined()) y = at::empty({x2.size(0), out}, part.options());
+      y.slice(1, r0, r1).copy_(part);
+    }
   }
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
@@ -319,11 +370,17 @@ inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
   at::Tensor g2 = g.reshape({-1, out}), y;
-  at::Tensor absmax = nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
-  for (const auto& [c0, c1] : nf4_column_slices(q)) {
-    at::Tensor part = at::mm(g2, nf4_decode_columns(q, c0, c1, absmax).to(g.scalar_type()));
-    if (!y.defined()) y = at::empty({g2.size(0), in}, part.options());
-    y.slice(1, c0, c1).copy_(part);
+  at::Tensor absmax =
+      !nf4_kernel_applies(q, g.scalar_type()) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
+  const auto slices = nf4_column_slices(q);
+  for (const auto& [c0, c1] : slices) {
+    at::Tensor part = at::mm(g2, nf4_decode_columns(q, c0, c1, absmax, g.scalar_type()));
+    if (slices.size() == 1) {
+      y = part;
+    } else {
+      if (!y.defined()) y = at::empty({g2.size(0), in}, part.options());
+      y.slice(1, c0, c1).copy_(part);
+    }
   }
   std::vector<std::int64_t> sizes = g.sizes().vec();
   sizes.back() = in;
@@ -336,12 +393,14 @@ inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
 /// (besides it, temporaries of about 6 bytes per weight of one slice).
 inline at::Tensor nf4_dequantize(const Nf4Weight& q, at::ScalarType dtype = at::kFloat) {
   at::NoGradGuard no_grad;
+  if (detail::nf4_kernel_applies(q, dtype))  // one launch into the result: no temporaries
+    return detail::nf4_kernel_decode(q, q.numel(), 0, 1, 0, q.numel(), dtype).view(q.shape);
   // slices of whole blocks and bytes
   const std::int64_t unit = q.block % 2 == 0 ? q.block : 2 * q.block, n = q.numel();
   const std::int64_t step = std::max<std::int64_t>(1, (n / detail::nf4_slices(q) + unit - 1) / unit) * unit;
   at::Tensor w = at::empty({n}, q.absmax_scale.options().dtype(dtype));
   for (std::int64_t p0 = 0; p0 < n; p0 += step)
-    w.slice(0, p0, std::min(n, p0 + step)).copy_(detail::nf4_decode_range(q, p0, std::min(n, p0 + step)));
+    w.slice(0, p0, std::min(n, p0 + step)).copy_(detail::nf4_decode_range(q, p0, std::min(n, p0 + step), dtype));
   return w.view(q.shape);
 }
 
