@@ -306,3 +306,71 @@ def test_clips_of_different_lengths_equal_each_clip_alone(tmp_path, run_wick):
                      f"saved={tmp_path / 's2.safetensors'}", check=False)
         assert p.returncode != 0 and says in p.stderr and "vlm:" in p.stderr, p.stderr
         assert not (tmp_path / "l2.safetensors").exists()
+
+
+def tiny_family(family):
+    """A LLaVA whose language model is `family`'s, made by transformers' own
+    config classes: Mistral and Qwen2 with a sliding window shorter than the
+    visual tokens, Qwen3 with q/k norms and its own head_dim, Phi-3 with fused
+    projections and partial rotation."""
+    vision = transformers.CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=4)
+    common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
+    if family == "mistral":
+        text = transformers.MistralConfig(**common, sliding_window=7)
+    elif family == "qwen2":
+        text = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=7, max_window_layers=1)
+    elif family == "qwen3":
+        text = transformers.Qwen3Config(**common, head_dim=12)
+    else:
+        common["rope_parameters"]["partial_rotary_factor"] = 0.5
+        text = transformers.Phi3Config(**common, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE,
+                                   vision_feature_layer=-2, vision_feature_select_strategy="default",
+                                   projector_hidden_act="gelu")
+    return transformers.LlavaForConditionalGeneration(cfg).float().eval()
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "phi3"])
+def test_vlm_with_each_language_family_matches_llava(tmp_path, run_wick, family):
+    """The vlm's language model is any decoder family a LLaVA folder names:
+    logits, loss and every gradient equal transformers', with the window
+    sliding over the visual tokens; the weights load back strict."""
+    torch.manual_seed(1)
+    ref = tiny_family(family)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    V, B, L = 16, 2, 9
+    ids = torch.randint(0, IMAGE, (B, L))
+    ids[0, 2] = IMAGE
+    ids[1, 0] = IMAGE
+    labels = ids.clone()
+    labels[ids == IMAGE] = -100
+    pixels = torch.randn(B, 3, 32, 32)
+    save_file({"input_ids": ids, "labels": labels, "pixel_values": pixels}, tmp_path / "batch.safetensors")
+    run_recipe(tmp_path, run_wick)
+
+    def widen(x, fill):
+        return widen_image_tokens(ids, x, fill, V)
+
+    out = ref(input_ids=widen(ids, IMAGE), pixel_values=pixels, labels=widen(labels, -100))
+    out.loss.backward()
+    logits = load_file(tmp_path / "logits.safetensors")["output"]
+    assert logits.shape == out.logits.shape
+    assert (logits - out.logits.detach()).abs().max().item() < 1e-4, family
+    g = load_file(tmp_path / "grads.safetensors")
+    assert abs(g["loss"].item() - out.loss.item()) < 1e-5
+    checked = 0
+    for n, p in ref.named_parameters():
+        if p.grad is None or p.grad.abs().max() == 0:
+            continue
+        torch.testing.assert_close(g["grad." + n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        checked += 1
+    assert checked > 30
+    back = tiny_family(family)
+    back.load_state_dict(load_file(tmp_path / "wick.safetensors"), strict=True)
