@@ -22,7 +22,17 @@ def load(name, body, message, **changes):
 
 MODEL = 'local m = wick.model("decoder_lm", {{ path = "m"{} }})\n'
 
+FRESH = ('local m = wick.model("decoder_lm", {{ family = "{}", vocab_size = 32, hidden_size = 16, '
+         'intermediate_size = 32, layers = 2, heads = 2{} }})\n')
+
 CASES = [
+    load("sliding_window for a family without one from options", FRESH.format("qwen2", ", sliding_window = 4"),
+         r"r\.lua:2: model 'decoder_lm' \(.*\) failed to build: option 'sliding_window': family 'qwen2' has no "
+         r"sliding window made from options, expected it with family mistral, phi3, gemma2 or gemma3_text"),
+    load("sliding_window 0 for gemma2", FRESH.format("gemma2", ", sliding_window = 0"),
+         r"r\.lua:2: model 'decoder_lm': option 'sliding_window': expected a value >= 1, got integer 0"),
+    load("family gemma", FRESH.format("gemma", ""),
+         r"r\.lua:2: model 'decoder_lm': option 'family': expected one of .*gemma3_text.*, got string \"?gemma"),
     Case("torch_dtype int8", ["generate", "m", "tokenizer=bytes", "max_new_tokens=2"],
          CFG + r"torch_dtype is \"int8\", expected float32, bfloat16 or float16",
          setup=lambda d: write_decoder(d / "m", torch_dtype="int8")),

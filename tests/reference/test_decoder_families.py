@@ -241,24 +241,42 @@ def test_qlora_trains(tmp_path, run_wick, family):
     assert float(last) < float(first) - 0.5
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3"])
-def test_a_fresh_model_of_the_family_saves_a_folder_transformers_loads(tmp_path, run_wick, family):
-    """decoder_lm built from options (family = ...) and saved by
-    wick.save_pretrained: transformers loads it as the family's class, with
-    the same logits."""
+# options beyond family = ...: a window shorter than the sequence; Gemma 3
+# with 6 layers, so that one of them attends fully with the global base
+FRESH = {"qwen3": "", "mistral": "", "phi3": "", "mistral-window": "sliding_window = 3,",
+         "phi3-window": "sliding_window = 4,", "gemma2": "sliding_window = 3, head_dim = 12,",
+         "gemma3_text": "sliding_window = 3, rope_theta = 50000,"}
+
+
+@pytest.mark.parametrize("case", list(FRESH))
+def test_a_fresh_model_of_the_family_saves_a_folder_transformers_loads(tmp_path, run_wick, case):
+    """decoder_lm built from options (family = ..., and Gemma's or a window)
+    and saved by wick.save_pretrained: transformers loads it as the family's
+    class, with the same logits over a sequence longer than the window."""
+    family = case.split("-")[0]
+    layers = 6 if family == "gemma3_text" else 2
     (tmp_path / "s.lua").write_text(
         'local wick = require "wick"\n'
         'wick.seed(11)\n'
         f'local m = wick.model("decoder_lm", {{ family = "{family}", vocab_size = 61, hidden_size = 32, '
-        'intermediate_size = 48, layers = 2, heads = 4, kv_heads = 2 })\n'
+        f'intermediate_size = 48, layers = {layers}, heads = 4, kv_heads = 2, {FRESH[case]} }})\n'
         "wick.save_pretrained(m, wick.args.dir)\n"
         "wick.core.predict(m, wick.args.batch, wick.args.logits)\n")
-    ids = torch.randint(0, 61, (2, 7))
+    ids = torch.randint(0, 61, (2, 9))
     save_file({"input_ids": ids}, tmp_path / "batch.safetensors")
     run_wick("run", tmp_path / "s.lua", f"dir={tmp_path / 'saved'}", f"batch={tmp_path / 'batch.safetensors'}",
              f"logits={tmp_path / 'logits.safetensors'}")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").float().eval()
     assert type(hf).__name__ == CLASSES[family]
+    cfg = json.loads((tmp_path / "saved" / "config.json").read_text())
+    if "window" in FRESH[case]:  # the options as asked, and the family's own choices
+        assert cfg["sliding_window"] == int(FRESH[case].split("sliding_window = ")[1].split(",")[0])
+    if family == "gemma2":
+        assert cfg["layer_types"] == ["sliding_attention", "full_attention"] and cfg["head_dim"] == 12
+        assert cfg["query_pre_attn_scalar"] == 12
+        assert (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"]) == (50.0, 30.0)
+    if family == "gemma3_text":
+        assert cfg["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
     with torch.no_grad():
         want = hf(input_ids=ids).logits
     assert (load_file(tmp_path / "logits.safetensors")["output"] - want).abs().max().item() < 1e-4

@@ -401,18 +401,46 @@ Config config_from_options(const wick::Options& o) {
   c.init_range = o.get_double("initializer_range");
   c.tie = o.get_bool("tie_embeddings");
   c.qkv_bias = c.family == "qwen2";
-  c.qk_norm = c.family == "qwen3";
+  c.qk_norm = c.family == "qwen3" || c.family == "gemma3_text";
   c.fused = c.family == "phi3";
+  c.head_dim = o.has("head_dim") ? o.get_int("head_dim") : 0;
   c.sliding.assign(static_cast<std::size_t>(c.layers), false);
   if (c.family == "qwen2" || c.family == "qwen3") c.max_window_layers = c.layers;
+  const bool windowed = o.has("sliding_window");
+  if (windowed) c.sliding_window = o.get_int("sliding_window");
+  if (c.family == "gemma2" || c.family == "gemma3_text") {
+    // Gemma2Config's and Gemma3TextConfig's own choices: (1 + w) norms, GeGLU,
+    // scores scaled by head_dim^-0.5 (query_pre_attn_scalar = head_dim),
+    // Gemma 2's soft-capping (50 on the scores, 30 on the logits), every
+    // second layer sliding in Gemma 2 and five of six in Gemma 3 (whose
+    // sliding layers rotate with base 10,000, the others with rope_theta)
+    const bool g3 = c.family == "gemma3_text";
+    c.gemma = true;
+    if (c.head_dim == 0 && c.heads > 0 && c.hidden % c.heads == 0) c.head_dim = c.hidden / c.heads;
+    c.query_pre_attn_scalar = c.head_dim;
+    c.attn_softcap = g3 ? 0 : 50.0;
+    c.final_softcap = g3 ? 0 : 30.0;
+    if (!windowed) c.sliding_window = 4096;
+    const std::int64_t pattern = g3 ? 6 : 2;
+    for (std::int64_t i = 0; i < c.layers; ++i) c.sliding[static_cast<std::size_t>(i)] = (i + 1) % pattern != 0;
+    if (g3) c.rope_local_theta = 10000.0;
+  } else if (windowed) {
+    if (c.family != "mistral" && c.family != "phi3")
+      throw wick::Error("option 'sliding_window': family '" + c.family +
+                        "' has no sliding window made from options, expected it with family mistral, phi3, gemma2 or "
+                        "gemma3_text (a Qwen folder's config.json sets its own)");
+    c.sliding.assign(static_cast<std::size_t>(c.layers), true);  // Mistral and Phi-3: every layer
+  }
   return c;
 }
 
 wick::OptionSchema size_options() {
   return {wick::opt_string("family", "llama",
                            "llama; mistral (llama's layers, saved as Mistral); qwen2 (q/k/v bias); qwen3 (q/k norms); "
-                           "phi3 (fused qkv_proj and gate_up_proj)")
-              .one_of({"llama", "mistral", "qwen2", "qwen3", "phi3"}),
+                           "phi3 (fused qkv_proj and gate_up_proj); gemma2 ((1 + w) norms, GeGLU, soft-capping, every "
+                           "second layer sliding); gemma3_text (Gemma 3's text model: q/k norms, five of six layers "
+                           "sliding)")
+              .one_of({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"}),
           wick::opt_int("vocab_size", 256, "vocabulary size").at_least(1),
           wick::opt_int("hidden_size", 256, "model width").at_least(1),
           wick::opt_int("intermediate_size", 688, "MLP width").at_least(1),
@@ -421,7 +449,16 @@ wick::OptionSchema size_options() {
           wick::opt_int("kv_heads", wick::Value(), "key/value heads (grouped-query attention; default: heads)")
               .at_least(1)
               .optional(),
-          wick::opt_float("rope_theta", 10000.0, "rotary embedding base").at_least(1),
+          wick::opt_int("head_dim", wick::Value(), "each head's width (default: hidden_size / heads)")
+              .at_least(2)
+              .optional(),
+          wick::opt_int("sliding_window", wick::Value(),
+                        "positions a sliding layer sees (mistral and phi3: every layer; gemma2 and gemma3_text: their "
+                        "sliding layers, default 4096)")
+              .at_least(1)
+              .optional(),
+          wick::opt_float("rope_theta", 10000.0, "rotary embedding base (gemma3_text: its full-attention layers')")
+              .at_least(1),
           wick::opt_float("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
           wick::opt_bool("tie_embeddings", false, "output head shares the token embedding"),
           wick::opt_float("initializer_range", 0.02,
