@@ -10,12 +10,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +35,16 @@ std::string number(double v) {
     if (std::stod(u.str()) == v) return u.str();
   }
   return t;
+}
+
+// The engine's fused CUDA step (host/kernels/adamw8bit_op.cpp), when the
+// engine that loaded this plugin was built with CUDA: a whole parameter's
+// step in one kernel, where the ATen step below makes some forty launches a
+// chunk of 2^20 values.
+const std::optional<c10::OperatorHandle>& fused_step() {
+  static const std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findSchema({"wick::adamw8bit_step_", ""});
+  return op;
 }
 
 // One 8-bit moment of one tensor: codes (uint8, the tensor's element count)
@@ -125,8 +137,19 @@ class AdamW8bit : public wick::Optimizer, public wick::ElementwiseUpdates {
       // updated through a contiguous copy
       at::Tensor w = p.detach().is_contiguous() ? p.detach().view({-1}) : p.detach().contiguous().view({-1});
       const at::Tensor g = p.grad().contiguous().view({-1});
+      const auto dt = w.scalar_type();
       if (!s.quantized) {
         update(w, g, s.exp_avg, s.exp_avg_sq, lr, c1, c2);
+      } else if (w.is_cuda() && g.scalar_type() == dt && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
+                 fused_step()) {
+        const auto& maps = device_maps(p.device());
+        static const auto op =
+            fused_step()
+                ->typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, std::int64_t,
+                             double, double, double, double, double, double, double)>();
+        op.call(w, g, s.m.codes, s.m.absmax, s.v.codes, s.v.absmax, maps.first, maps.second, block_, beta1_, beta2_,
+                eps_, lr, weight_decay_, c1, c2);
       } else {
         const auto& maps = device_maps(p.device());
         const std::int64_t n = w.numel();

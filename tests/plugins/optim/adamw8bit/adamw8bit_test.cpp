@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "../../../test_util.hpp"
+#include "kernels/adamw8bit_math.hpp"
 #include "wick/kit/dynamic_map.hpp"
 #include "wick/optim.hpp"
 
@@ -185,6 +186,84 @@ TEST(AdamW8bit, StateOfAnotherBlockSizeIsRefused) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("optim 'adamw8bit': state 'w.exp_avg.absmax': expected 165 elements"));
     EXPECT_THAT(e.what(), HasSubstr("another block_size"));
+  }
+}
+
+// The engine's fused CUDA step (host/kernels/adamw8bit_step.cu) computes each
+// element with adamw8bit_math.hpp, a block at a time: the largest new moment
+// of the block first, then the weight and the codes. That algorithm, run here
+// on the CPU with the same header, gives the plugin's ATen step: absmax
+// values and weights to float rounding (the two may fuse a multiply-add
+// differently), the codes equal but where a moment lies within rounding of a
+// midpoint, and there one code apart.
+TEST(AdamW8bit, TheFusedKernelsAlgorithmGivesTheATenStep) {
+  const double lr = 0.01, wd = 0.05, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  auto o = adamw8bit({{"weight_decay", Value(wd)}});
+  auto ps = params();
+  o->attach(ps);
+  steps(*o, ps, 0, 2);  // moments with codes all over the maps
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [k, v] : o->state()) before[k] = v.clone();  // state() gives views of the live state
+  const at::Tensor w0 = ps[0].second.clone().view({-1});
+  set_grads(ps, 2);
+  const at::Tensor g = ps[0].second.grad().contiguous().view({-1});
+  o->step(lr);
+  const auto after = o->state();
+
+  const std::int64_t n = w0.numel(), block = 256, nb = (n + block - 1) / block;
+  const at::Tensor smap = dynamic_map(true), umap = dynamic_map(false);
+  std::vector<float> smid(255), umid(255);
+  for (int i = 0; i < 255; ++i) {
+    smid[i] = (smap[i + 1].item<float>() + smap[i].item<float>()) / 2.0f;
+    umid[i] = (umap[i + 1].item<float>() + umap[i].item<float>()) / 2.0f;
+  }
+  const int step = 3;
+  const double c1 = 1 - std::pow(b1, step), c2 = std::sqrt(1 - std::pow(b2, step));
+  const kernels::Adam8Hyper h{float(b1), float(1 - b1), float(b2), float(1 - b2), float(eps), float(c2),
+                              float(1 - lr * wd), float(-lr / c1)};
+  const at::Tensor mc = before.at("w.exp_avg.codes").contiguous().view({-1}), vc = before.at("w.exp_avg_sq.codes").contiguous().view({-1});
+  const at::Tensor ma = before.at("w.exp_avg.absmax"), va = before.at("w.exp_avg_sq.absmax");
+  const float* sm = smap.data_ptr<float>();
+  const float* um = umap.data_ptr<float>();
+  std::vector<float> w(n), m_top(nb), v_top(nb);
+  std::vector<std::uint8_t> m_code(n), v_code(n);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    const std::int64_t begin = b * block, end = std::min(n, begin + block);
+    float mt = 0, vt = 0;
+    auto moments = [&](std::int64_t i, float& m, float& v) {
+      kernels::adam8_moments(sm[mc[i].item<std::uint8_t>()] * ma[b].item<float>(),
+                             um[vc[i].item<std::uint8_t>()] * va[b].item<float>(), g[i].item<float>(), h, m, v);
+    };
+    for (std::int64_t i = begin; i < end; ++i) {
+      float m, v;
+      moments(i, m, v);
+      mt = std::max(mt, std::fabs(m));
+      vt = std::max(vt, std::fabs(v));
+    }
+    for (std::int64_t i = begin; i < end; ++i) {
+      float m, v;
+      moments(i, m, v);
+      w[i] = kernels::adam8_weight(w0[i].item<float>(), m, v, h);
+      m_code[i] = kernels::adam8_code(m / (mt > 0 ? mt : 1.0f), smid.data());
+      v_code[i] = kernels::adam8_code(v / (vt > 0 ? vt : 1.0f), umid.data());
+    }
+    m_top[b] = mt;
+    v_top[b] = vt;
+  }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  EXPECT_TRUE(at::allclose(at::from_blob(m_top.data(), {nb}, f32), after.at("w.exp_avg.absmax"), 1e-6, 0));
+  EXPECT_TRUE(at::allclose(at::from_blob(v_top.data(), {nb}, f32), after.at("w.exp_avg_sq.absmax"), 1e-6, 0));
+  const at::Tensor wk = at::from_blob(w.data(), {n}, f32);
+  // relative: where a second moment decodes to 0 the step divides by eps,
+  // and a weight moves by tens (element 626 here), a few float roundings apart
+  EXPECT_TRUE(at::allclose(wk, ps[0].second.view({-1}), 1e-6, 1e-6));
+  EXPECT_GT((wk - w0).abs().max().item<float>(), 1e-4);  // a step was taken
+  const auto u8 = at::TensorOptions().dtype(at::kByte);
+  for (const auto& [mine, key] : {std::pair{&m_code, "w.exp_avg.codes"}, std::pair{&v_code, "w.exp_avg_sq.codes"}}) {
+    const at::Tensor d = at::from_blob(mine->data(), {n}, u8).to(at::kInt) - after.at(key).reshape({-1}).to(at::kInt);
+    EXPECT_LE(d.abs().max().item<int>(), 1) << key;
+    EXPECT_LE(d.ne(0).sum().item<std::int64_t>(), n / 1000) << key;  // near-ties only
+    EXPECT_GT(std::get<0>(at::_unique(at::from_blob(mine->data(), {n}, u8))).numel(), 50) << key;  // codes vary
   }
 }
 
