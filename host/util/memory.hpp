@@ -40,7 +40,7 @@ struct CollectiveAllocations {
 };
 
 /// Host memory holding tensors moved off the device (offloaded activations,
-/// train/checkpoint.hpp), counted apart from the device's tensors. On a CPU
+/// train/activation_checkpoint.hpp), counted apart from the device's tensors. On a CPU
 /// run, where the counting allocator stands for the device, these buffers
 /// come from outside it, as a GPU run's pinned host buffers lie outside its
 /// device memory.

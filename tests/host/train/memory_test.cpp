@@ -15,7 +15,7 @@
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
 #include "util/memory.hpp"
-#include "train/checkpoint.hpp"
+#include "train/activation_checkpoint.hpp"
 
 using ::testing::HasSubstr;
 

@@ -12,7 +12,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "../../../test_util.hpp"
-#include "train/checkpoint.hpp"
+#include "train/activation_checkpoint.hpp"
 #include "util/memory.hpp"
 #include "wick/optim.hpp"
 

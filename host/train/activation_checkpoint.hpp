@@ -1,5 +1,5 @@
 #pragma once
-/// \file checkpoint.hpp
+/// \file activation_checkpoint.hpp
 /// Activation checkpointing: wick::checkpoint(fn, inputs) runs `fn` without
 /// keeping its intermediate activations and runs it again during backward to
 /// get them back. It is a custom autograd function (PyTorch's reentrant
