@@ -33,6 +33,8 @@ constexpr const char* kSpecialNames[] = {"bos_token", "eos_token", "unk_token", 
                                          "pad_token", "cls_token", "mask_token"};
 
 std::string read_text(const fs::path& p) {
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) throw Error(p.string() + " is a directory, expected a file");
   std::ifstream in(p, std::ios::binary);
   if (!in) throw Error("cannot open " + p.string() + ": " + std::strerror(errno));
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
