@@ -164,7 +164,11 @@ def test_save_pretrained_of_a_fresh_model_takes_the_tokenizer_folder_given(folde
     run_wick("run", tmp_path / "r.lua", f"out={tmp_path / 'fresh'}", f"tok={folder['dir'] / 'hf'}")
     back = transformers.AutoTokenizer.from_pretrained(tmp_path / "fresh")
     assert back.apply_chat_template(CHAT, tokenize=False) == folder["tok"].apply_chat_template(CHAT, tokenize=False)
-    assert not (tmp_path / "fresh" / "generation_config.json").exists()  # no ids to write
+    # the ids the fresh config lacked, from the tokenizer's special tokens
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "fresh")
+    assert (cfg.eos_token_id, cfg.pad_token_id) == (folder["end"], folder["pad"])
+    gc = transformers.GenerationConfig.from_pretrained(tmp_path / "fresh")
+    assert (gc.eos_token_id, gc.pad_token_id) == (folder["end"], folder["pad"])
 
 
 def wick_ids(run_wick, tmp_path, path, messages, **kw):

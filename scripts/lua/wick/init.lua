@@ -201,6 +201,21 @@ function wick.save_pretrained(model, dir, tokenizer)
       if bytes then files[#files + 1] = { name, bytes } end
     end
   end
+  -- a model made from options, saved with a tokenizer folder: the special
+  -- token ids its config lacks, from the tokenizer's (transformers' generate
+  -- stops at eos_token_id); a model read from a folder keeps that folder's
+  if not source and tok_dir then
+    local tok = core.tokenizer(tok_dir)
+    local have, add = core.json_decode(cfg), {}
+    for _, k in ipairs({ "bos", "eos", "pad" }) do
+      local id = tok[k .. "_id"]
+      if have[k .. "_token_id"] == nil and id then add[#add + 1] = '  "' .. k .. '_token_id": ' .. id .. ",\n" end
+    end
+    if #add > 0 then
+      cfg = cfg:gsub("^{\n", "{\n" .. table.concat(add), 1)
+      files[1] = { "config.json", cfg .. "\n" }
+    end
+  end
   local gen = source and read_all(source .. "/generation_config.json")
   if gen then
     local ok, err = pcall(core.json_decode, gen, source .. "/generation_config.json")
