@@ -218,3 +218,22 @@ CASES += [
          r"r\.lua:3: save_pretrained: out is a file, expected a folder to write \(or a path where none is yet\)",
          setup=out_is_a_file),
 ]
+
+
+def tokenizer_recipe(name, body, message, setup=None):
+    def make(d):
+        if setup:
+            setup(d)
+        (d / "r.lua").write_text('local wick = require "wick"\n' + body + "\n")
+    return Case(name, ["run", "r.lua"], message, setup=make)
+
+
+CASES += [
+    tokenizer_recipe("wick.tokenizer of a path that is not there", 'wick.tokenizer("nope")',
+                     r"r\.lua:2: tokenizer: nope: no such file or folder, expected a tokenizer\.json or a folder holding one$"),
+    tokenizer_recipe("apply_chat_template option of the wrong type",
+                     'wick.tokenizer("m"):apply_chat_template({ { role = "user", content = "hi" } }, '
+                     '{ add_generation_prompt = "yes" })',
+                     r"r\.lua:2: apply_chat_template: option 'add_generation_prompt': expected a boolean, got \"yes\"$",
+                     setup=chat_folder()),
+]
