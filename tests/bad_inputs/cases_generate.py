@@ -237,3 +237,9 @@ CASES += [
                      r"r\.lua:2: apply_chat_template: option 'add_generation_prompt': expected a boolean, got \"yes\"$",
                      setup=chat_folder()),
 ]
+CASES += [
+    Case("generation_config.json temperature a string", ["generate", "m", "tokenizer=bytes", "prompt=hi"],
+         r"generate: m/generation_config\.json: temperature is \"hot\", expected a number$",
+         setup=lambda d: (write_decoder(d / "m"),
+                          (d / "m" / "generation_config.json").write_text('{"do_sample": true, "temperature": "hot"}'))),
+]

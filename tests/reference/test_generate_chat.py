@@ -257,3 +257,22 @@ def test_adapter_from_peft_and_from_wick_lora_gives_peft_tokens(folder, tmp_path
     run_wick("run", tmp_path / "resave.lua", f"path={hf}", f"adapter={tmp_path / 'adapter'}", f"out={tmp_path / 'wl'}")
     p = run_wick("generate", hf, f"messages={folder['dir'] / 'chat.json'}", f"max_new_tokens={N}", f"adapter={tmp_path / 'wl'}")
     assert p.stdout == tok.decode(want, skip_special_tokens=True) + "\n"
+
+
+def test_the_folders_generation_config_sets_the_repetition_penalty_as_in_transformers(folder, tmp_path, run_wick):
+    """transformers' generate takes repetition_penalty from generation_config.json; so does wick generate (and
+    says so on stderr), and a command-line key replaces it."""
+    import shutil
+    hf, tok = tmp_path / "hf", folder["tok"]
+    shutil.copytree(folder["dir"] / "hf", hf)
+    gc = json.loads((hf / "generation_config.json").read_text())
+    gc["repetition_penalty"] = 1.7
+    (hf / "generation_config.json").write_text(json.dumps(gc))
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf).float().eval()
+    want = greedy(model, folder["ids"])  # the folder's penalty, as transformers applies it
+    assert want == greedy(folder["model"], folder["ids"], repetition_penalty=1.7)
+    p = run_wick("generate", hf, f"messages={folder['dir'] / 'chat.json'}", f"max_new_tokens={N}")
+    assert p.stdout == tok.decode(want, skip_special_tokens=True) + "\n"
+    assert "repetition_penalty 1.7 (a command-line key replaces each)" in p.stderr
+    p = run_wick("generate", hf, f"messages={folder['dir'] / 'chat.json'}", f"max_new_tokens={N}", "repetition_penalty=1")
+    assert p.stdout == tok.decode(greedy(folder["model"], folder["ids"]), skip_special_tokens=True) + "\n"

@@ -12,8 +12,11 @@
 -- after an end token: generation_config.json's eos ids (a chat model's
 -- end-of-turn tokens), config.json's and the tokenizer's eos (eos_id=E: that
 -- one alone, -1: none), or where the text reaches a stop string (not
--- written). Special tokens are not written. `adapter` loads a LoRA adapter
--- (PEFT's folder, or lora:save's) onto the model first. The text is written
+-- written). Special tokens are not written. generation_config.json's
+-- sampling settings (do_sample with temperature, top_k, top_p, and
+-- repetition_penalty) are the defaults, as in transformers' generate.
+-- `adapter` loads a LoRA adapter (PEFT's folder, or lora:save's) onto the
+-- model first. The text is written
 -- as the tokens come. Every other key is an option of model:generate, which
 -- checks them all (an unknown key or a value out of range is an error naming
 -- it); the prompt plus max_new_tokens must fit the model's context
@@ -112,6 +115,35 @@ end
 -- or a list: a chat model's end-of-turn tokens), config.json's, the
 -- tokenizer's eos_token; with none, the first of the usual end-of-text tokens
 -- the tokenizer holds
+-- generation_config.json's sampling settings, as transformers' generate
+-- takes them from the folder (do_sample with temperature, top_k (50 when
+-- absent) and top_p; repetition_penalty), each a number
+local function defaults_of(dir)
+  local path = dir .. "/generation_config.json"
+  local f = io.open(path, "rb")
+  if not f then return {}, path end
+  local text = f:read("*a")
+  f:close()
+  local ok, gc = pcall(core.json_decode, text, path)
+  if not ok then error("generate: " .. gc, 0) end
+  if type(gc) ~= "table" then return {}, path end
+  local function number(k)
+    local v = gc[k]
+    if v ~= nil and type(v) ~= "number" then
+      error("generate: " .. path .. ": " .. k .. " is " .. core.json(v) .. ", expected a number", 0)
+    end
+    return v
+  end
+  local out = { repetition_penalty = number("repetition_penalty") }
+  if gc.do_sample == true then
+    out.temperature = number("temperature") or 1.0
+    out.top_k = number("top_k") or 50
+    out.top_p = number("top_p") or 1.0
+  end
+  if out.repetition_penalty == 1 then out.repetition_penalty = nil end
+  return out, path
+end
+
 local function eos_ids_of(dir, tok)
   local ids, seen = {}, {}
   local function add(v)
@@ -192,6 +224,19 @@ function M.main(dir)
   local opts = { max_new_tokens = 64 }
   if a.eos_id == nil then
     opts.eos_ids = eos
+  end
+  -- the folder's generation settings, each replaced by a command-line key, said on stderr
+  local defaults, gc_path = defaults_of(dir)
+  local taken = {}
+  for _, k in ipairs({ "temperature", "top_k", "top_p", "repetition_penalty" }) do
+    if defaults[k] ~= nil and a[k] == nil then
+      opts[k] = defaults[k]
+      taken[#taken + 1] = k .. " " .. tostring(defaults[k])
+    end
+  end
+  if #taken > 0 then
+    io.stderr:write("wick: generate: from " .. gc_path .. ": " .. table.concat(taken, ", ")
+                    .. " (a command-line key replaces each)\n")
   end
   for k, v in pairs(a) do opts[k] = v end
   -- Stream: the prompt with the first token (the options are checked before
