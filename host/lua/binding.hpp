@@ -391,5 +391,6 @@ void open_plugins(lua_State* L);
 void open_train(lua_State* L);
 void open_observe(lua_State* L);
 void open_sys(lua_State* L);
+void open_tokenizer(lua_State* L);
 
 }  // namespace wick::lua

@@ -14,6 +14,7 @@ int luaopen_wick_core(lua_State* L) {
   lua::open_train(L);
   lua::open_observe(L);
   lua::open_sys(L);
+  lua::open_tokenizer(L);
   return 1;
 }
 

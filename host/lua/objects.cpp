@@ -112,12 +112,18 @@ const OptionSchema& generate_schema() {
       opt_float("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p, in (0, 1]"),
       opt_int("eos_id", -1, "stop after this token (-1: never)").at_least(-1),
       opt_int("seed", 0, "the sampling seed").at_least(0),
-      opt_string("on_token", Value(), "a function called with each new token as it is chosen").optional(),
+      opt_float("repetition_penalty", 1.0,
+                "divides the logits of tokens already in the prompt or output (multiplies negative ones), as "
+                "transformers' repetition_penalty; 1: none, > 0"),
+      opt_string("eos_ids", Value(), "a list of further token ids to stop after (end-of-turn tokens)").optional(),
+      opt_string("on_token", Value(),
+                 "a function called with each new token as it is chosen; returning true stops there").optional(),
   };
   return schema;
 }
 
-// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, seed, on_token}) -> ids
+// model:generate(prompt, {max_new_tokens, temperature, top_k, top_p, eos_id, eos_ids, seed, repetition_penalty,
+// on_token}) -> ids; on_token returning true ends the generation after that token
 // prompt: token ids {1, 2, ...}, or a batch whose first sample is the prompt
 // (Model::generate_from): a window (data:window(i, 1)) or a safetensors file.
 int model_generate(lua_State* L) {
@@ -151,6 +157,19 @@ int model_generate(lua_State* L) {
           throw Error(std::string("generate: option 'on_token': expected a function, got ") + luaL_typename(L, -1));
         lua_pushvalue(L, -1);
         on_token = luaL_ref(L, LUA_REGISTRYINDEX);
+      } else if (key == "eos_ids") {
+        std::size_t n = 0;
+        if (!lua_istable(L, -1) || !is_array(L, lua_gettop(L), &n))
+          throw Error(std::string("generate: option 'eos_ids': expected a list of token ids, got ") + luaL_typename(L, -1));
+        for (std::size_t k = 1; k <= n; ++k) {
+          lua_rawgeti(L, -1, static_cast<int>(k));
+          const double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : -1.0;
+          if (v < 0 || v != std::floor(v))
+            throw Error("generate: option 'eos_ids': item " + std::to_string(k) +
+                        " is not a token id, expected integers >= 0");
+          g.eos_ids.push_back(static_cast<std::int64_t>(v));
+          lua_pop(L, 1);
+        }
       } else {
         given[key] = to_value(L, -1, "generate: option '" + key + "'");
       }
@@ -163,23 +182,31 @@ int model_generate(lua_State* L) {
     g.top_p = o.get_double("top_p");
     g.eos_id = o.get_int("eos_id");
     g.seed = static_cast<std::uint64_t>(o.get_int("seed"));
+    g.repetition_penalty = o.get_double("repetition_penalty");
     // what the schema's closed ranges cannot say
     if (!std::isfinite(g.temperature))
       throw Error("generate: option 'temperature': expected a finite number >= 0, got number " +
                   Value(g.temperature).repr());
     if (!(g.top_p > 0 && g.top_p <= 1))
       throw Error("generate: option 'top_p': expected a value in (0, 1], got number " + Value(g.top_p).repr());
+    if (!(g.repetition_penalty > 0 && std::isfinite(g.repetition_penalty)))
+      throw Error("generate: option 'repetition_penalty': expected a finite number > 0 (1: none), got number " +
+                  Value(g.repetition_penalty).repr());
   }
+  auto stop = std::make_shared<bool>(false);  // on_token returned true
   if (on_token != LUA_NOREF) {
-    g.on_token = [L, ref = on_token](std::int64_t id) {
+    g.on_token = [L, ref = on_token, stop](std::int64_t id) {
       lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
       lua_pushnumber(L, static_cast<lua_Number>(id));
-      if (lua_pcall(L, 1, 0, 0) != 0) {
+      if (lua_pcall(L, 1, 1, 0) != 0) {
         std::string msg = lua_isstring(L, -1) ? lua_tostring(L, -1) : "an error object that is not a string";
         lua_pop(L, 1);
         throw Error("generate: on_token: " + msg);
       }
+      *stop = lua_toboolean(L, -1) && lua_type(L, -1) == LUA_TBOOLEAN;
+      lua_pop(L, 1);
     };
+    g.stop = [stop] { return *stop; };
   }
   auto* gen = capability<Generator>(*m);
   if (!gen) throw Error("this model does not implement generate()");

@@ -32,6 +32,16 @@ struct GenerateOptions {
   std::uint64_t seed = 0;
   /// Optional: called with each new token as soon as it is chosen (streaming).
   std::function<void(std::int64_t)> on_token;
+  /// Further end tokens: generation stops after any of these too (a chat
+  /// template's end-of-turn tokens, generation_config.json's eos list).
+  std::vector<std::int64_t> eos_ids;
+  /// transformers' RepetitionPenaltyLogitsProcessor: the logit of every token
+  /// in the prompt or generated so far is divided by it (multiplied where it
+  /// is negative) before sampling or the greedy pick; 1: none; > 0.
+  double repetition_penalty = 1.0;
+  /// Optional: asked after each token (after on_token); true ends the
+  /// generation there (stop strings: the caller decodes and looks).
+  std::function<bool()> stop;
 };
 
 struct ForwardResult {

@@ -175,6 +175,27 @@ print("same")
     assert.are.equal(0, code, err)
     assert.are.equal("same\n", out)
   end)
+
+  it("stops where on_token returns true or after any of eos_ids; repetition_penalty 1 changes nothing", function()
+    local code, out, err = H.recipe(dir, "generate_stop.lua", [[
+local wick = require "wick"
+local m = wick.model("decoder_lm", { vocab_size = 32, hidden_size = 16, intermediate_size = 32, layers = 1, heads = 2 })
+local all = m:generate({ 1, 2, 3 }, { max_new_tokens = 12 })
+local n = 0
+local cut = m:generate({ 1, 2, 3 }, { max_new_tokens = 12, on_token = function() n = n + 1; return n == 4 end })
+assert(#cut == 4 and n == 4, #cut .. " ids, " .. n .. " calls")
+local at = m:generate({ 1, 2, 3 }, { max_new_tokens = 12, eos_ids = { 99, all[5] } })
+assert(#at <= 5 and at[#at] == all[5], #at .. " ids")
+local same = m:generate({ 1, 2, 3 }, { max_new_tokens = 12, repetition_penalty = 1.0 })
+for i = 1, #all do assert(all[i] == cut[i] or i > 4, "token " .. i) ; assert(all[i] == same[i], "penalty 1: token " .. i) end
+local tok = wick.tokenizer("bytes")
+assert(tok:decode(tok:encode("h\195\169"), { skip_special_tokens = true }) == "h\195\169")
+assert(tok:decode({ 104, 195 }) == "h\239\191\189", "a broken character is U+FFFD")
+print("ok")
+]])
+    assert.are.equal(0, code, err)
+    assert.are.equal("ok\n", out)
+  end)
 end)
 
 describe("vision recipes", function()

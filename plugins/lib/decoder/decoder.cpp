@@ -1,5 +1,6 @@
 #include "lib/decoder/decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -672,7 +673,8 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
 }
 
 std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
-                                                        const std::string& who) {
+                                                        const std::string& who,
+                                                        const std::vector<std::int64_t>& prompt_ids) {
   // Positions beyond the context are ones the model never learned: refused,
   // not generated (transformers only warns). This also bounds the key/value cache.
   const std::int64_t prompt = embeds.size(1), context = c_.max_positions;
@@ -689,13 +691,30 @@ std::vector<std::int64_t> Decoder::generate_from_embeds(const at::Tensor& embeds
   std::vector<std::int64_t> out;
   at::Tensor x = embeds;
   std::int64_t offset = 0;
+  // the tokens seen so far (prompt and generated), each once, for the repetition penalty
+  std::vector<std::int64_t> seen;
+  std::vector<bool> is_seen;
+  const bool penalise = g.repetition_penalty != 1.0;
+  auto see = [&](std::int64_t t) {
+    if (!penalise || t < 0 || t >= c_.vocab) return;
+    if (is_seen.empty()) is_seen.assign(static_cast<std::size_t>(c_.vocab), false);
+    if (!is_seen[static_cast<std::size_t>(t)]) is_seen[static_cast<std::size_t>(t)] = true, seen.push_back(t);
+  };
+  for (auto t : prompt_ids) see(t);
   for (std::int64_t n = 0; n < g.max_new_tokens; ++n) {
     at::Tensor l = logits_from_embeds(x, nullptr, &cache, offset).select(1, -1).squeeze(0).to(at::kFloat).cpu();
     offset += x.size(1);
+    if (penalise && !seen.empty()) {  // transformers' RepetitionPenaltyLogitsProcessor, in fp32
+      const at::Tensor idx = at::tensor(seen, at::kLong);
+      const at::Tensor v = l.index_select(0, idx);
+      l = l.index_copy(0, idx, at::where(v < 0, v * g.repetition_penalty, v / g.repetition_penalty));
+    }
     const std::int64_t next = pick_token(l, g, gen);
     out.push_back(next);
+    see(next);
     if (g.on_token) g.on_token(next);
-    if (next == g.eos_id) break;
+    if (next == g.eos_id || std::find(g.eos_ids.begin(), g.eos_ids.end(), next) != g.eos_ids.end()) break;
+    if (g.stop && g.stop()) break;
     x = embed(at::full({1, 1}, next, at::TensorOptions().dtype(at::kLong).device(dev)));
   }
   return out;
@@ -709,7 +728,7 @@ std::vector<std::int64_t> Decoder::generate(const std::vector<std::int64_t>& pro
       throw wick::Error(who + ": prompt token " + std::to_string(t) + " is outside the vocabulary of " +
                         std::to_string(c_.vocab));
   at::NoGradGuard no_grad;
-  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g, who);
+  return generate_from_embeds(embed(at::tensor(prompt, at::kLong).unsqueeze(0).to(device())), g, who, prompt);
 }
 
 std::vector<std::string> Decoder::blocks() const {

@@ -238,8 +238,11 @@ class Decoder {
   /// Continues from input embeddings [1, T, hidden] (a prompt, maybe with
   /// visual tokens), then one token id at a time, with a key/value cache.
   /// Refuses a prompt and max_new_tokens beyond the context (`who` names the model).
+  /// `prompt_ids`: the prompt's token ids, which the repetition penalty counts
+  /// (a vision-language prompt's image tokens among them, as transformers').
   std::vector<std::int64_t> generate_from_embeds(const at::Tensor& embeds, const wick::GenerateOptions& g,
-                                                 const std::string& who);
+                                                 const std::string& who,
+                                                 const std::vector<std::int64_t>& prompt_ids = {});
   std::vector<std::int64_t> generate(const std::vector<std::int64_t>& prompt, const wick::GenerateOptions& g,
                                      const std::string& who);
 

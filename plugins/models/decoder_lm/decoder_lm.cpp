@@ -66,6 +66,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
       dec::load_quantizing(*this, std::move(weights), dir.string(), dec_->ignored_on_load(), dec_->linear_layers(),
                            nf4 ? block : 0);
     dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
+    source_ = dir.string();
   }
 
   static at::Tensor labels_of(const wick::Batch& b) {
@@ -103,11 +104,15 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     const auto& c = dec_->config();
     return {{"vocab_size", c.vocab}, {"hidden_size", c.hidden}, {"layers", c.layers}, {"family", c.family},
             {"tie_embeddings", c.tie}, {"hf_config", dec::hf_config(c).dump(2)},
-            {"nf4_layers", dec_->nf4_layers()}};  // save_pretrained refuses them
+            {"nf4_layers", dec_->nf4_layers()},  // save_pretrained refuses them
+            // the folder it was read from ("" when made from options): save_pretrained copies its
+            // tokenizer files, chat template and generation_config.json
+            {"source_path", source_}};
   }
 
  private:
   std::unique_ptr<dec::Decoder> dec_;
+  std::string source_;
 };
 
 wick::OptionSchema schema() {

@@ -500,7 +500,9 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       at::NoGradGuard no_grad;
       const auto pos = image_positions(b["input_ids"]);
       at::Tensor emb = merged_embeds(b["input_ids"], pos, visual_tokens(b));
-      out = dec_->generate_from_embeds(emb, g, kWho);
+      const at::Tensor prompt = b["input_ids"].select(0, 0).to(at::kCPU, at::kLong).contiguous();
+      const auto* p = prompt.data_ptr<std::int64_t>();
+      out = dec_->generate_from_embeds(emb, g, kWho, std::vector<std::int64_t>(p, p + prompt.numel()));
     }
     train(was_training);
     return out;

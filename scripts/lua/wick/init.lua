@@ -101,11 +101,57 @@ function wick.evaluate(model, data, opts)
   return core.evaluate(model, data, opts.micro_batch or 32, wick.device(opts.device))
 end
 
---- A model folder that `transformers` and `wick generate` read: config.json
--- (for models that describe one, like decoder_lm) and model.safetensors;
--- `tokenizer` (a tokenizer.json path) is copied beside them. Called from
--- every rank, rank 0 writes the folder and the others go on (after the same
--- checks, so a model that cannot be saved fails on every rank).
+--- A Hugging Face tokenizer: wick.tokenizer(path) with path a model folder
+-- holding tokenizer.json, a tokenizer.json, or "bytes". :encode(text,
+-- {add_special_tokens}), :decode(ids, {skip_special_tokens}),
+-- :apply_chat_template(messages, {add_generation_prompt, tokenize, ...}) through
+-- the folder's chat template (chat_template.jinja, else tokenizer_config.json's),
+-- :token_id(token); .eos_token, .eos_id, .bos_token, .bos_id, .pad_token, .pad_id,
+-- .vocab_size, .chat_template.
+wick.tokenizer = core.tokenizer
+
+-- A Hugging Face folder's tokenizer files, which save_pretrained copies from
+-- the folder the model came from (or the tokenizer folder given)
+local TOKENIZER_FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                          "chat_template.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt" }
+-- Files an earlier save may have left that describe another model: removed when this save writes none
+local SAVED_FILES = { "generation_config.json", "model.safetensors.index.json" }
+
+local function read_all(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function is_dir(path)
+  return core.list_dir(path) ~= nil
+end
+
+-- generation_config.json from config.json's special token ids, as
+-- transformers' GenerationConfig.from_model_config takes them
+local function generation_config(cfg_text)
+  local cfg = core.json_decode(cfg_text)
+  local lines = {}
+  for _, k in ipairs({ "bos_token_id", "eos_token_id", "pad_token_id" }) do
+    if cfg[k] ~= nil then lines[#lines + 1] = '  "' .. k .. '": ' .. core.json(cfg[k]) end
+  end
+  if #lines == 0 then return nil end
+  return "{\n" .. table.concat(lines, ",\n") .. "\n}\n"
+end
+
+--- A model folder that `transformers` and `wick generate` read as they read
+-- the folder it came from: config.json (for models that describe one, like
+-- decoder_lm, with its special token ids), model.safetensors,
+-- generation_config.json (the source folder's, else the config's ids), and
+-- the tokenizer files and chat template of the source folder (TOKENIZER_FILES).
+-- `tokenizer` replaces those: a tokenizer folder (its files), or a
+-- tokenizer.json (that file alone). Everything is read and checked first and
+-- written into a folder beside `dir`, renamed into place when whole: an error
+-- leaves no half-written folder. Called from every rank, rank 0 writes the
+-- folder and the others go on (after the same checks, so a model that cannot
+-- be saved fails on every rank).
 function wick.save_pretrained(model, dir, tokenizer)
   local cfg = model.hf_config
   if not cfg then error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0) end
@@ -118,22 +164,114 @@ function wick.save_pretrained(model, dir, tokenizer)
       .. "(qlora:merge(model) turns the layers it adapted back into float weights), or save the adapters alone "
       .. "(qlora:save(model, dir)), or load the model without quantize to save it whole", 0)
   end
-  local f
-  if tokenizer then
-    local err
-    f, err = io.open(tokenizer, "rb")
-    if not f then error(core.where() .. "save_pretrained: cannot read the tokenizer " .. tostring(err), 0) end
+  dir = tostring(dir):gsub("(.)/+$", "%1")
+  local there = io.open(dir, "rb")
+  if there then
+    there:close()
+    if not is_dir(dir) then
+      error(core.where() .. "save_pretrained: " .. dir .. " is a file, expected a folder to write (or a path where "
+            .. "none is yet)", 0)
+    end
   end
-  if not wick.is_main() then
-    if f then f:close() end
+  -- what the folder will hold besides the weights: { name, bytes }
+  local files = { { "config.json", cfg .. "\n" } }
+  local source = model.source_path
+  if source == "" then source = nil end
+  local tok_dir
+  if tokenizer ~= nil then
+    tokenizer = tostring(tokenizer)
+    if is_dir(tokenizer) then
+      tok_dir = tokenizer
+      if not read_all(tokenizer .. "/tokenizer.json") then
+        error(core.where() .. "save_pretrained: the tokenizer folder " .. tokenizer .. " has no tokenizer.json, "
+              .. "expected a folder holding one (with its tokenizer_config.json and chat template) or a tokenizer.json", 0)
+      end
+    else
+      local f, err = io.open(tokenizer, "rb")
+      if not f then error(core.where() .. "save_pretrained: cannot read the tokenizer " .. tostring(err), 0) end
+      files[#files + 1] = { "tokenizer.json", f:read("*a") }
+      f:close()
+    end
+  else
+    tok_dir = source
+  end
+  if tok_dir then
+    for _, name in ipairs(TOKENIZER_FILES) do
+      local bytes = read_all(tok_dir .. "/" .. name)
+      if bytes then files[#files + 1] = { name, bytes } end
+    end
+  end
+  -- a model made from options, saved with a tokenizer folder: the special
+  -- token ids its config lacks, from the tokenizer's (transformers' generate
+  -- stops at eos_token_id); a model read from a folder keeps that folder's
+  if not source and tok_dir then
+    local tok = core.tokenizer(tok_dir)
+    local have, add = core.json_decode(cfg), {}
+    for _, k in ipairs({ "bos", "eos", "pad" }) do
+      local id = tok[k .. "_id"]
+      if have[k .. "_token_id"] == nil and id then add[#add + 1] = '  "' .. k .. '_token_id": ' .. id .. ",\n" end
+    end
+    if #add > 0 then
+      cfg = cfg:gsub("^{\n", "{\n" .. table.concat(add), 1)
+      files[1] = { "config.json", cfg .. "\n" }
+    end
+  end
+  local gen = source and read_all(source .. "/generation_config.json")
+  if gen then
+    local ok, err = pcall(core.json_decode, gen, source .. "/generation_config.json")
+    if not ok then
+      local where = core.where()
+      if err:sub(1, #where) == where then err = err:sub(#where + 1) end
+      error(where .. "save_pretrained: " .. err, 0)
+    end
+  else
+    gen = generation_config(cfg)
+  end
+  if gen then files[#files + 1] = { "generation_config.json", gen } end
+  if not wick.is_main() then return end
+
+  -- written beside the folder, then renamed into place
+  local parent = dir:match("^(.*)/[^/]*$")
+  if parent and parent ~= "" then core.mkdirs(parent) end
+  local stage = dir .. ".saving-" .. core.process().pid
+  local function clear_stage()
+    local entries = core.list_dir(stage)
+    for _, e in ipairs(entries or {}) do os.remove(stage .. "/" .. e.name) end
+    os.remove(stage)
+  end
+  clear_stage()
+  core.mkdirs(stage)
+  local ok, err = pcall(function()
+    for _, f in ipairs(files) do core.write_file(stage .. "/" .. f[1], f[2]) end
+    model:save(stage .. "/model.safetensors")
+  end)
+  if not ok then
+    clear_stage()
+    error(err, 0)  -- the writer's message, with the recipe's line
+  end
+  if not is_dir(dir) then
+    local renamed, why = os.rename(stage, dir)
+    if not renamed then
+      clear_stage()
+      error(core.where() .. "save_pretrained: cannot rename the saved folder into " .. dir .. ": " .. tostring(why), 0)
+    end
     return
   end
-  core.mkdirs(dir)
-  core.write_file(dir .. "/config.json", cfg .. "\n")
-  model:save(dir .. "/model.safetensors")
-  if f then
-    core.write_file(dir .. "/tokenizer.json", f:read("*a"))
-    f:close()
+  -- a folder already there: each file renamed over its old self (each
+  -- rename atomic); a generation config or shard index an earlier save left
+  -- and this one does not write is removed (another model's ids, shards)
+  local written = {}
+  for _, f in ipairs(files) do written[f[1]] = true end
+  for _, name in ipairs(core.list_dir(stage)) do
+    local renamed, why = os.rename(stage .. "/" .. name.name, dir .. "/" .. name.name)
+    if not renamed then
+      clear_stage()
+      error(core.where() .. "save_pretrained: cannot move " .. name.name .. " into " .. dir .. ": " .. tostring(why), 0)
+    end
+  end
+  os.remove(stage)
+  for _, name in ipairs(SAVED_FILES) do
+    if not written[name] then os.remove(dir .. "/" .. name) end
   end
 end
 
