@@ -51,7 +51,9 @@
 ///   WICK_PLUGIN(wick::plugin<wick::Transform>("lora", "LoRA adapters", options, &make_adapters))
 /// \endcode
 ///
-/// ABI versions (WICK_ABI_VERSION): 6 added the descriptor's `makes` (the
+/// ABI versions (WICK_ABI_VERSION): 7 gave Dataset's encode and decode
+/// transformers' add_special_tokens and skip_special_tokens, and added
+/// Dataset::apply_chat_template. 6 added the descriptor's `makes` (the
 /// object kind the factory builds: optimizer, schedule or transform for an
 /// optim plugin), checked against what the factory returns; make_descriptor
 /// left the public API (wick::plugin<T> is the one builder); GenerateOptions
@@ -75,7 +77,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 6
+#define WICK_ABI_VERSION 7
 
 namespace wick {
 

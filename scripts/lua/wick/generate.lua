@@ -66,11 +66,7 @@ function M.main(dir)
   -- a folder that is no model folder: the model's own error says what it lacks
   if not exists(dir .. "/config.json") then model = wick.model("decoder_lm", { path = dir }) end
   local tokenizer_json = tokenizer_of(dir, given)
-  -- the tokenizer comes with a text data set; a one-line probe file feeds it
-  local probe = os.tmpname()
-  core.write_file(probe, "x")
-  local ok, data = pcall(wick.data, "text", { files = { probe }, tokenizer = tokenizer_json })
-  os.remove(probe)
+  local ok, data = pcall(wick.tokenizer, tokenizer_json)
   if not ok then error(data, 0) end
   model = model or wick.model("decoder_lm", { path = dir })
   local prompt = tostring(a.prompt or "")

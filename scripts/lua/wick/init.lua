@@ -101,6 +101,20 @@ function wick.evaluate(model, data, opts)
   return core.evaluate(model, data, opts.micro_batch or 32, wick.device(opts.device))
 end
 
+--- A tokenizer as transformers' AutoTokenizer gives one: `path` is a model
+-- folder (its tokenizer.json, and the chat template of its
+-- chat_template.jinja or tokenizer_config.json), a tokenizer.json, or
+-- "bytes". It is data "text" with no sources: tok:encode(text,
+-- {add_special_tokens}), tok:decode(ids, {skip_special_tokens}),
+-- tok:apply_chat_template(messages, {add_generation_prompt, tokenize, ...}).
+function wick.tokenizer(path)
+  if type(path) ~= "string" then
+    error(core.where() .. "bad argument #1 to 'tokenizer' (a model folder or a tokenizer.json expected, got "
+          .. type(path) .. ")", 0)
+  end
+  return core.data("text", { tokenizer = path })
+end
+
 --- A model folder that `transformers` and `wick generate` read: config.json
 -- (for models that describe one, like decoder_lm) and model.safetensors;
 -- `tokenizer` (a tokenizer.json path) is copied beside them. Called from
