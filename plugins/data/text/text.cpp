@@ -255,7 +255,8 @@ class Text : public wick::Dataset {
   // The tokenizer option as a file: "bytes", a tokenizer.json, or a folder holding one.
   static std::string tokenizer_file(const std::string& given) {
     std::error_code ec;
-    if (given == "bytes" || !fs::is_directory(given, ec)) return given;
+    // a path named as a JSON file is read as one (a folder there is said to be no JSON file)
+    if (given == "bytes" || given.ends_with(".json") || !fs::is_directory(given, ec)) return given;
     const fs::path f = fs::path(given) / "tokenizer.json";
     if (!fs::exists(f, ec))
       throw wick::Error("data 'text': tokenizer " + given + " is a folder without a tokenizer.json, expected 'bytes', "
