@@ -77,13 +77,16 @@ local tok = wick.tokenizer("]] .. dir .. [[/m/tokenizer.json")
 print("ids", #tok:encode("hello"))
 for _, only in ipairs { true, false } do
   local data = wick.data("text", { file = "]] .. dir .. [[/d.jsonl", tokenizer = "]] .. dir .. [[/m",
-                                   eos_token = "<|im_end|>", cache_dir = "none", assistant_only_loss = only })
+                                   cache_dir = "none", assistant_only_loss = only })
+  print("eos", data.eos_id)
   local n = #tok:apply_chat_template({ { role = "user", content = "hi" }, { role = "assistant", content = "hello" } })
   print("tokens", only, data.tokens == n)
 end
 ]])
     assert.are.equal(0, code, err)
     assert.truthy(out:find("ids\t4\n", 1, true), out)  -- h e merged
+    -- none of <|endoftext|>, </s>, ...: tokenizer_config.json's eos_token pads batches
+    assert.truthy(out:find("eos\t98\n", 1, true), out)
     -- the rendered conversation's tokens, with no end-of-text added: the template ends the turns
     assert.truthy(out:find("tokens\ttrue\ttrue", 1, true), out)
     assert.truthy(out:find("tokens\tfalse\ttrue", 1, true), out)

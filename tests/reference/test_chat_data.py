@@ -23,7 +23,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # 
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<|user|>",
-            "<|assistant|>", "<|system|>", "<|end|>", "<s>", "</s>"]
+            "<|assistant|>", "<|system|>", "<|end|>", "<s>", "</s>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+            "<｜User｜>", "<｜Assistant｜>"]
 # which special tokens each template's folder names in tokenizer_config.json
 TOKENS = {
     "chatml-generation": {"eos_token": "<|im_end|>"},
@@ -36,6 +37,12 @@ TOKENS = {
     "llama-2-chat": {"bos_token": "<s>", "eos_token": "</s>"},
     "mistral-7b-instruct-v0.1": {"bos_token": "<s>", "eos_token": "</s>"},
     "zephyr-7b-beta": {"eos_token": "</s>"},
+    "qwen3": {"eos_token": "<|im_end|>"},
+    "gemma-3-it": {"bos_token": "<bos>", "eos_token": "<end_of_turn>"},
+    "phi-4": {"eos_token": "<|im_end|>"},
+    "llama-3.2-instruct": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "mistral-7b-instruct-v0.3": {"bos_token": "<s>", "eos_token": "</s>"},
+    "deepseek-r1-distill-qwen": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
 }
 GENERATION = ["chatml-generation", "chatml-generation-macro"]
 

@@ -88,6 +88,15 @@ ChatFormat::ChatFormat(std::string folder) : folder_(std::move(folder)) {
       if (auto s = token_text(cfg[k])) specials_[k] = *s;
 }
 
+std::string config_token(const std::string& folder, const std::string& key) {
+  const fs::path config = fs::path(folder) / "tokenizer_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return "";
+  const auto cfg = wick::read_json_file(config);
+  if (!cfg.is_object() || !cfg.contains(key)) return "";
+  return token_text(cfg[key]).value_or("");
+}
+
 void ChatFormat::missing(const std::string& what) const {
   throw Error(what + " needs a chat template, and the tokenizer folder " + folder_ +
               " has none: expected chat_template.jinja or a \"chat_template\" in tokenizer_config.json there (as "

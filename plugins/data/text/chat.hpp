@@ -55,6 +55,10 @@ class ChatFormat {
   bool has_generation_ = false;
 };
 
+/// The special token `key` (eos_token, ...) of `folder`'s
+/// tokenizer_config.json, or "" when it has none (or no such file).
+std::string config_token(const std::string& folder, const std::string& key);
+
 /// The conversation `messages` checked as a chat template expects it: a
 /// list of objects with a string "role" and a "content" that is a string, a
 /// list of parts ({"type": "text", ...}), or null beside tool_calls. Errors

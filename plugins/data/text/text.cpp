@@ -69,7 +69,10 @@ class Text : public wick::Dataset {
     if (tok != "bytes") folder_ = fs::path(tok).parent_path().string();
     if (folder_.empty() && tok != "bytes") folder_ = ".";
     tokenizer_ = tok == "bytes" ? wick::text::byte_tokenizer() : wick::text::bpe_tokenizer(tok);
-    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
+    std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
+    // a chat model's folder whose tokenizer holds none of those: its tokenizer_config.json's eos_token
+    if (!o.has("eos_token") && tokenizer_->token_id(eos) < 0 && !folder_.empty())
+      if (auto t = wick::text::config_token(folder_, "eos_token"); !t.empty() && tokenizer_->token_id(t) >= 0) eos = t;
     eos_ = tokenizer_->token_id(eos);
     // the tokenizer alone (no sources) needs none: it pads no batch
     if (eos_ < 0 && (o.has("files") || o.has("file")))
