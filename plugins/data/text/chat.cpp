@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <regex>
 #include <sstream>
 
@@ -247,6 +248,7 @@ ChatTokens prompt_completion_tokens(const ChatFormat& chat, const Tokenizer& tok
   if (!completion_only_loss) return out;
   const auto head = tok.encode(chat.render(prompt, true, where).text, false);
   for (std::size_t t = 0; t < head.size() && t < out.labels.size(); ++t) out.labels[t] = kIgnore;
+  out.prompt_not_prefix = head.size() > ids.size() || !std::equal(head.begin(), head.end(), ids.begin());
   return out;
 }
 

@@ -67,6 +67,9 @@ void check_messages(const nlohmann::ordered_json& messages, const std::string& w
 
 struct ChatTokens {
   std::vector<std::int64_t> ids, labels;  // labels: the id, or -100 where it does not count
+  /// Set when the prompt's tokens do not begin the whole row's (TRL warns
+  /// of it too): the first as many tokens are masked all the same.
+  bool prompt_not_prefix = false;
 };
 
 /// A {"messages"} row: rendered whole, tokenized without special tokens (as

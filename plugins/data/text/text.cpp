@@ -180,7 +180,7 @@ class Text : public wick::Dataset {
       options.erase("add_generation_prompt");
     }
     wick::text::check_messages(messages, where, "messages");
-    return chat().render(messages, add_generation_prompt, where, options).text;
+    return chat(where).render(messages, add_generation_prompt, where, options).text;
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
@@ -240,18 +240,17 @@ class Text : public wick::Dataset {
     return d;
   }
 
-  // The tokenizer folder's chat template, read when a conversation first needs it.
-  const wick::text::ChatFormat& chat(const std::string& who = "apply_chat_template") const {
+  // The tokenizer folder's chat template, read when a conversation first
+  // needs it; `who` (what needs it) begins the error when there is none.
+  const wick::text::ChatFormat& chat(const std::string& who) const {
     std::lock_guard<std::mutex> lock(chat_mu_);
     if (!chat_) {
       if (folder_.empty())
-        throw wick::Error((who == "apply_chat_template" ? who : "data 'text': " + who + ": a conversation") +
-                          " needs a chat template, and the tokenizer is 'bytes': expected tokenizer = a Hugging Face "
-                          "model folder (its tokenizer.json and chat template) or its tokenizer.json");
+        throw wick::Error(who + " needs a chat template, and the tokenizer is 'bytes': expected tokenizer = a Hugging "
+                                "Face model folder (its tokenizer.json and chat template) or its tokenizer.json");
       chat_.emplace(folder_);
     }
-    if (!chat_->has_template())
-      chat_->missing(who == "apply_chat_template" ? who : "data 'text': " + who + ": a conversation");
+    if (!chat_->has_template()) chat_->missing(who);
     return *chat_;
   }
 
@@ -287,10 +286,16 @@ class Text : public wick::Dataset {
       } else if (r.kind == wick::text::JsonlRecord::Text) {
         docs.push_back(text_doc(r.text, "", where));
       } else if (r.kind == wick::text::JsonlRecord::Messages || r.kind == wick::text::JsonlRecord::ChatPromptCompletion) {
+        const std::string who = "data 'text': " + where;
+        const auto& format = chat(who + ": a conversation");
         const auto t = r.kind == wick::text::JsonlRecord::Messages
-                           ? wick::text::messages_tokens(chat(where), *tokenizer_, r.messages, assistant_only_loss_, "data 'text': " + where)
-                           : wick::text::prompt_completion_tokens(chat(where), *tokenizer_, r.messages, r.completion,
-                                                                  completion_only_loss_, "data 'text': " + where);
+                           ? wick::text::messages_tokens(format, *tokenizer_, r.messages, assistant_only_loss_, who)
+                           : wick::text::prompt_completion_tokens(format, *tokenizer_, r.messages, r.completion,
+                                                                  completion_only_loss_, who);
+        if (t.prompt_not_prefix && !prompt_note_++)
+          std::fprintf(stderr, "wick: note: data 'text': %s: the prompt's tokens do not begin the prompt and completion's "
+                       "(the template renders the prompt otherwise when a completion follows); as many tokens are "
+                       "masked all the same, as TRL does\n", where.c_str());
         docs.push_back(Doc{t.ids, t.labels});  // the template ends each turn: no end-of-text added
       }
       for (std::size_t k = before; k < docs.size(); ++k) {
@@ -447,6 +452,7 @@ class Text : public wick::Dataset {
   std::string folder_;  // the tokenizer's folder: its chat template ("" for bytes)
   mutable std::mutex chat_mu_;
   mutable std::optional<wick::text::ChatFormat> chat_;
+  mutable std::int64_t prompt_note_ = 0;  // rows whose prompt tokens are no prefix: named once
   std::unique_ptr<wick::text::Tokenizer> tokenizer_;
   std::int64_t eos_ = 0, vocab_ = 0;
   std::vector<Doc> samples_;
