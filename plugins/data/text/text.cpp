@@ -33,7 +33,7 @@
 #include <mutex>
 #include <optional>
 
-#include "chat.hpp"
+#include "lib/chat/chat.hpp"
 #include "lib/tokenizer/jsonl.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
 

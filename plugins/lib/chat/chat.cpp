@@ -1,4 +1,4 @@
-#include "chat.hpp"
+#include "lib/chat/chat.hpp"
 
 #include <wick/kit/json_fields.hpp>
 #include <wick/options.hpp>
