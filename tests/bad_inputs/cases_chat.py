@@ -60,6 +60,8 @@ CASES = [
     data("an empty conversation", [{"messages": []}], r"1: messages is an empty list, expected at least one message$"),
     data("prompt a list, completion a string", [{"prompt": [USER], "completion": "well"}],
          r"1: completion is \"well\", expected a list of messages, as the prompt is one"),
+    data("tools not a list", [{"messages": [USER, ASSISTANT], "tools": "weather"}],
+         r"1: tools is \"weather\", expected a list of tool schemas \(or null\)$"),
     data("the template raises", [{"messages": [USER, ASSISTANT]}, {"messages": [{"role": "system", "content": "x"}, USER]}],
          r"2: the chat template m/tokenizer_config\.json \(line 1\) failed: Only user and assistant roles are "
          r"supported!$", template=STRICT),

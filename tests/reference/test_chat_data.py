@@ -140,7 +140,7 @@ def mask_from_spans(enc, spans, n):
 END_OF_TURN = ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>"]
 
 
-def turn_spans(tok, messages, text):
+def turn_spans(tok, messages, text, **kw):
     """Each assistant turn: from the render of the messages before it with
     the generation prompt to the render of the messages up to it, where both
     begin the text; else (a template that ends the conversation otherwise,
@@ -151,8 +151,8 @@ def turn_spans(tok, messages, text):
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        head = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-        turn = tok.apply_chat_template(messages[: i + 1], tokenize=False)
+        head = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **kw)
+        turn = tok.apply_chat_template(messages[: i + 1], tokenize=False, **kw)
         if cursor <= len(head) < len(turn) and turn.startswith(head) and text.startswith(turn):
             spans.append((len(head), len(turn)))
         else:
@@ -170,16 +170,16 @@ def turn_spans(tok, messages, text):
     return spans
 
 
-def reference(tok, messages, generation):
+def reference(tok, messages, generation, **kw):
     if generation:
-        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kw)
         ids, mask = out["input_ids"], out["assistant_masks"]
     else:
-        text = tok.apply_chat_template(messages, tokenize=False)
+        text = tok.apply_chat_template(messages, tokenize=False, **kw)
         enc = tok(text, add_special_tokens=False)
         ids = enc["input_ids"]
-        assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
-        mask = mask_from_spans(enc, turn_spans(tok, messages, text), len(ids))
+        assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)["input_ids"]
+        mask = mask_from_spans(enc, turn_spans(tok, messages, text, **kw), len(ids))
     return ids, [i if m else -100 for i, m in zip(ids, mask)]
 
 
@@ -204,6 +204,29 @@ def test_messages_ids_and_assistant_labels_equal_transformers(tmp_path, run_wick
         assert ids == want_ids, (name, c)
         assert labels == want_labels, (name, c, tok.decode([i for i in labels if i >= 0]))
         assert sum(x >= 0 for x in labels) > 0
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                               "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("kind", list(TOKENIZERS))
+def test_a_rows_tools_and_chat_template_kwargs_reach_the_template(tmp_path, run_wick, kind):
+    """TRL's columns: tools (Qwen2.5 lists them in its system turn) and
+    chat_template_kwargs (Qwen3's enable_thinking)."""
+    rows = [("qwen2.5-instruct", {"tools": [WEATHER_TOOL]}), ("qwen3", {"enable_thinking": False})]
+    for name, kw in rows:
+        d = folder(tmp_path, kind, name)
+        tok = transformers.AutoTokenizer.from_pretrained(str(d))
+        row = {"messages": CONVERSATIONS[2]}
+        if "tools" in kw:
+            row["tools"] = kw["tools"]
+        else:
+            row["chat_template_kwargs"] = kw
+        (ids, labels), = wick_rows(tmp_path, run_wick, d, [row])
+        assert (ids, labels) == reference(tok, CONVERSATIONS[2], False, **kw), name
+        assert (ids, labels) != reference(tok, CONVERSATIONS[2], False), name  # they changed the rendering
 
 
 @pytest.mark.parametrize("kind", list(TOKENIZERS))

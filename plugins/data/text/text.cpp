@@ -289,9 +289,9 @@ class Text : public wick::Dataset {
         const std::string who = "data 'text': " + where;
         const auto& format = chat(who + ": a conversation");
         const auto t = r.kind == wick::text::JsonlRecord::Messages
-                           ? wick::text::messages_tokens(format, *tokenizer_, r.messages, assistant_only_loss_, who)
+                           ? wick::text::messages_tokens(format, *tokenizer_, r.messages, assistant_only_loss_, who, r.extra)
                            : wick::text::prompt_completion_tokens(format, *tokenizer_, r.messages, r.completion,
-                                                                  completion_only_loss_, who);
+                                                                  completion_only_loss_, who, r.extra);
         if (t.prompt_not_prefix && !prompt_note_++)
           std::fprintf(stderr, "wick: note: data 'text': %s: the prompt's tokens do not begin the prompt and completion's "
                        "(the template renders the prompt otherwise when a completion follows); as many tokens are "

@@ -171,7 +171,7 @@ std::vector<bool> span_mask(const Encoding& enc, const Spans& spans, const std::
 }
 
 Spans assistant_spans(const ChatFormat& chat, const ordered_json& messages, const std::string& text,
-                      const std::string& where, const std::string& eos_token) {
+                      const std::string& where, const std::string& eos_token, const ordered_json& extra) {
   Spans spans;
   std::size_t cursor = 0;
   for (std::size_t i = 0; i < messages.size(); ++i) {
@@ -180,8 +180,8 @@ Spans assistant_spans(const ChatFormat& chat, const ordered_json& messages, cons
     try {
       const ordered_json before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
       const ordered_json upto(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      const std::string head = i > 0 ? chat.render(before, true, where).text : std::string();
-      const std::string turn = chat.render(upto, false, where).text;
+      const std::string head = i > 0 ? chat.render(before, true, where, extra).text : std::string();
+      const std::string turn = chat.render(upto, false, where, extra).text;
       if (i > 0 && head.size() >= cursor && head.size() < turn.size() && turn.starts_with(head) && text.starts_with(turn))
         span.emplace(head.size(), turn.size());
     } catch (const Error&) {
@@ -217,9 +217,9 @@ Spans assistant_spans(const ChatFormat& chat, const ordered_json& messages, cons
 }
 
 ChatTokens messages_tokens(const ChatFormat& chat, const Tokenizer& tok, const ordered_json& messages,
-                           bool assistant_only_loss, const std::string& where) {
+                           bool assistant_only_loss, const std::string& where, const ordered_json& extra) {
   check_messages(messages, where, "messages");
-  const auto r = chat.render(messages, false, where);
+  const auto r = chat.render(messages, false, where, extra);
   const Encoding enc = tok.encode_with_offsets(r.text);
   ChatTokens out{enc.ids, enc.ids};
   if (!assistant_only_loss) return out;
@@ -230,7 +230,7 @@ ChatTokens messages_tokens(const ChatFormat& chat, const Tokenizer& tok, const o
       break;
     }
   const Spans spans = chat.has_generation() ? Spans(r.generation_spans.begin(), r.generation_spans.end())
-                                            : assistant_spans(chat, messages, r.text, where, eos);
+                                            : assistant_spans(chat, messages, r.text, where, eos, extra);
   const auto mask = span_mask(enc, spans, r.text);
   for (std::size_t t = 0; t < mask.size(); ++t)
     if (!mask[t]) out.labels[t] = kIgnore;
@@ -238,15 +238,16 @@ ChatTokens messages_tokens(const ChatFormat& chat, const Tokenizer& tok, const o
 }
 
 ChatTokens prompt_completion_tokens(const ChatFormat& chat, const Tokenizer& tok, const ordered_json& prompt,
-                                    const ordered_json& completion, bool completion_only_loss, const std::string& where) {
+                                    const ordered_json& completion, bool completion_only_loss, const std::string& where,
+                                    const ordered_json& extra) {
   check_messages(prompt, where, "prompt");
   check_messages(completion, where, "completion");
   ordered_json all = prompt;
   for (const auto& m : completion) all.push_back(m);
-  const auto ids = tok.encode(chat.render(all, false, where).text, false);
+  const auto ids = tok.encode(chat.render(all, false, where, extra).text, false);
   ChatTokens out{ids, ids};
   if (!completion_only_loss) return out;
-  const auto head = tok.encode(chat.render(prompt, true, where).text, false);
+  const auto head = tok.encode(chat.render(prompt, true, where, extra).text, false);
   for (std::size_t t = 0; t < head.size() && t < out.labels.size(); ++t) out.labels[t] = kIgnore;
   out.prompt_not_prefix = head.size() > ids.size() || !std::equal(head.begin(), head.end(), ids.begin());
   return out;

@@ -77,8 +77,10 @@ struct ChatTokens {
 /// assistant's turns (with assistant_only_loss; else every token): the
 /// {% generation %} spans where the template has them, else each assistant
 /// message's rendered turn (assistant_spans).
+/// `extra`: the row's tools and chat_template_kwargs, as render() takes them.
 ChatTokens messages_tokens(const ChatFormat& chat, const Tokenizer& tok, const nlohmann::ordered_json& messages,
-                           bool assistant_only_loss, const std::string& where);
+                           bool assistant_only_loss, const std::string& where,
+                           const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 /// A conversational {"prompt", "completion"} row, as TRL's SFTTrainer
 /// tokenizes it: the prompt rendered with the generation prompt, the prompt
@@ -86,7 +88,8 @@ ChatTokens messages_tokens(const ChatFormat& chat, const Tokenizer& tok, const n
 /// tokens (as many as the prompt's) do not count.
 ChatTokens prompt_completion_tokens(const ChatFormat& chat, const Tokenizer& tok, const nlohmann::ordered_json& prompt,
                                     const nlohmann::ordered_json& completion, bool completion_only_loss,
-                                    const std::string& where);
+                                    const std::string& where,
+                                    const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 /// Each assistant message's turn in `text` (the render of all `messages`),
 /// for templates without {% generation %}: from the end of the render of the
@@ -95,7 +98,8 @@ ChatTokens prompt_completion_tokens(const ChatFormat& chat, const Tokenizer& tok
 /// message's content found in `text` after the previous turn, with the
 /// eos_token right after it. Byte offsets.
 Spans assistant_spans(const ChatFormat& chat, const nlohmann::ordered_json& messages, const std::string& text,
-                      const std::string& where, const std::string& eos_token);
+                      const std::string& where, const std::string& eos_token,
+                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 /// transformers' return_assistant_tokens_mask: for each span, the tokens
 /// from the one holding its first character to the one holding its last

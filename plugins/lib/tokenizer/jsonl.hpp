@@ -27,7 +27,23 @@ struct JsonlRecord {
   // Messages: the conversation; ChatPromptCompletion: the prompt's and the
   // completion's messages (keys in the order the line holds them: tojson prints them so)
   nlohmann::ordered_json messages, completion;
+  // chat rows' "tools" and "chat_template_kwargs" (TRL's columns), as template variables
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
+
+/// A chat row's "tools" (a list, or null) and "chat_template_kwargs" (an
+/// object: variables for the template, as TRL passes them).
+inline void chat_extra(const wick::JsonFields& f, const nlohmann::ordered_json& row, JsonlRecord& r) {
+  if (f.has("tools")) {
+    if (!row["tools"].is_array()) f.bad("tools", "a list of tool schemas (or null)");
+    r.extra["tools"] = row["tools"];
+  }
+  if (f.has("chat_template_kwargs")) {
+    if (!row["chat_template_kwargs"].is_object()) f.bad("chat_template_kwargs", "an object of template variables");
+    for (auto it = row["chat_template_kwargs"].begin(); it != row["chat_template_kwargs"].end(); ++it)
+      r.extra[it.key()] = it.value();
+  }
+}
 
 /// `where` is "file:line"; `vocab` bounds input_ids.
 inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& where, std::int64_t vocab) {
@@ -73,7 +89,9 @@ inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& 
                       "prompt/completion records make their own labels)");
   } else if (f.has("messages")) {
     r.kind = JsonlRecord::Messages;
-    r.messages = nlohmann::ordered_json::parse(line)["messages"];
+    const auto ordered = nlohmann::ordered_json::parse(line);
+    r.messages = ordered["messages"];
+    chat_extra(f, ordered, r);
   } else if ((f.has("prompt") && j["prompt"].is_array()) || (f.has("completion") && j["completion"].is_array())) {
     // TRL's conversational prompt-completion: both lists of messages
     for (const char* k : {"prompt", "completion"})
@@ -84,6 +102,7 @@ inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& 
     const auto ordered = nlohmann::ordered_json::parse(line);
     r.messages = ordered["prompt"];
     r.completion = ordered["completion"];
+    chat_extra(f, ordered, r);
   } else if (f.has("prompt") || f.has("completion")) {
     r.kind = JsonlRecord::PromptCompletion;
     r.prompt = f.string("prompt");
