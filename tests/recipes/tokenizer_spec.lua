@@ -92,6 +92,25 @@ end
     assert.truthy(out:find("tokens\tfalse\ttrue", 1, true), out)
   end)
 
+  it("trains a decoder on messages rows", function()
+    local rows = {}
+    for i = 1, 8 do
+      rows[i] = '{"messages": [{"role": "user", "content": "q' .. i .. '"}, {"role": "assistant", "content": "a' .. i .. '"}]}'
+    end
+    H.write(dir .. "/t.jsonl", table.concat(rows, "\n") .. "\n")
+    local code, out, err = H.recipe(dir, "t.lua", [[
+local wick = require "wick"
+local data = wick.data("text", { file = "]] .. dir .. [[/t.jsonl", tokenizer = "]] .. dir .. [[/m", cache_dir = "none" })
+local model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 16, layers = 1, heads = 2,
+  intermediate_size = 32 })
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4,
+  quiet = true }
+print("steps", run.steps, run.final_loss == run.final_loss)
+]])
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("steps\t2\ttrue", 1, true), out)
+  end)
+
   for _, case in ipairs {
     { "wick.tokenizer(42)", "bad argument #1 to 'tokenizer' (a model folder or a tokenizer.json expected, got number)" },
     { "tok:decode({ 1 }, { skip_special_tokens = 1 })", "decode: option 'skip_special_tokens': expected true or false, got a number" },
