@@ -1,4 +1,4 @@
-// wick.core: Methods of plugin objects: models (save, load, parameters, blocks, generate), data sets (size, encode, decode, window), optim objects and transforms (lora: apply, save, load, merge), and windows.
+// wick.core: Methods of plugin objects: models (save, load, parameters, blocks, generate), data sets (size, encode, decode, apply_chat_template, window), optim objects and transforms (lora: apply, save, load, merge), and windows.
 
 #include "lua/binding.hpp"
 
@@ -10,6 +10,7 @@
 #include "train/freeze.hpp"
 #include "train/inspect.hpp"
 #include "train/trainer.hpp"
+#include "wick/kit/json_fields.hpp"
 #include "wick/kit/safetensors.hpp"
 
 namespace wick::lua {
@@ -214,16 +215,72 @@ int model_generate(lua_State* L) {
   return 1;
 }
 
+// The flags of a method's options table at `i` (none: the defaults), as
+// transformers names them; any other key is an error naming it.
+std::map<std::string, bool> flag_options(lua_State* L, int i, const char* fn, std::map<std::string, bool> flags) {
+  if (lua_isnoneornil(L, i)) return flags;
+  check_table(L, i, fn);
+  lua_pushnil(L);
+  while (lua_next(L, i)) {
+    const std::string key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+    auto it = flags.find(key);
+    if (it == flags.end()) {
+      std::string known;
+      for (const auto& [k, v] : flags) known += (known.empty() ? "" : ", ") + k;
+      throw Error(std::string(fn) + ": unknown option '" + key + "' (expected " + known + ")");
+    }
+    if (lua_type(L, -1) != LUA_TBOOLEAN)
+      throw Error(std::string(fn) + ": option '" + key + "': expected true or false, got a " + luaL_typename(L, -1));
+    it->second = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+  }
+  return flags;
+}
+
+// data:encode(text [, {add_special_tokens = true}])
 int data_encode(lua_State* L) {
   auto d = check_data(L, 1, "encode");
-  push_ids(L, d->encode(check_string(L, 2, "encode")));
+  const std::string text = check_string(L, 2, "encode");
+  const auto o = flag_options(L, 3, "encode", {{"add_special_tokens", true}});
+  push_ids(L, d->encode(text, o.at("add_special_tokens")));
   return 1;
 }
 
+// data:decode(ids [, {skip_special_tokens = false}])
 int data_decode(lua_State* L) {
   auto d = check_data(L, 1, "decode");
-  const std::string s = d->decode(check_ids(L, 2, "decode"));
+  const auto ids = check_ids(L, 2, "decode");
+  const auto o = flag_options(L, 3, "decode", {{"skip_special_tokens", false}});
+  const std::string s = d->decode(ids, o.at("skip_special_tokens"));
   lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+// data:apply_chat_template(messages [, {add_generation_prompt = false, tokenize = true, tools = ..., <variables>}]):
+// the conversation rendered through the data set's chat template; its ids
+// (tokenized without special tokens, as transformers tokenizes the
+// rendering) or, with tokenize = false, the text
+int data_apply_chat_template(lua_State* L) {
+  auto d = check_data(L, 1, "apply_chat_template");
+  check_table(L, 2, "apply_chat_template");
+  nlohmann::json messages = to_json(L, 2);
+  if (messages.is_object() && messages.empty()) messages = nlohmann::json::array();  // {} is an empty list in Lua
+  bool tokenize = true;
+  nlohmann::json options = nlohmann::json::object();
+  if (!lua_isnoneornil(L, 3)) {
+    check_table(L, 3, "apply_chat_template");
+    options = to_json(L, 3);
+    if (!options.is_object()) throw Error("apply_chat_template: the options must be a table of names (add_generation_prompt, tokenize, ...)");
+    if (options.contains("tokenize")) {
+      if (!options["tokenize"].is_boolean())
+        throw Error("apply_chat_template: option 'tokenize': expected true or false, got " + json_brief(options["tokenize"]));
+      tokenize = options["tokenize"].get<bool>();
+      options.erase("tokenize");
+    }
+  }
+  const std::string text = d->apply_chat_template(messages.dump(), options.dump());
+  if (tokenize) push_ids(L, d->encode(text, /*add_special_tokens=*/false));
+  else lua_pushlstring(L, text.data(), text.size());
   return 1;
 }
 
@@ -334,8 +391,8 @@ void open_objects(lua_State* L) {
                                            {"generate", G(model_generate)},
                                            {nullptr, nullptr}};
   static const luaL_Reg data_methods[] = {
-      {"size", G(data_size)}, {"encode", G(data_encode)}, {"decode", G(data_decode)}, {"window", G(data_window)},
-      {nullptr, nullptr}};
+      {"size", G(data_size)},     {"encode", G(data_encode)}, {"decode", G(data_decode)},
+      {"window", G(data_window)}, {"apply_chat_template", G(data_apply_chat_template)}, {nullptr, nullptr}};
   static const luaL_Reg optim_methods[] = {{"kind", G(optim_kind)},   {"factor", G(schedule_factor)},
                                            {"apply", G(transform_apply)},
                                            {"save", G(transform_save)}, {"load", G(transform_load)},

@@ -26,7 +26,8 @@
 /// \endcode
 ///
 /// Optional: get_batch (one gather for in-memory data), collate, set_epoch
-/// (random augmentation by seed and epoch), encode/decode (text), and
+/// (random augmentation by seed and epoch), encode/decode (text),
+/// apply_chat_template (chat data), and
 /// attributes() (facts a recipe reads, such as data.num_classes).
 
 #include <ATen/core/Tensor.h>
@@ -65,14 +66,28 @@ class Dataset : public Object {
     return collate(samples);
   }
 
-  /// Optional, for text: token ids of a string and back.
-  virtual std::vector<std::int64_t> encode(const std::string& text) const {
-    (void)text;
+  /// Optional, for text: token ids of a string and back, as transformers'
+  /// tokenizer.encode(text, add_special_tokens=...) and
+  /// decode(ids, skip_special_tokens=...) give them.
+  virtual std::vector<std::int64_t> encode(const std::string& text, bool add_special_tokens) const {
+    (void)text, (void)add_special_tokens;
     throw Error("this data set has no tokenizer");
   }
-  virtual std::string decode(const std::vector<std::int64_t>& ids) const {
-    (void)ids;
+  virtual std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens) const {
+    (void)ids, (void)skip_special_tokens;
     throw Error("this data set has no tokenizer");
+  }
+  std::vector<std::int64_t> encode(const std::string& text) const { return encode(text, true); }
+  std::string decode(const std::vector<std::int64_t>& ids) const { return decode(ids, false); }
+
+  /// Optional, for chat data: `messages_json` (a JSON list of {"role",
+  /// "content", ...}) rendered through the data set's chat template with
+  /// `options_json` (a JSON object: add_generation_prompt, tools, documents,
+  /// and further template variables), as transformers'
+  /// apply_chat_template(messages, tokenize=False, ...) renders it.
+  virtual std::string apply_chat_template(const std::string& messages_json, const std::string& options_json) const {
+    (void)messages_json, (void)options_json;
+    throw Error("this data set has no chat template");
   }
 
   /// Optional: called by the loader before each epoch's samples are read, with

@@ -52,7 +52,9 @@
 /// \endcode
 ///
 /// ABI versions (WICK_ABI_VERSION): 7 gave GenerateOptions eos_ids,
-/// repetition_penalty and stop. 6 added the descriptor's `makes` (the
+/// repetition_penalty and stop, gave Dataset's encode and decode
+/// transformers' add_special_tokens and skip_special_tokens, and added
+/// Dataset::apply_chat_template. 6 added the descriptor's `makes` (the
 /// object kind the factory builds: optimizer, schedule or transform for an
 /// optim plugin), checked against what the factory returns; make_descriptor
 /// left the public API (wick::plugin<T> is the one builder); GenerateOptions

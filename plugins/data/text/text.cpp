@@ -1,8 +1,13 @@
 // data `text`: documents as token sequences for language models. Sources:
 // plain text files (one document each) or JSONL lines with "text",
 // pre-tokenized "input_ids" (with optional "labels", -100 where a token does
-// not count), or "prompt" + "completion" (the prompt is masked out of the loss). Tokenizer: bytes (UTF-8 bytes 0-255, end of text 256),
-// or byte-level BPE from a Hugging Face tokenizer.json.
+// not count), or "prompt" + "completion" (the prompt is masked out of the loss),
+// or TRL's conversational rows rendered through the tokenizer folder's chat
+// template (chat.hpp): "messages" (the loss on the assistant's turns) and
+// "prompt" + "completion" as lists of messages. Tokenizer: bytes (UTF-8
+// bytes 0-255, end of text 256), or BPE from a Hugging Face tokenizer.json
+// (or a folder holding one). With no sources at all the data set is the
+// tokenizer alone (wick.tokenizer): encode, decode, apply_chat_template.
 // Truncation to max_length, or packing of documents into max_length chunks.
 // Batches: input_ids [B, T] padded with end-of-text, labels [B, T] with -100
 // on padding and prompts.
@@ -25,6 +30,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <mutex>
+#include <optional>
+
+#include "lib/chat/chat.hpp"
 #include "lib/tokenizer/jsonl.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
 
@@ -52,14 +61,24 @@ std::string nothing_to_learn(const Doc& d) {
 
 class Text : public wick::Dataset {
  public:
-  explicit Text(const wick::Options& o) : max_length_(o.get_int("max_length")) {
-    const std::string tok = o.get_string("tokenizer");
+  explicit Text(const wick::Options& o)
+      : max_length_(o.get_int("max_length")),
+        assistant_only_loss_(o.get_bool("assistant_only_loss")),
+        completion_only_loss_(o.get_bool("completion_only_loss")) {
+    const std::string tok = tokenizer_file(o.get_string("tokenizer"));
+    if (tok != "bytes") folder_ = fs::path(tok).parent_path().string();
+    if (folder_.empty() && tok != "bytes") folder_ = ".";
     tokenizer_ = tok == "bytes" ? wick::text::byte_tokenizer() : wick::text::bpe_tokenizer(tok);
-    const std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
+    std::string eos = o.has("eos_token") ? o.get_string("eos_token") : wick::text::default_eos(*tokenizer_);
+    // a chat model's folder whose tokenizer holds none of those: its tokenizer_config.json's eos_token
+    if (!o.has("eos_token") && tokenizer_->token_id(eos) < 0 && !folder_.empty())
+      if (auto t = wick::text::config_token(folder_, "eos_token"); !t.empty() && tokenizer_->token_id(t) >= 0) eos = t;
     eos_ = tokenizer_->token_id(eos);
-    if (eos_ < 0) throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
+    // the tokenizer alone (no sources) needs none: it pads no batch
+    if (eos_ < 0 && (o.has("files") || o.has("file")))
+      throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
     vocab_ = tokenizer_->vocab_size();
-    if (!o.has("files") && !o.has("file")) throw wick::Error("data 'text': give 'file' (JSONL) or 'files' (plain text)");
+    if (!o.has("files") && !o.has("file")) return;  // the tokenizer alone (wick.tokenizer)
     std::vector<std::string> sources;
     if (o.has("files"))
       for (const auto& f : o.at("files").as_list()) sources.push_back(f.as_string());
@@ -132,8 +151,37 @@ class Text : public wick::Dataset {
     if (samples_.empty()) throw wick::Error("data 'text': the sources hold no text");
   }
 
-  std::vector<std::int64_t> encode(const std::string& s) const override { return tokenizer_->encode(s); }
-  std::string decode(const std::vector<std::int64_t>& ids) const override { return tokenizer_->decode(ids); }
+  using wick::Dataset::decode, wick::Dataset::encode;
+  std::vector<std::int64_t> encode(const std::string& s, bool add_special_tokens) const override {
+    return tokenizer_->encode(s, add_special_tokens);
+  }
+  std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens) const override {
+    return tokenizer_->decode(ids, skip_special_tokens);
+  }
+
+  std::string apply_chat_template(const std::string& messages_json, const std::string& options_json) const override {
+    const std::string where = "apply_chat_template";
+    auto parse = [&](const std::string& text, const char* what) {
+      try {
+        return nlohmann::ordered_json::parse(text);
+      } catch (const nlohmann::json::exception& e) {
+        throw wick::Error(where + ": the " + what + " are not valid JSON: " + wick::json_error_text(e));
+      }
+    };
+    const auto messages = parse(messages_json, "messages");
+    auto options = parse(options_json, "options");
+    if (!options.is_object()) throw wick::Error(where + ": the options are not a table of names");
+    bool add_generation_prompt = false;
+    if (options.contains("add_generation_prompt")) {
+      const auto& g = options["add_generation_prompt"];
+      if (!g.is_boolean())
+        throw wick::Error(where + ": add_generation_prompt is " + wick::json_brief(nlohmann::json(g)) + ", expected true or false");
+      add_generation_prompt = g.get<bool>();
+      options.erase("add_generation_prompt");
+    }
+    wick::text::check_messages(messages, where, "messages");
+    return chat(where).render(messages, add_generation_prompt, where, options).text;
+  }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
 
@@ -178,7 +226,8 @@ class Text : public wick::Dataset {
     Doc d;
     try {
       d.ids = encode(prompt);
-      d.labels.assign(d.ids.size(), kIgnore);
+      if (completion_only_loss_) d.labels.assign(d.ids.size(), kIgnore);
+      else d.labels = d.ids;
       for (auto id : tokenizer_->encode(text, /*add_special_tokens=*/false)) {  // the template's BOS came with the prompt
         d.ids.push_back(id);
         d.labels.push_back(id);
@@ -189,6 +238,32 @@ class Text : public wick::Dataset {
     d.ids.push_back(eos_);
     d.labels.push_back(eos_);
     return d;
+  }
+
+  // The tokenizer folder's chat template, read when a conversation first
+  // needs it; `who` (what needs it) begins the error when there is none.
+  const wick::text::ChatFormat& chat(const std::string& who) const {
+    std::lock_guard<std::mutex> lock(chat_mu_);
+    if (!chat_) {
+      if (folder_.empty())
+        throw wick::Error(who + " needs a chat template, and the tokenizer is 'bytes': expected tokenizer = a Hugging "
+                                "Face model folder (its tokenizer.json and chat template) or its tokenizer.json");
+      chat_.emplace(folder_);
+    }
+    if (!chat_->has_template()) chat_->missing(who);
+    return *chat_;
+  }
+
+  // The tokenizer option as a file: "bytes", a tokenizer.json, or a folder holding one.
+  static std::string tokenizer_file(const std::string& given) {
+    std::error_code ec;
+    // a path named as a JSON file is read as one (a folder there is said to be no JSON file)
+    if (given == "bytes" || given.ends_with(".json") || !fs::is_directory(given, ec)) return given;
+    const fs::path f = fs::path(given) / "tokenizer.json";
+    if (!fs::exists(f, ec))
+      throw wick::Error("data 'text': tokenizer " + given + " is a folder without a tokenizer.json, expected 'bytes', "
+                        "a tokenizer.json, or a folder holding one");
+    return f.string();
   }
 
   void read_jsonl(const std::string& path, std::int64_t source, std::vector<Doc>& docs) const {
@@ -210,6 +285,18 @@ class Text : public wick::Dataset {
         docs.push_back(text_doc(r.text, r.prompt, where));
       } else if (r.kind == wick::text::JsonlRecord::Text) {
         docs.push_back(text_doc(r.text, "", where));
+      } else if (r.kind == wick::text::JsonlRecord::Messages || r.kind == wick::text::JsonlRecord::ChatPromptCompletion) {
+        const std::string who = "data 'text': " + where;
+        const auto& format = chat(who + ": a conversation");
+        const auto t = r.kind == wick::text::JsonlRecord::Messages
+                           ? wick::text::messages_tokens(format, *tokenizer_, r.messages, assistant_only_loss_, who, r.extra)
+                           : wick::text::prompt_completion_tokens(format, *tokenizer_, r.messages, r.completion,
+                                                                  completion_only_loss_, who, r.extra);
+        if (t.prompt_not_prefix && !prompt_note_++)
+          std::fprintf(stderr, "wick: note: data 'text': %s: the prompt's tokens do not begin the prompt and completion's "
+                       "(the template renders the prompt otherwise when a completion follows); as many tokens are "
+                       "masked all the same, as TRL does\n", where.c_str());
+        docs.push_back(Doc{t.ids, t.labels});  // the template ends each turn: no end-of-text added
       }
       for (std::size_t k = before; k < docs.size(); ++k) {
         docs[k].source = source;
@@ -245,7 +332,8 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v5\n" + tok + "\n" + eos + "\n";
+    std::string key = "wick text tokens v6\n" + tok + "\n" + eos + "\n" + (assistant_only_loss_ ? "a" : "-") +
+                      (completion_only_loss_ ? "c" : "-") + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
       const auto abs = fs::absolute(path, ec);
@@ -253,7 +341,11 @@ class Text : public wick::Dataset {
       const auto mtime = fs::last_write_time(path, ec).time_since_epoch().count();
       key += abs.string() + " " + std::to_string(ec ? 0 : size) + " " + std::to_string(mtime) + "\n";
     };
-    if (tok != "bytes") stamp(tok);
+    if (tok != "bytes") {
+      stamp(tok);
+      for (const char* f : {"tokenizer_config.json", "chat_template.jinja"})  // the chat template and its tokens
+        if (std::error_code ec; fs::exists(fs::path(folder_) / f, ec)) stamp((fs::path(folder_) / f).string());
+    }
     for (const auto& src : sources) stamp(src);
     std::uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
     for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ULL;
@@ -356,6 +448,11 @@ class Text : public wick::Dataset {
   std::int64_t skipped_ = 0;
   std::string cache_path_;
   std::int64_t max_length_;
+  bool assistant_only_loss_, completion_only_loss_;
+  std::string folder_;  // the tokenizer's folder: its chat template ("" for bytes)
+  mutable std::mutex chat_mu_;
+  mutable std::optional<wick::text::ChatFormat> chat_;
+  mutable std::int64_t prompt_note_ = 0;  // rows whose prompt tokens are no prefix: named once
   std::unique_ptr<wick::text::Tokenizer> tokenizer_;
   std::int64_t eos_ = 0, vocab_ = 0;
   std::vector<Doc> samples_;
@@ -364,11 +461,14 @@ class Text : public wick::Dataset {
 }  // namespace
 
 WICK_PLUGIN(wick::plugin<Text>(
-    "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion), packing",
+    "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion, chat messages "
+    "through the folder's template), packing",
     {wick::opt("files", wick::OptionType::StringList, wick::Value(), "plain text files, one document each").optional(),
-     wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"[, \"labels\"]} or {\"prompt\", \"completion\"}").optional(),
+     wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"[, \"labels\"]}, {\"prompt\", \"completion\"} (strings or lists of messages) or {\"messages\"}").optional(),
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
-     wick::opt_string("tokenizer", "bytes", "'bytes', or a Hugging Face tokenizer.json (byte-level BPE)"),
+     wick::opt_string("tokenizer", "bytes", "'bytes', a Hugging Face tokenizer.json, or a model folder holding one (and its chat template)"),
+     wick::opt_bool("assistant_only_loss", true, "messages rows: the loss on the assistant's turns only ({% generation %} spans, else each rendered assistant turn)"),
+     wick::opt_bool("completion_only_loss", true, "prompt/completion rows: the loss on the completion only"),
      wick::opt_string("eos_token", wick::Value(), "end-of-text token (default: <eos> for bytes; for a tokenizer.json the first of <|endoftext|>, </s>, <|end_of_text|> it holds)").optional(),
      wick::opt_string("cache_dir", "", "where tokenized documents are cached ('': $WICK_CACHE_DIR or ~/.cache/wick/tokens; 'none': no cache)")}))

@@ -141,13 +141,14 @@ class MediaFolder : public wick::Dataset {
     if (o.has("tokenizer")) tokenize(o);
   }
 
-  std::vector<std::int64_t> encode(const std::string& s) const override {
-    if (!tokenizer_) return Dataset::encode(s);
-    return tokenizer_->encode(s);
+  using Dataset::decode, Dataset::encode;
+  std::vector<std::int64_t> encode(const std::string& s, bool add_special_tokens) const override {
+    if (!tokenizer_) return Dataset::encode(s, add_special_tokens);
+    return tokenizer_->encode(s, add_special_tokens);
   }
-  std::string decode(const std::vector<std::int64_t>& ids) const override {
-    if (!tokenizer_) return Dataset::decode(ids);
-    return tokenizer_->decode(ids);
+  std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens) const override {
+    if (!tokenizer_) return Dataset::decode(ids, skip_special_tokens);
+    return tokenizer_->decode(ids, skip_special_tokens);
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(items_.size()); }

@@ -4,8 +4,10 @@
 // object with "input_ids" (a list of token ids below the vocabulary size) and
 // optionally "labels" (as many, each a token id or -100 for a token that
 // does not count, as transformers' labels), "prompt" and "completion"
-// (strings), or "text" (a string). "labels" beside anything but input_ids
-// is refused, never ignored. Errors name the file and line.
+// (strings, or for chat data lists of messages), "messages" (a list of
+// messages, for a chat template), or "text" (a string). "labels" beside
+// anything but input_ids is refused, never ignored. Errors name the file
+// and line.
 
 #include <wick/kit/json_fields.hpp>
 #include <wick/options.hpp>
@@ -19,10 +21,29 @@
 namespace wick::text {
 
 struct JsonlRecord {
-  enum Kind { Blank, Ids, Text, PromptCompletion } kind = Blank;
+  enum Kind { Blank, Ids, Text, PromptCompletion, Messages, ChatPromptCompletion } kind = Blank;
   std::vector<std::int64_t> ids, labels;  // labels: empty, or one per id (-100: not counted)
   std::string text, prompt;
+  // Messages: the conversation; ChatPromptCompletion: the prompt's and the
+  // completion's messages (keys in the order the line holds them: tojson prints them so)
+  nlohmann::ordered_json messages, completion;
+  // chat rows' "tools" and "chat_template_kwargs" (TRL's columns), as template variables
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
+
+/// A chat row's "tools" (a list, or null) and "chat_template_kwargs" (an
+/// object: variables for the template, as TRL passes them).
+inline void chat_extra(const wick::JsonFields& f, const nlohmann::ordered_json& row, JsonlRecord& r) {
+  if (f.has("tools")) {
+    if (!row["tools"].is_array()) f.bad("tools", "a list of tool schemas (or null)");
+    r.extra["tools"] = row["tools"];
+  }
+  if (f.has("chat_template_kwargs")) {
+    if (!row["chat_template_kwargs"].is_object()) f.bad("chat_template_kwargs", "an object of template variables");
+    for (auto it = row["chat_template_kwargs"].begin(); it != row["chat_template_kwargs"].end(); ++it)
+      r.extra[it.key()] = it.value();
+  }
+}
 
 /// `where` is "file:line"; `vocab` bounds input_ids.
 inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& where, std::int64_t vocab) {
@@ -66,6 +87,22 @@ inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& 
   } else if (f.has("labels")) {
     throw wick::Error(who + ": labels without input_ids: labels are read only beside input_ids (text and "
                       "prompt/completion records make their own labels)");
+  } else if (f.has("messages")) {
+    r.kind = JsonlRecord::Messages;
+    const auto ordered = nlohmann::ordered_json::parse(line);
+    r.messages = ordered["messages"];
+    chat_extra(f, ordered, r);
+  } else if ((f.has("prompt") && j["prompt"].is_array()) || (f.has("completion") && j["completion"].is_array())) {
+    // TRL's conversational prompt-completion: both lists of messages
+    for (const char* k : {"prompt", "completion"})
+      if (!f.has(k) || !j[k].is_array())
+        f.bad(k, std::string("a list of messages, as the ") + (k[0] == 'p' ? "completion" : "prompt") +
+                     " is one (conversational prompt-completion), or both strings");
+    r.kind = JsonlRecord::ChatPromptCompletion;
+    const auto ordered = nlohmann::ordered_json::parse(line);
+    r.messages = ordered["prompt"];
+    r.completion = ordered["completion"];
+    chat_extra(f, ordered, r);
   } else if (f.has("prompt") || f.has("completion")) {
     r.kind = JsonlRecord::PromptCompletion;
     r.prompt = f.string("prompt");
@@ -74,7 +111,7 @@ inline JsonlRecord parse_jsonl_line(const std::string& line, const std::string& 
     r.kind = JsonlRecord::Text;
     r.text = f.string("text");
   } else {
-    throw wick::Error(who + " has none of text, input_ids, or prompt and completion");
+    throw wick::Error(who + " has none of text, input_ids, messages, or prompt and completion");
   }
   return r;
 }

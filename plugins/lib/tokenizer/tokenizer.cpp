@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <queue>
+#include <unordered_set>
 #include <string_view>
 #include <utility>
 
@@ -21,6 +22,8 @@
 
 namespace wick::text {
 namespace {
+
+void widen_to_chars(const std::string& text, std::vector<std::pair<std::size_t, std::size_t>>& offsets);
 
 class Bytes : public Tokenizer {
  public:
@@ -40,12 +43,24 @@ class Bytes : public Tokenizer {
     }
     return ids;
   }
-  std::string decode(const std::vector<std::int64_t>& ids) const override {
+  std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens) const override {
     std::string s;
     for (auto id : ids)
       if (id >= 0 && id < 256) s.push_back(static_cast<char>(id));
-      else if (id >= 257 && id < vocab_size()) s += specials_[static_cast<std::size_t>(id - 257)];
+      else if (id >= 257 && id < vocab_size() && !skip_special_tokens) s += specials_[static_cast<std::size_t>(id - 257)];
     return s;
+  }
+  Encoding encode_with_offsets(const std::string& s) const override {
+    Encoding out;
+    out.ids = encode(s, false);
+    std::size_t at = 0;
+    for (auto id : out.ids) {
+      const std::size_t n = id >= 257 ? specials_[static_cast<std::size_t>(id - 257)].size() : 1;
+      out.offsets.emplace_back(at, at + n);
+      at += n;
+    }
+    widen_to_chars(s, out.offsets);
+    return out;
   }
   std::int64_t vocab_size() const override { return 257 + static_cast<std::int64_t>(specials_.size()); }
   std::int64_t token_id(const std::string& t) const override {
@@ -108,6 +123,19 @@ std::size_t char_size(std::string_view s, std::size_t i) {
   const unsigned char c = static_cast<unsigned char>(s[i]);
   const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
   return std::min(n, s.size() - i);
+}
+
+void widen_to_chars(const std::string& text, std::vector<std::pair<std::size_t, std::size_t>>& offsets) {
+  auto start_of = [&](std::size_t i) {
+    while (i > 0 && i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  for (auto& [b, e] : offsets) {
+    if (e <= b || e > text.size()) continue;
+    const std::size_t last = start_of(e - 1);
+    b = start_of(b);
+    e = last + char_size(text, last);
+  }
 }
 
 // UTF-8 characters of a string.
@@ -352,8 +380,10 @@ class Bpe : public Tokenizer {
         byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
       }
     read_added(j);
-    for (auto& [s, id] : vocab_)
+    for (auto& [s, id] : vocab_) {
       if (!added_ids_.count(id)) by_id_[id] = s;
+      vocab_by_id_[id] = s;
+    }
     read_normalizer(j);
     for (auto& a : added_) {
       a.pattern = a.normalized ? normalize(a.content) : a.content;
@@ -377,9 +407,9 @@ class Bpe : public Tokenizer {
     // 1. added tokens matched in the raw text; 2. each segment between them
     // normalized, then those matched in normalized text; 3. the rest
     // pre-tokenized and run through BPE
-    split_added(text, /*normalized=*/false, [&](const std::string& seg, std::int64_t id, bool at_start) {
+    split_added(text, /*normalized=*/false, [&](const std::string& seg, std::int64_t id, bool at_start, std::size_t, std::size_t) {
       if (id >= 0) return ids.push_back(id);
-      split_added(normalize(seg), /*normalized=*/true, [&](const std::string& part, std::int64_t id2, bool first) {
+      split_added(normalize(seg), /*normalized=*/true, [&](const std::string& part, std::int64_t id2, bool first, std::size_t, std::size_t) {
         if (id2 >= 0) return ids.push_back(id2);
         encode_normalized(part, at_start && first, ids);
       });
@@ -392,7 +422,43 @@ class Bpe : public Tokenizer {
     return out;
   }
 
-  std::string decode(const std::vector<std::int64_t>& ids) const override {
+  // The ids of the text (no post-processor template) and the bytes of the
+  // text each came from, by the same steps as encode() with each byte's
+  // origin carried through the normalizers and pre-tokenizers (the
+  // tokenizers library's alignments): an inserted character (Prepend, a
+  // Metaspace's or ByteLevel's prefix) takes the origin of the character it
+  // stands before, a replacement the origin of what it replaced.
+  Encoding encode_with_offsets(const std::string& text) const override {
+    Encoding out;
+    split_added(text, /*normalized=*/false, [&](const std::string& seg, std::int64_t id, bool at_start, std::size_t b, std::size_t e) {
+      if (id >= 0) {
+        out.ids.push_back(id);
+        out.offsets.emplace_back(b, e);
+        return;
+      }
+      Aligned raw;
+      raw.s = seg;
+      for (std::size_t i = 0; i < seg.size(); ++i) raw.b.push_back(b + i), raw.e.push_back(b + i + 1);
+      const Aligned n = normalize_aligned(raw);
+      split_added(n.s, /*normalized=*/true, [&](const std::string& part, std::int64_t id2, bool first, std::size_t pb, std::size_t pe) {
+        if (id2 >= 0) {
+          out.ids.push_back(id2);
+          out.offsets.push_back(n.span(pb, pe - pb));
+          return;
+        }
+        if (!part.empty()) pre_tokenize_aligned(n.slice(pb, pe - pb), at_start && first, 0, out);
+      });
+    });
+    widen_to_chars(text, out.offsets);
+    return out;
+  }
+
+  std::string decode(const std::vector<std::int64_t>& all, bool skip_special_tokens) const override {
+    std::vector<std::int64_t> kept;
+    if (skip_special_tokens)
+      for (auto id : all)
+        if (!special_ids_.count(id)) kept.push_back(id);
+    const auto& ids = skip_special_tokens ? kept : all;
     if (byte_level_decoder_) return decode_byte_level(ids);
     // the tokens (added ones by their content), then the decoder's steps as
     // the tokenizers library applies them to the list
@@ -506,6 +572,160 @@ class Bpe : public Tokenizer {
     std::int64_t n = 0, m = 0;  // Strip: from the start, from the end; Metaspace: 1 to drop the first space
   };
 
+  // A text and, for each of its bytes, the bytes [b, e) of the original text it came from.
+  struct Aligned {
+    std::string s;
+    std::vector<std::size_t> b, e;
+    Aligned slice(std::size_t at, std::size_t n) const {
+      const auto i = static_cast<std::ptrdiff_t>(at), j = static_cast<std::ptrdiff_t>(at + n);
+      return {s.substr(at, n), {b.begin() + i, b.begin() + j}, {e.begin() + i, e.begin() + j}};
+    }
+    // bytes [at, at + n)'s origin: from the first's start to the last's end
+    std::pair<std::size_t, std::size_t> span(std::size_t at, std::size_t n) const {
+      if (s.empty()) return {0, 0};
+      at = std::min(at, s.size() - 1);
+      n = std::max<std::size_t>(1, std::min(n, s.size() - at));
+      std::size_t lo = b[at], hi = e[at];
+      for (std::size_t k = at; k < at + n; ++k) lo = std::min(lo, b[k]), hi = std::max(hi, e[k]);
+      return {lo, hi};
+    }
+    void push(std::string_view text, std::pair<std::size_t, std::size_t> from) {
+      s.append(text);
+      b.insert(b.end(), text.size(), from.first);
+      e.insert(e.end(), text.size(), from.second);
+    }
+    void append(const Aligned& x) {
+      s += x.s;
+      b.insert(b.end(), x.b.begin(), x.b.end());
+      e.insert(e.end(), x.e.begin(), x.e.end());
+    }
+  };
+
+  // normalize() with the origins: NFC and NFKC one run at a time (a starter
+  // and the marks after it); where that does not give normalize()'s text,
+  // every byte comes from the whole segment.
+  Aligned normalize_aligned(const Aligned& in) const {
+    const std::string want = normalize(in.s);  // its limits checked, as encode() checks them
+    Aligned a = in;
+    for (const auto& n : norm_) {
+      Aligned out;
+      switch (n.kind) {
+        case NormStep::Nfc:
+        case NormStep::Nfkc: {
+          const bool compat = n.kind == NormStep::Nfkc;
+          if (normal_form(a.s, compat) == a.s) continue;
+          for (std::size_t i = 0; i < a.s.size();) {
+            std::size_t j = i + char_size(a.s, i);
+            while (j < a.s.size()) {
+              const auto cp = code_point(a.s, j);
+              if (cp < 0 || utf8proc_get_property(cp)->combining_class == 0) break;
+              j += char_size(a.s, j);
+            }
+            out.push(normal_form(a.s.substr(i, j - i), compat), a.span(i, j - i));
+            i = j;
+          }
+          break;
+        }
+        case NormStep::Prepend:
+          if (a.s.empty()) continue;
+          out.push(n.a, a.span(0, char_size(a.s, 0)));
+          out.append(a);
+          break;
+        case NormStep::Replace: {
+          std::size_t at = 0;
+          for (std::size_t f = a.s.find(n.a); f != std::string::npos; f = a.s.find(n.a, at)) {
+            out.append(a.slice(at, f - at));
+            out.push(n.b, a.span(f, n.a.size()));
+            at = f + n.a.size();
+          }
+          out.append(a.slice(at, a.s.size() - at));
+          break;
+        }
+      }
+      a = std::move(out);
+    }
+    if (a.s == want) return a;
+    Aligned whole;
+    whole.push(want, in.span(0, in.s.size()));
+    return whole;
+  }
+
+  // pre_tokenize() with the origins.
+  void pre_tokenize_aligned(const Aligned& p, bool first, std::size_t k, Encoding& out) const {
+    if (k == pre_.size()) return bpe_aligned(p, out);
+    const PreStep& step = pre_[k];
+    if (step.kind == PreStep::Metaspace) {
+      const std::string& r = step.replacement;
+      Aligned q;
+      std::size_t at = 0;
+      for (std::size_t f = p.s.find(' '); f != std::string::npos; f = p.s.find(' ', at)) {
+        q.append(p.slice(at, f - at));
+        q.push(r, p.span(f, 1));
+        at = f + 1;
+      }
+      q.append(p.slice(at, p.s.size() - at));
+      if ((step.prepend == "always" || (step.prepend == "first" && first)) && !q.s.starts_with(r)) {
+        Aligned pre;
+        pre.push(r, q.span(0, q.s.empty() ? 0 : char_size(q.s, 0)));
+        pre.append(q);
+        q = std::move(pre);
+      }
+      if (!step.split) return pre_tokenize_aligned(q, first, k + 1, out);
+      std::size_t cut = 0;
+      bool f = first;
+      for (std::size_t c = q.s.find(r); c != std::string::npos; c = q.s.find(r, c + r.size()))
+        if (c > cut) {
+          pre_tokenize_aligned(q.slice(cut, c - cut), std::exchange(f, false), k + 1, out);
+          cut = c;
+        }
+      if (cut < q.s.size()) pre_tokenize_aligned(q.slice(cut, q.s.size() - cut), f, k + 1, out);
+      return;
+    }
+    Aligned prefixed;
+    if (step.kind == PreStep::ByteLevel && step.prefix_space && !p.s.starts_with(" ")) {
+      prefixed.push(" ", p.span(0, p.s.empty() ? 0 : char_size(p.s, 0)));
+      prefixed.append(p);
+    }
+    const Aligned& q = prefixed.s.empty() ? p : prefixed;
+    if (!step.regex) return pre_tokenize_aligned(q, first, k + 1, out);
+    bool f = first;
+    step.regex->split(q.s, [&](std::size_t at, std::size_t n) { pre_tokenize_aligned(q.slice(at, n), std::exchange(f, false), k + 1, out); });
+  }
+
+  // bpe() over a piece, each token given the origin of the bytes of the piece it spells.
+  void bpe_aligned(const Aligned& p, Encoding& out) const {
+    std::vector<std::int64_t> ids;
+    bpe(p.s, ids);
+    std::size_t at = 0;
+    for (auto id : ids) {
+      const std::size_t n = std::min(token_bytes(p.s, at, id), p.s.size() - at);
+      out.ids.push_back(id);
+      out.offsets.push_back(p.span(at, n));
+      at += n;
+    }
+  }
+
+  // How many bytes of `piece` from `at` token `id` spells.
+  std::size_t token_bytes(const std::string& piece, std::size_t at, std::int64_t id) const {
+    const auto v = vocab_by_id_.find(id);
+    if (byte_level_) return v == vocab_by_id_.end() ? 1 : chars(v->second).size();  // one character a byte
+    if (v != vocab_by_id_.end() && id != unk_ && piece.compare(at, v->second.size(), v->second) == 0) return v->second.size();
+    if (byte_fallback_ && v != vocab_by_id_.end() && v->second.size() == 6 && v->second.starts_with("<0x")) return 1;
+    if (id != unk_ || at >= piece.size()) return v == vocab_by_id_.end() ? 1 : v->second.size();
+    // the unknown token: one character, or with fuse_unk the run of characters outside the vocabulary
+    auto unknown = [&](std::size_t i) {
+      const std::string c = piece.substr(i, char_size(piece, i));
+      if (vocab_.count(c)) return false;
+      if (!byte_fallback_) return true;
+      for (unsigned char ch : c)
+        if (byte_ids_[ch] < 0) return true;
+      return false;
+    };
+    std::size_t n = char_size(piece, at);
+    while (fuse_unk_ && at + n < piece.size() && unknown(at + n)) n += char_size(piece, at + n);
+    return n;
+  }
+
   [[noreturn]] void unsupported(const std::string& what) const {
     throw Error(where_ + " uses " + what + ", which wick does not support (BPE: byte-level as GPT-2, Qwen2 and "
                 "LLaMA-3 use it, or with byte fallback as LLaMA-2, Mistral and LLaVA-1.5 use it)");
@@ -537,6 +757,7 @@ class Bpe : public Tokenizer {
               t.flag("single_word", false), t.flag("normalized", !t.flag("special", false))};
       max_id_ = std::max(max_id_, a.id);
       by_id_[a.id] = a.content, added_ids_[a.id] = a.content;
+      if (t.flag("special", false)) special_ids_.insert(a.id);
       added_.push_back(std::move(a));  // an empty one never matches, as in tokenizers (dropped below)
     }
   }
@@ -715,7 +936,7 @@ class Bpe : public Tokenizer {
                 " bytes): a normalizer that multiplies the text is refused rather than run for ever");
   }
 
-  // Calls emit(segment, -1, at_start) for text and emit("", id, false) for
+  // Calls emit(segment, -1, at_start, begin, end) for text and emit("", id, false, begin, end) for
   // the added tokens (those with `normalized` as given) found in `text`:
   // the earliest match, the longest there; single_word ones only between
   // non-word characters; lstrip/rstrip ones take the whitespace beside them.
@@ -744,13 +965,13 @@ class Bpe : public Tokenizer {
         while (b > pos && space_char(code_point(text, char_before(text, b)))) b = char_before(text, b);
       if (tok->rstrip)
         while (e < text.size() && space_char(code_point(text, e))) e += char_size(text, e);
-      if (b > pos) emit(text.substr(pos, b - pos), -1, pos == 0);
-      emit(std::string(), tok->id, false);
+      if (b > pos) emit(text.substr(pos, b - pos), -1, pos == 0, pos, b);
+      emit(std::string(), tok->id, false, b, e);
       pos = e;
       f = e - 1;  // the next match starts at e or after
     }
-    if (pos == 0 && !text.empty()) emit(text, -1, true);
-    else if (pos < text.size()) emit(text.substr(pos), -1, false);
+    if (pos == 0 && !text.empty()) emit(text, -1, true, 0, text.size());
+    else if (pos < text.size()) emit(text.substr(pos), -1, false, pos, text.size());
   }
 
   // Pre-tokenizes one normalized segment and runs BPE over each piece.
@@ -900,7 +1121,8 @@ class Bpe : public Tokenizer {
   std::string path_, where_;
   std::unordered_map<std::string, std::int64_t> vocab_;
   std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_;  // (a, b) -> rank, merged id
-  std::unordered_map<std::int64_t, std::string> by_id_, added_ids_;
+  std::unordered_map<std::int64_t, std::string> by_id_, added_ids_, vocab_by_id_;
+  std::unordered_set<std::int64_t> special_ids_;
   std::vector<Added> added_;
   // [normalized][first byte]: the added tokens whose pattern starts with it,
   // in added_'s order (longest first); empty where there are none

@@ -12,9 +12,19 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace wick::text {
+
+/// Ids with the bytes of the text each token came from: offsets[k] is
+/// [begin, end) in the text given, widened to whole UTF-8 characters, as the
+/// tokenizers library's offsets (in characters) are; what transformers'
+/// char_to_token reads for return_assistant_tokens_mask.
+struct Encoding {
+  std::vector<std::int64_t> ids;
+  std::vector<std::pair<std::size_t, std::size_t>> offsets;
+};
 
 class Tokenizer {
  public:
@@ -23,7 +33,13 @@ class Tokenizer {
   /// template (LLaMA's BOS), as the tokenizers library's encode() does.
   virtual std::vector<std::int64_t> encode(const std::string& text, bool add_special_tokens) const = 0;
   std::vector<std::int64_t> encode(const std::string& text) const { return encode(text, true); }
-  virtual std::string decode(const std::vector<std::int64_t>& ids) const = 0;
+  /// skip_special_tokens leaves out the added tokens marked special (and
+  /// the bytes tokenizer's end of text and specials), as transformers'
+  /// decode(ids, skip_special_tokens=True) does.
+  virtual std::string decode(const std::vector<std::int64_t>& ids, bool skip_special_tokens) const = 0;
+  std::string decode(const std::vector<std::int64_t>& ids) const { return decode(ids, false); }
+  /// encode(text, add_special_tokens=false) with each token's offsets.
+  virtual Encoding encode_with_offsets(const std::string& text) const = 0;
   virtual std::int64_t vocab_size() const = 0;
   /// The id of `token` (an added or special token), or -1.
   virtual std::int64_t token_id(const std::string& token) const = 0;

@@ -128,7 +128,7 @@ TEST(TextData, BadLinesAreNamedWithFileAndLine) {
   EXPECT_THAT(msg, HasSubstr((dir.path / "d.jsonl").string() + ":2 is not valid JSON"));
   std::ofstream(dir.path / "e.jsonl") << R"({"body": "x"})" "\n";
   msg = test::error_of([&] { test::make<Dataset>("text", PluginKind::Data, {{"file", Value((dir.path / "e.jsonl").string())}}); });
-  EXPECT_THAT(msg, HasSubstr("e.jsonl:1 has none of text, input_ids, or prompt and completion"));
+  EXPECT_THAT(msg, HasSubstr("e.jsonl:1 has none of text, input_ids, messages, or prompt and completion"));
 }
 
 TEST(TextData, ADocumentWithNothingToLearnFromIsSkippedCountedAndNamed) {

@@ -1,6 +1,7 @@
 // libFuzzer target for the tokenizer.json loader (plugins/lib/tokenizer/):
 // the input is the file's text; a tokenizer that loads then encodes and
-// decodes a multilingual text and the input's last bytes. A wick::Error is a
+// decodes a multilingual text and the input's last bytes, and encodes them
+// with offsets (the same ids, each range inside the text). A wick::Error is a
 // clean refusal; a crash, a hang, a sanitizer report or an id outside the
 // vocabulary is a bug.
 #include <cstdint>
@@ -32,6 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (auto id : ids)
         if (id < 0 || id >= tok->vocab_size()) std::abort();
       (void)tok->decode(ids);
+      (void)tok->decode(ids, /*skip_special_tokens=*/true);
+      // the offsets path: the same ids as encode without special tokens, one range each, inside the text
+      const auto enc = tok->encode_with_offsets(text);
+      if (enc.ids != tok->encode(text, false) || enc.offsets.size() != enc.ids.size()) std::abort();
+      for (const auto& [b, e] : enc.offsets)
+        if (b > e || e > text.size()) std::abort();
     } catch (const wick::Error&) {
     }
   }

@@ -222,3 +222,41 @@ TEST(BpeTokenizer, AReplaceDecoderWithAnEmptyPatternFillsEveryBoundaryOfEachToke
   EXPECT_EQ(tok->decode({3, 1}), "XhXiXXhX");
   std::filesystem::remove_all(path.parent_path());
 }
+
+using Offsets = std::vector<std::pair<std::size_t, std::size_t>>;
+
+TEST(BpeTokenizer, GivesEachByteLevelTokenTheCharactersItCameFrom) {
+  const auto path = write_tokenizer([](nlohmann::json& j) {
+    j["added_tokens"] = {{{"id", 258}, {"content", "<|x|>"}, {"special", true}, {"normalized", false}, {"lstrip", false},
+                          {"rstrip", false}, {"single_word", false}}};
+  });
+  auto tok = wick::text::bpe_tokenizer(path.string());
+  const std::string text = "hello <|x|>\xC3\xA9";  // é: two byte tokens, each holding the whole character
+  const auto enc = tok->encode_with_offsets(text);
+  EXPECT_EQ(enc.ids, tok->encode(text, false));
+  EXPECT_EQ(enc.offsets, (Offsets{{0, 2}, {2, 4}, {4, 5}, {5, 6}, {6, 11}, {11, 13}, {11, 13}}));
+  EXPECT_EQ(tok->decode(enc.ids, /*skip_special_tokens=*/true), "hello \xC3\xA9");
+  EXPECT_EQ(tok->decode(enc.ids), text);
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST(BpeTokenizer, CarriesOffsetsThroughPrependAndReplaceNormalizersAndFusedUnknowns) {
+  // LLaMA-2's kind: "hi zz" is normalized to "▁hi▁zz"; the prepended ▁ comes from the first character, the
+  // replaced one from the space
+  const auto path = write_tokenizer([](nlohmann::json& j) {
+    j["model"]["vocab"] = {{"<unk>", 0}, {"\u2581", 1}, {"h", 2}, {"i", 3}, {"\u2581h", 4}};
+    j["model"]["merges"] = {"\u2581 h"};
+    j["model"]["unk_token"] = "<unk>";
+    j["model"]["fuse_unk"] = true;
+    j["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
+                                        {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+    j["pre_tokenizer"] = nullptr;
+    j["decoder"] = nullptr;
+  });
+  auto tok = wick::text::bpe_tokenizer(path.string());
+  const auto enc = tok->encode_with_offsets("hi hi zz");
+  EXPECT_EQ(enc.ids, (std::vector<std::int64_t>{4, 3, 4, 3, 1, 0}));
+  EXPECT_EQ(enc.offsets, (Offsets{{0, 1}, {1, 2}, {2, 4}, {4, 5}, {5, 6}, {6, 8}}));
+  std::filesystem::remove_all(path.parent_path());
+}

@@ -1,0 +1,92 @@
+"""Chat data: conversational rows of data `text` and wick.tokenizer's
+apply_chat_template. A conversation that is no list of messages, a message
+without a role or with content of the wrong type, a template that raises
+(its message, the template's file and the row), a folder without a chat
+template, and a bytes tokenizer are each named."""
+import json
+
+from harness import Case
+from hf_files import tokenizer_json
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+STRICT = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+          "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+          "{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+USER = {"role": "user", "content": "hello"}
+ASSISTANT = {"role": "assistant", "content": "well"}
+
+DATA = ('local wick = require "wick"\n'
+        'wick.data("text", { file = "d.jsonl", tokenizer = "m", cache_dir = "none" })\n')
+
+
+def folder(d, template=CHATML, config=True):
+    (d / "m").mkdir()
+    (d / "m" / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    if config:
+        cfg = {"eos_token": "<|endoftext|>"}
+        if template is not None:
+            cfg["chat_template"] = template
+        (d / "m" / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def rows(*records, template=CHATML, recipe=DATA):
+    def setup(d):
+        folder(d, template)
+        (d / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (d / "r.lua").write_text(recipe)
+    return setup
+
+
+def data(name, records, message, **kw):
+    return Case(name, ["run", "r.lua"], r"r\.lua:2: .*data 'text': d\.jsonl:" + message, setup=rows(*records, **kw))
+
+
+def api(name, call, message, template=CHATML):
+    def setup(d):
+        folder(d, template)
+        (d / "r.lua").write_text('local wick = require "wick"\nlocal tok = wick.tokenizer("m")\n' + call + "\n")
+    return Case(name, ["run", "r.lua"], r"r\.lua:3: " + message, setup=setup)
+
+
+CASES = [
+    data("messages not a list", [{"messages": "hello"}],
+         r"1: messages is \"hello\", expected a list of messages \(\{\"role\": \.\.\., \"content\": \.\.\.\}\)$"),
+    data("a message not an object", [{"messages": [USER, 7]}], r"1: messages\[1\] is 7, expected a message"),
+    data("a message without a role", [{"messages": [USER, {"content": "hi"}]}],
+         r"1: messages\[1\]\.role is missing, expected a string \(\"system\", \"user\", \"assistant\", \.\.\.\)$"),
+    data("content a number", [{"messages": [USER, ASSISTANT]}, {"messages": [{"role": "user", "content": 42}]}],
+         r"2: messages\[0\]\.content is 42, expected a string \(or a list of parts"),
+    data("an empty conversation", [{"messages": []}], r"1: messages is an empty list, expected at least one message$"),
+    data("prompt a list, completion a string", [{"prompt": [USER], "completion": "well"}],
+         r"1: completion is \"well\", expected a list of messages, as the prompt is one"),
+    data("tools not a list", [{"messages": [USER, ASSISTANT], "tools": "weather"}],
+         r"1: tools is \"weather\", expected a list of tool schemas \(or null\)$"),
+    data("the template raises", [{"messages": [USER, ASSISTANT]}, {"messages": [{"role": "system", "content": "x"}, USER]}],
+         r"2: the chat template m/tokenizer_config\.json \(line 1\) failed: Only user and assistant roles are "
+         r"supported!$", template=STRICT),
+    Case("a folder without a chat template", ["run", "r.lua"],
+         r"r\.lua:2: .*data 'text': d\.jsonl:1: a conversation needs a chat template, and the tokenizer folder m has "
+         r"none: expected chat_template\.jinja or a \"chat_template\" in tokenizer_config\.json there",
+         setup=rows({"messages": [USER, ASSISTANT]}, template=None)),
+    Case("messages with the bytes tokenizer", ["run", "r.lua"],
+         r"r\.lua:2: .*data 'text': d\.jsonl:1: a conversation needs a chat template, and the tokenizer is 'bytes'",
+         setup=rows({"messages": [USER, ASSISTANT]},
+                    recipe='local wick = require "wick"\nwick.data("text", { file = "d.jsonl", cache_dir = "none" })\n')),
+    Case("a template that does not parse", ["run", "r.lua"],
+         r"r\.lua:2: .*the chat template m/tokenizer_config\.json does not parse: ",
+         setup=rows({"messages": [USER, ASSISTANT]}, template="{% for m in messages %}{{ m.role }")),
+    api("apply_chat_template without a template", "tok:apply_chat_template({ { role = 'user', content = 'x' } })",
+        r".*apply_chat_template needs a chat template, and the tokenizer folder m has none", template=None),
+    api("apply_chat_template content a table", "tok:apply_chat_template({ { role = 'user', content = { a = 1 } } })",
+        r".*apply_chat_template: messages\[0\]\.content is \{\"a\":1\}, expected a string"),
+    api("apply_chat_template tokenize a string", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
+        "{ tokenize = 'yes' })", r".*apply_chat_template: option 'tokenize': expected true or false, got \"yes\""),
+    api("encode with an unknown option", "tok:encode('x', { add_bos = true })",
+        r".*encode: unknown option 'add_bos' \(expected add_special_tokens\)"),
+    Case("wick.tokenizer of a folder without tokenizer.json", ["run", "r.lua"],
+         r"r\.lua:2: .*data 'text': tokenizer m is a folder without a tokenizer\.json, expected 'bytes', a "
+         r"tokenizer\.json, or a folder holding one",
+         setup=lambda d: ((d / "m").mkdir(), (d / "r.lua").write_text('local wick = require "wick"\n'
+                                                                      'local tok = wick.tokenizer("m")\n'))),
+]
