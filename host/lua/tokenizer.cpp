@@ -7,8 +7,8 @@
 //   local t = wick.tokenizer("model_dir")     -- or a tokenizer.json, or "bytes"
 //   t:encode(text [, {add_special_tokens = true}])      -> ids
 //   t:decode(ids [, {skip_special_tokens = false}])     -> text (bytes that are no UTF-8: U+FFFD)
-//   t:apply_chat_template(messages [, {add_generation_prompt = false, tokenize = false, ...}])
-//                                                       -> text, or ids with tokenize
+//   t:apply_chat_template(messages [, {add_generation_prompt = false, tokenize = true, ...}])
+//                                                       -> ids, or the text with tokenize = false
 //   t:token_id(token) -> id or nil; t.eos_token, t.eos_id, t.bos_token, t.bos_id,
 //   t.pad_token, t.pad_id, t.vocab_size, t.chat_template (its source or nil), t.folder
 
@@ -237,22 +237,33 @@ int core_tokenizer(lua_State* L) {
   return 1;
 }
 
-bool opt_flag(lua_State* L, int i, const char* key, bool def) {
+// The one flag `key` of method `fn`'s options table at `i` (none: `def`);
+// another key is an error naming it, as a misspelt flag must not pass unseen.
+bool opt_flag(lua_State* L, int i, const char* fn, const char* key, bool def) {
   if (lua_isnoneornil(L, i)) return def;
-  check_table(L, i, key);
+  check_table(L, i, fn);
+  lua_pushnil(L);
+  while (lua_next(L, i)) {
+    const std::string k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : std::string(luaL_typename(L, -2));
+    lua_pop(L, 1);
+    if (k != key) {
+      lua_pop(L, 1);
+      throw Error(std::string(fn) + ": unknown option '" + k + "' (expected " + key + ")");
+    }
+  }
   return field<bool>(L, i, key, def);
 }
 
 int tok_encode(lua_State* L) {
   auto& t = check_box<HfTokenizer>(L, 1, kTokenizerMt, "encode");
-  push_ids(L, t->tok->encode(check_string(L, 2, "encode"), opt_flag(L, 3, "add_special_tokens", true)));
+  push_ids(L, t->tok->encode(check_string(L, 2, "encode"), opt_flag(L, 3, "encode", "add_special_tokens", true)));
   return 1;
 }
 
 int tok_decode(lua_State* L) {
   auto& t = check_box<HfTokenizer>(L, 1, kTokenizerMt, "decode");
   std::vector<std::int64_t> ids = check_ids(L, 2, "decode");
-  if (opt_flag(L, 3, "skip_special_tokens", false))
+  if (opt_flag(L, 3, "decode", "skip_special_tokens", false))
     std::erase_if(ids, [&](std::int64_t id) { return t->special_ids.count(id) > 0; });
   const std::string s = utf8_lossy(t->tok->decode(ids));
   lua_pushlstring(L, s.data(), s.size());
@@ -291,7 +302,7 @@ int tok_apply_chat_template(lua_State* L) {
   messages = check_messages(std::move(messages));
   jinja::ChatOptions o;
   for (const auto& [k, v] : t->special) o.variables[k] = v;
-  bool tokenize = false;
+  bool tokenize = true;  // transformers' default
   if (!lua_isnoneornil(L, 3)) {
     check_table(L, 3, "apply_chat_template");
     const nlohmann::json opts = to_json(L, 3);

@@ -77,16 +77,17 @@ CASES = [
          r"r\.lua:2: .*the chat template m/tokenizer_config\.json does not parse: ",
          setup=rows({"messages": [USER, ASSISTANT]}, template="{% for m in messages %}{{ m.role }")),
     api("apply_chat_template without a template", "tok:apply_chat_template({ { role = 'user', content = 'x' } })",
-        r".*apply_chat_template needs a chat template, and the tokenizer folder m has none", template=None),
+        r".*apply_chat_template: the tokenizer m/tokenizer\.json has no chat template \(no chat_template\.jinja, and no "
+        r"chat_template in tokenizer_config\.json in m\), expected a chat model's tokenizer folder", template=None),
     api("apply_chat_template content a table", "tok:apply_chat_template({ { role = 'user', content = { a = 1 } } })",
-        r".*apply_chat_template: messages\[0\]\.content is \{\"a\":1\}, expected a string"),
+        r".*apply_chat_template: messages\[0\]\.content: expected a string or a list of parts, got an object"),
     api("apply_chat_template tokenize a string", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
-        "{ tokenize = 'yes' })", r".*apply_chat_template: option 'tokenize': expected true or false, got \"yes\""),
+        "{ tokenize = 'yes' })", r".*apply_chat_template: option 'tokenize': expected a boolean, got \"yes\""),
     api("encode with an unknown option", "tok:encode('x', { add_bos = true })",
         r".*encode: unknown option 'add_bos' \(expected add_special_tokens\)"),
     Case("wick.tokenizer of a folder without tokenizer.json", ["run", "r.lua"],
-         r"r\.lua:2: .*data 'text': tokenizer m is a folder without a tokenizer\.json, expected 'bytes', a "
-         r"tokenizer\.json, or a folder holding one",
+         r"r\.lua:2: .*tokenizer: the folder m has no tokenizer\.json, expected a folder holding the tokenizer\.json "
+         r"that Hugging Face's tokenizers library saves, or that file itself",
          setup=lambda d: ((d / "m").mkdir(), (d / "r.lua").write_text('local wick = require "wick"\n'
                                                                       'local tok = wick.tokenizer("m")\n'))),
 ]

@@ -112,11 +112,11 @@ print("steps", run.steps, run.final_loss == run.final_loss)
   end)
 
   for _, case in ipairs {
-    { "wick.tokenizer(42)", "bad argument #1 to 'tokenizer' (a model folder or a tokenizer.json expected, got number)" },
-    { "tok:decode({ 1 }, { skip_special_tokens = 1 })", "decode: option 'skip_special_tokens': expected true or false, got a number" },
-    { "tok:apply_chat_template('hi')", "bad argument #2 to 'apply_chat_template' (table expected, got string)" },
-    { "tok:apply_chat_template({ { content = 'x' } })", "apply_chat_template: messages[0].role is missing" },
-    { "tok:apply_chat_template(chat, { add_generation_prompt = 'yes' })", "apply_chat_template: add_generation_prompt is \"yes\", expected true or false" },
+    { "wick.tokenizer(42)", "bad argument #1 to 'tokenizer' (string expected, got number)" },
+    { "tok:decode({ 1 }, { skip_special_tokens = 1 })", "'skip_special_tokens' must be a boolean, got number" },
+    { "tok:apply_chat_template('hi')", "apply_chat_template: messages: not valid JSON" },
+    { "tok:apply_chat_template({ { content = 'x' } })", "apply_chat_template: messages[0].role: expected a string (system, user, assistant, ...), got nothing" },
+    { "tok:apply_chat_template(chat, { add_generation_prompt = 'yes' })", "apply_chat_template: option 'add_generation_prompt': expected a boolean, got \"yes\"" },
   } do
     it("refuses " .. case[1], function()
       local code, _, err = H.recipe(dir, "bad.lua", head .. case[1] .. "\n")
