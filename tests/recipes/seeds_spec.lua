@@ -35,6 +35,10 @@ describe("seed recipes, small shapes", function()
       assert.truthy(out:find("seed " .. name .. " (", 1, true), out)
       local first, final = losses(out, name)
       assert.truthy(first and final, out)
+      -- final / first over the seeds (shipped, and wick.seed(k) + seed=k, k = 1..3),
+      -- avx512 and ATEN_CPU_CAPABILITY=avx2 alike (001 under avx2 stops in
+      -- PyTorch's bf16 attention on an AMX CPU, see the README): 000 0.74-0.77,
+      -- 001 0.77-0.78, 002 0.89-0.92, 003 0.93-0.94, 004 0.71-0.73 (the bound: any fall)
       assert.is_true(final < first, string.format("seed %s: loss %.4f -> %.4f", name, first, final))
     end)
   end
