@@ -186,7 +186,7 @@ describe("vision recipes", function()
   -- the video recipe in a small setting that learns in about a minute on two
   -- cores: 400 clips per class at 64x48, two frames, a one-layer ViT of width 32
   -- (held-out accuracy 0.63-0.74 over recipe seeds 1-4 with transformers' init;
-  -- over wick.seed(k) + seed=k: avx2 0.635, 0.677, 0.719, 0.729, 0.594 for
+  -- over wick.seed(k) + seed=k, k = 0 the recipe as it is: avx2 0.635, 0.677, 0.719, 0.729, 0.594 for
   -- k = 0, 1, 2, 3, 5 and avx512 0.667, 0.594 for k = 5, 6)
   it("video.lua learns the made clips' shapes: held-out accuracy well above chance (1/3)", function()
     for _, part in ipairs({ { "train", 400, 1 }, { "held_out", 32, 7 } }) do
