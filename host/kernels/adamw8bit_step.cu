@@ -12,28 +12,12 @@
 #include <cstdint>
 
 #include "kernels/adamw8bit_step.hpp"
+#include "kernels/convert.cuh"
 
 namespace wick::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 __device__ __forceinline__ float block_max(float x, float* scratch) {
   scratch[threadIdx.x] = x;

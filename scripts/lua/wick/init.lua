@@ -117,13 +117,7 @@ local TOKENIZER_FILES = { "tokenizer.json", "tokenizer_config.json", "special_to
 -- Files an earlier save may have left that describe another model: removed when this save writes none
 local SAVED_FILES = { "generation_config.json", "model.safetensors.index.json" }
 
-local function read_all(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_all = require("wick.runlog").read_file  -- a file's bytes, or nil
 
 local function is_dir(path)
   return core.list_dir(path) ~= nil
