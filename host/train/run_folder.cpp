@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "train/run_internal.hpp"
+#include "wick/kit/json_fields.hpp"
 #include "wick/options.hpp"
 
 namespace fs = std::filesystem;
@@ -103,6 +106,99 @@ void refuse_run_file(const fs::path& file, const std::string& what) {
       return;
     }
     if (dir == dir.root_path()) break;
+  }
+}
+
+namespace {
+
+// The run.json fields a resume reads or hands back, of the types the run
+// wrote; "" when they are.
+std::string run_json_problem(const nlohmann::json& meta, const std::string& file) {
+  try {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const JsonFields j(meta, file);
+    j.string("status", "");
+    for (const char* k : {"steps", "start_step", "total_steps", "skipped_steps", "started", "ended", "micro_batch",
+                          "accumulate", "world_size", "resumed"})
+      j.integer(k, 0, 0, kMax);
+    for (const char* k : {"final_loss", "best_loss", "peak_memory", "seconds", "loss_scale"})
+      if (j.has(k) && !j.json()[k].is_number()) j.bad(k, "a number");
+    for (const char* k : {"memory", "options", "eval", "best", "stopped", "logged"})
+      if (j.has(k)) j.object(k);
+    for (const char* k : {"checkpoint", "recipe", "precision", "device", "ema"}) j.string(k, "");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The files that make an out folder hold a run (with TensorBoard's events).
+const char* const kRunFiles[] = {"run.json", "metrics.jsonl", "recipe.lua", "report.html", "checkpoints"};
+
+}  // namespace
+
+PriorRun prior_run(const fs::path& out) {
+  PriorRun p;
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (const char* f : kRunFiles)
+    if (fs::exists(out / f, ec)) found.push_back(f);
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) {
+      found.push_back("TensorBoard events");
+      break;
+    }
+  if (found.empty()) return p;
+  p.holds = true;
+  const std::string file = (out / "run.json").string();
+  const std::string text = read_text(file);
+  if (!text.empty()) {
+    try {
+      p.meta = nlohmann::json::parse(text);
+      p.problem = run_json_problem(p.meta, file);
+    } catch (const nlohmann::json::exception& e) {
+      p.problem = file + " is not valid JSON: " + json_error_text(e);
+    }
+    if (!p.problem.empty()) p.meta = nlohmann::json();
+  }
+  if (p.meta.is_object() && p.meta.contains("status")) {
+    const auto steps = p.meta.value("steps", p.meta.value("start_step", std::int64_t{0}));
+    const std::string status = p.meta.value("status", std::string("?"));
+    p.what = "status " + status + ", " + std::to_string(steps) + " of " +
+             std::to_string(p.meta.value("total_steps", std::int64_t{0})) + " steps";
+    // run.json is written as a run starts and ends: one still "running" that
+    // no process holds was killed, and its checkpoints say how far it got
+    if (status == "running") {
+      std::string last;
+      if (std::ifstream in(out / "checkpoints" / "last"); in) std::getline(in, last);
+      p.what = "status running, but no process holds it: killed or crashed, " +
+               (last.empty() ? std::string("no checkpoint") : "last checkpoint " + last) + ", of " +
+               std::to_string(p.meta.value("total_steps", std::int64_t{0})) + " steps";
+    }
+  } else {
+    p.meta = nlohmann::json();
+    for (const auto& f : found) p.what += (p.what.empty() ? "" : ", ") + f;
+  }
+  return p;
+}
+
+// overwrite = true: the earlier run's files go; each is renamed first, so a
+// kill halfway leaves no half-removed checkpoint that looks whole. The recipe
+// being run is never one of them (out = its own folder, and it is recipe.lua).
+void remove_run(const fs::path& out, const std::string& recipe) {
+  std::error_code ec;
+  std::vector<fs::path> doomed;
+  for (const char* f : kRunFiles)
+    if (fs::exists(out / f, ec) && !(!recipe.empty() && fs::equivalent(out / f, recipe, ec)))
+      doomed.push_back(out / f);
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) doomed.push_back(e.path());
+  for (const auto& d : doomed) {
+    const fs::path trash = out / (".trash-" + d.filename().string());
+    fs::remove_all(trash, ec);
+    fs::rename(d, trash, ec);
+    if (ec) throw Error("overwrite: cannot remove " + d.string() + ": " + ec.message());
+    fs::remove_all(trash, ec);
   }
 }
 

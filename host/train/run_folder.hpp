@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace wick {
 
 /// Holds an exclusive flock on the folder itself for its life (no file of its
@@ -35,5 +37,17 @@ std::string run_folder_holder(const std::filesystem::path& out);
 /// folder's own records: run.json, metrics.jsonl, recipe.lua, TensorBoard
 /// events, weights or anything under checkpoints/.
 void refuse_run_file(const std::filesystem::path& file, const std::string& what);
+
+/// What an out folder already holds: a run's files, and its run.json.
+struct PriorRun {
+  bool holds = false;
+  std::string what;
+  nlohmann::json meta;
+  std::string problem;  // run.json unreadable or of the wrong types: named, never guessed at
+};
+/// Reads `out`: which of a run's files it holds, and its run.json, checked.
+PriorRun prior_run(const std::filesystem::path& out);
+/// overwrite = true: removes the earlier run's files (never the recipe being run).
+void remove_run(const std::filesystem::path& out, const std::string& recipe);
 
 }  // namespace wick
