@@ -16,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "dist/reducer.hpp"
+#include "train/precision.hpp"
 #include "train/partition.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
@@ -24,27 +25,9 @@
 namespace wick {
 
 class CheckpointRunner;
+struct WindowPass;
 class Group;
 class GradReducer;
-
-/// Arithmetic: fp32; autocast with fp32 master weights (bf16/fp16-mixed); or
-/// weights, activations and gradients in half precision (bf16/fp16-true).
-enum class Precision { FP32, BF16Mixed, FP16Mixed, BF16True, FP16True };
-Precision parse_precision(const std::string& s);
-std::string to_string(Precision p);
-
-/// fp16 loss scaling, torch.amp.GradScaler's rules: the loss is multiplied by
-/// `scale` before backward; a step whose gradients hold inf or nan is skipped
-/// and the scale multiplied by `backoff`; after `interval` clean steps in a
-/// row it is multiplied by `growth`. `dynamic = false` keeps `init` fixed
-/// (overflowing steps are still skipped).
-struct LossScaleConfig {
-  double init = 65536.0;
-  double growth = 2.0;
-  double backoff = 0.5;
-  std::int64_t interval = 2000;
-  bool dynamic = true;
-};
 
 /// Which declared blocks to checkpoint: none, all, every k-th, or by name.
 struct CheckpointingConfig {
@@ -262,7 +245,23 @@ class Trainer {
                    std::map<std::string, at::Tensor>& metric_sums, std::size_t& i, bool* agreed);
   /// After the window: unscale, agree on flags across ranks, clip, step.
   void finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums);
+  // finish_step's parts
+  void take_reduced_gradients();
+  at::Tensor clamped_local_norm();
+  void agree_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums,
+                  const at::Tensor& found_inf, at::Tensor& local_norm);
+  void round_into_weights();
+  // run_window's parts (window.cpp)
+  std::size_t agree_runs(const std::vector<Batch>& pieces);
+  bool pass_micro_batch(WindowPass& w, const Batch& batch, bool stand_in, bool last);
+  void trace_stand_in(WindowPass& w);
+  bool window_out_of_memory(WindowPass& w, const std::string& oom);
   bool scaling() const;
+  // the constructor's parts, in its order
+  void check_config() const;
+  void set_checkpointing();
+  void join_ranks();
+  void attach_optimizer();
   /// Clears the gradients of the model's trainable tensors and, with master
   /// weights, of their fp32 copies.
   void clear_grads();

@@ -1,5 +1,5 @@
 #pragma once
-// What trainer.cpp and checkpoint_io.cpp share of the Trainer's insides; not
+// What the trainer's files (trainer.cpp, checkpoint_io.cpp, ema.cpp, evaluate.cpp) share of the Trainer's insides; not
 // part of the engine's interface.
 #include <ATen/core/Generator.h>
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dist/reducer.hpp"
+#include "wick/data.hpp"
 
 namespace wick::trainer_internal {
 
@@ -17,6 +18,20 @@ std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& 
 
 /// A checkpoint's folder name: step-00000012.
 std::string step_dir_name(std::int64_t step);
+
+/// Every micro-batch of the window cut in `parts` along the sample dimension
+/// (empty pieces dropped): the same samples in the same order.
+std::vector<Batch> split_window(const std::vector<Batch>& window, std::int64_t parts);
+
+/// A tensor's bytes (0 when undefined).
+std::int64_t bytes_of(const at::Tensor& t);
+
+/// sum += x, where an undefined sum is zero: a single micro-batch costs no
+/// zeros tensor and no addition (each is a dispatch the step would pay).
+void add_to(at::Tensor& sum, const at::Tensor& x);
+
+/// A model metric as one double on its device: a sum unless it is one already.
+at::Tensor metric_value(const at::Tensor& v);
 
 /// ZeRO-3: every unit freed when the scope ends, as it ends (a save, a load,
 /// an evaluation that gathered).

@@ -1,0 +1,97 @@
+#include "train/precision.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+
+#include <cmath>
+#include <map>
+
+#include "wick/model.hpp"
+
+namespace wick {
+
+AutocastScope::AutocastScope(Precision p, const at::Device& device, bool cache) {
+  if (p != Precision::BF16Mixed && p != Precision::FP16Mixed) return;
+  on_ = true;
+  type_ = device.type();
+  prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+  prev_cache_ = at::autocast::is_autocast_cache_enabled();
+  at::autocast::set_autocast_enabled(type_, true);
+  at::autocast::set_autocast_dtype(type_, p == Precision::BF16Mixed ? at::kBFloat16 : at::kHalf);
+  if (!cache) at::autocast::set_autocast_cache_enabled(false);
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type_, prev_enabled_);
+  at::autocast::set_autocast_dtype(type_, prev_dtype_);
+  at::autocast::set_autocast_cache_enabled(prev_cache_);
+}
+
+at::ScalarType half_dtype(Precision p) {
+  return p == Precision::BF16True || p == Precision::BF16Mixed ? at::kBFloat16 : at::kHalf;
+}
+
+bool true_half(Precision p) { return p == Precision::BF16True || p == Precision::FP16True; }
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::FP32;
+  if (s == "bf16-mixed") return Precision::BF16Mixed;
+  if (s == "fp16-mixed") return Precision::FP16Mixed;
+  if (s == "bf16-true") return Precision::BF16True;
+  if (s == "fp16-true") return Precision::FP16True;
+  throw Error("precision: expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got '" + s + "'");
+}
+
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::FP32: return "fp32";
+    case Precision::BF16Mixed: return "bf16-mixed";
+    case Precision::FP16Mixed: return "fp16-mixed";
+    case Precision::BF16True: return "bf16-true";
+    case Precision::FP16True: return "fp16-true";
+  }
+  return "?";
+}
+
+void to_half_precision(Model& model, Precision p) {
+  if (!true_half(p)) return;
+  at::NoGradGuard no_grad;
+  const auto dtype = half_dtype(p);
+  for (auto& t : model.parameters())
+    if (at::isFloatingType(t.scalar_type())) t.set_data(t.to(dtype));
+  for (auto& b : model.buffers())
+    if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
+}
+
+void check_loss_scale(const LossScaleConfig& ls) {
+  if (!(ls.init > 0) || !std::isfinite(ls.init)) throw Error("loss_scale: init must be > 0, got " + std::to_string(ls.init));
+  if (ls.dynamic && !(ls.growth > 1)) throw Error("loss_scale: growth must be > 1, got " + std::to_string(ls.growth));
+  if (ls.dynamic && !(ls.backoff > 0 && ls.backoff < 1))
+    throw Error("loss_scale: backoff must be in (0, 1), got " + std::to_string(ls.backoff));
+  if (ls.dynamic && ls.interval < 1) throw Error("loss_scale: interval must be >= 1, got " + std::to_string(ls.interval));
+}
+
+at::Tensor unscale_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params, const at::Tensor& scale) {
+  at::Tensor found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(scale.device()));
+  const at::Tensor inv_scale = scale.to(at::kDouble).reciprocal().to(at::kFloat);
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& [name, p] : params)
+    if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.grad());
+  for (auto& [dtype, grads] : by_dtype) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  return found_inf;
+}
+
+void update_loss_scale(at::Tensor& scale, at::Tensor& growth_tracker, bool skipped, const LossScaleConfig& c) {
+  if (!c.dynamic) return;
+  const at::Tensor agreed = at::full({}, skipped ? 1.0f : 0.0f, at::TensorOptions().dtype(at::kFloat).device(scale.device()));
+  at::_amp_update_scale_(scale, growth_tracker, agreed, c.growth, c.backoff, c.interval);
+}
+
+}  // namespace wick
