@@ -103,6 +103,60 @@ describe("the manual's tables", function()
   end)
 end)
 
+-- Every function of the running wick's `wick` table (wick.core's too) and every
+-- method of its objects' metatables (wick.Model, wick.Data, ...), one a line.
+local WALK = [[
+local wick = require "wick"
+local names, seen = {}, { [wick] = true }
+local function walk(t, prefix)
+  for k, v in pairs(t) do
+    if type(k) == "string" and type(v) == "function" then names[#names + 1] = prefix .. k
+    elseif type(k) == "string" and type(v) == "table" and k ~= "args" and not seen[v] then
+      seen[v] = true
+      walk(v, prefix .. k .. ".")
+    end
+  end
+end
+walk(wick, "wick.")
+for name, mt in pairs(debug.getregistry()) do
+  if type(name) == "string" and name:match("^wick%.%u") and type(mt) == "table" then
+    local methods = type(mt.__index) == "table" and mt.__index or mt.methods
+    for k, v in pairs(methods or {}) do
+      if type(v) == "function" then names[#names + 1] = name .. ":" .. k end
+    end
+  end
+end
+table.sort(names)
+print(table.concat(names, "\n"))
+]]
+
+describe("docs/reference/lua.md", function()
+  it("has a heading for every function and object method of the running wick, and none beyond", function()
+    local dir = H.tmpdir()
+    local code, out, err = H.recipe(dir, "walk.lua", WALK)
+    os.execute("rm -rf " .. dir)
+    assert.are.equal(0, code, err)
+    local listed = {}
+    for name in out:gmatch("[^\n]+") do listed[name] = "" end
+    assert.truthy(listed["wick.train"] and listed["wick.Model:save"] and listed["wick.core.predict"], out)
+    -- "### wick.train(options)" names wick.train; under "## Model (wick.Model)",
+    -- "### model:save(path)" names wick.Model:save
+    local documented, section = {}, nil
+    for line in (H.read(H.source .. "/docs/reference/lua.md") .. "\n"):gmatch("(.-)\n") do
+      if line:match("^## ") then section = line:match("%((wick%.%u%w*)%)")
+      elseif line:match("^### ") then
+        local name = line:sub(5):gsub("`", ""):match("^([%w_.:]+)")
+        if name and name:find(":") then
+          assert.truthy(section, "a method heading outside an object's section: " .. line)
+          name = section .. ":" .. name:match(":(.*)")
+        end
+        if name then documented[name] = "" end
+      end
+    end
+    assert_same("docs/reference/lua.md's", listed, documented)
+  end)
+end)
+
 -- Each ```lua block of a file: {line = the fence's line, code = ..., fragment = reason or nil}.
 local function lua_blocks(file)
   local blocks, block, before = {}, nil, ""
