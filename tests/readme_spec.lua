@@ -81,6 +81,26 @@ describe("the manual's tables", function()
     assert_same("docs/command-line.md's command", listed, documented)
   end)
 
+  it("README.md's links into docs/ name pages (and headings) that exist", function()
+    local readme = H.read(H.source .. "/README.md")
+    local n = 0
+    for target in readme:gmatch("%]%((docs/[^)]+)%)") do
+      n = n + 1
+      local file, anchor = target:match("^([^#]+)#?(.*)$")
+      local text = H.read(H.source .. "/" .. file)
+      assert.truthy(text ~= "", "README.md links to " .. file .. ", which does not exist")
+      if anchor ~= "" then
+        local found = false
+        for heading in text:gmatch("\n#+ ([^\n]+)") do
+          local slug = heading:lower():gsub("[^%w%s_-]", ""):gsub("%s+", "-")
+          if slug == anchor then found = true end
+        end
+        assert.truthy(found, "README.md links to " .. target .. ": no such heading in " .. file)
+      end
+    end
+    assert.truthy(n >= 10, "README.md has only " .. n .. " links into docs/")
+  end)
+
   it("docs/reference/plugins.md has a row for every plugin `wick plugins --json` lists, with its kind and summary", function()
     local code, out, err = H.run("plugins --json", "WICK_PLUGIN_PATH=")
     assert.are.equal(0, code, err)
