@@ -81,6 +81,15 @@ describe("the manual's tables", function()
     assert_same("docs/command-line.md's command", listed, documented)
   end)
 
+  it("README.md opens with the two commands and stays a page (200 lines at most; the manual is docs/)", function()
+    local readme = H.read(H.source .. "/README.md")
+    local first = readme:match("^# wick\n\n```sh\n(.-)```\n")
+    assert.truthy(first, "README.md should open with '# wick' and a sh block")
+    assert.truthy(first:match("^scripts/demo ") and first:match("\nscripts/test "), "the opening block should be scripts/demo, then scripts/test:\n" .. first)
+    local _, lines = readme:gsub("\n", "")
+    assert.truthy(lines <= 200, "README.md has " .. lines .. " lines; move material into docs/")
+  end)
+
   it("README.md's links into docs/ name pages (and headings) that exist", function()
     local readme = H.read(H.source .. "/README.md")
     local n = 0
