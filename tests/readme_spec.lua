@@ -1,25 +1,44 @@
--- The README's command table and plugin table against what wick itself lists,
--- both ways, so that neither can drift from the code.
+-- The manual against wick itself:
+--  * the command table of docs/command-line.md and the plugin table of
+--    docs/reference/plugins.md against what wick lists, both ways;
+--  * every ```lua block of README.md and docs/**/*.md runs with `wick run`, at
+--    small sizes: `max_steps=2` caps every wick.train call, and the block runs
+--    in a folder where the names the examples use are tiny stand-ins made
+--    here (a Hugging Face decoder folder "Qwen2.5-0.5B-Instruct" with a chat
+--    template, data/*.jsonl, clips/ from `wick make-clips`).
+-- A block that is a fragment (it continues the page's text, or needs a real
+-- model folder) is marked on the line before its fence:
+--    <!-- fragment: why it does not run alone -->
 local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
-local readme = H.read(H.source .. "/README.md")
+-- The Markdown files of the manual, README.md first, relative to the source tree.
+local function manual_files()
+  local files = { "README.md" }
+  local p = io.popen("cd " .. H.source .. " && find docs -name '*.md' | LC_ALL=C sort")
+  for f in p:lines() do files[#files + 1] = f end
+  p:close()
+  return files
+end
 
--- The rows of the Markdown table whose header line is `header`, each as a list of trimmed cells.
-local function table_rows(header)
+-- The rows of the Markdown table in `file` whose header line is `header`, each as a list of trimmed cells.
+local function table_rows(file, header)
+  local text = H.read(H.source .. "/" .. file)
   local rows, inside = {}, false
-  for line in (readme .. "\n"):gmatch("(.-)\n") do
+  for line in (text .. "\n"):gmatch("(.-)\n") do
     if line == header then
       inside = true
     elseif inside then
       if line:sub(1, 1) ~= "|" then break end
       if not line:match("^|%-") then
         local cells = {}
-        for cell in line:sub(2):gmatch("([^|]*)|") do cells[#cells + 1] = cell:match("^%s*(.-)%s*$") end
+        for cell in line:sub(2):gsub("\\|", "\1"):gmatch("([^|]*)|") do
+          cells[#cells + 1] = cell:gsub("\1", "|"):match("^%s*(.-)%s*$")
+        end
         rows[#rows + 1] = cells
       end
     end
   end
-  assert(inside, "README.md has no table headed '" .. header .. "'")
+  assert(inside, file .. " has no table headed '" .. header .. "'")
   return rows
 end
 
@@ -30,18 +49,18 @@ local function assert_same(what, listed, documented)
   for k, v in pairs(listed) do
     if documented[k] == nil then problems[#problems + 1] = "missing: " .. k
     elseif documented[k] ~= v then
-      problems[#problems + 1] = k .. ": README has '" .. documented[k] .. "', wick says '" .. v .. "'"
+      problems[#problems + 1] = k .. ": the page has '" .. documented[k] .. "', wick says '" .. v .. "'"
     end
   end
   for k in pairs(documented) do
     if listed[k] == nil then problems[#problems + 1] = "not in wick: " .. k end
   end
   table.sort(problems)
-  assert(#problems == 0, "README.md's " .. what .. " table differs from wick:\n  " .. table.concat(problems, "\n  "))
+  assert(#problems == 0, what .. " table differs from wick:\n  " .. table.concat(problems, "\n  "))
 end
 
-describe("README.md", function()
-  it("has a row in its command table for every command `wick --help` lists, and no other", function()
+describe("the manual's tables", function()
+  it("docs/command-line.md has a row for every command `wick --help` lists, and no other", function()
     local _, help = H.run("--help")
     local listed, inside = {}, false
     for line in (help .. "\n"):gmatch("(.-)\n") do
@@ -54,15 +73,44 @@ describe("README.md", function()
     end
     assert.truthy(listed.run and listed.plan, help)
     local documented = {}
-    for _, cells in ipairs(table_rows("| command | what it does |")) do
+    for _, cells in ipairs(table_rows("docs/command-line.md", "| command | what it does |")) do
       local name = cells[1]:match("^`wick (%l[%w-]*)")
       assert.truthy(name, "a command table row that does not start with `wick COMMAND: " .. cells[1])
       documented[name] = true
     end
-    assert_same("command", listed, documented)
+    assert_same("docs/command-line.md's command", listed, documented)
   end)
 
-  it("has a row in its plugin table for every plugin `wick plugins --json` lists, with its kind and summary, and no other", function()
+  it("README.md opens with the two commands and stays a page (200 lines at most; the manual is docs/)", function()
+    local readme = H.read(H.source .. "/README.md")
+    local first = readme:match("^# wick\n\n```sh\n(.-)```\n")
+    assert.truthy(first, "README.md should open with '# wick' and a sh block")
+    assert.truthy(first:match("^scripts/demo ") and first:match("\nscripts/test "), "the opening block should be scripts/demo, then scripts/test:\n" .. first)
+    local _, lines = readme:gsub("\n", "")
+    assert.truthy(lines <= 200, "README.md has " .. lines .. " lines; move material into docs/")
+  end)
+
+  it("README.md's links into docs/ name pages (and headings) that exist", function()
+    local readme = H.read(H.source .. "/README.md")
+    local n = 0
+    for target in readme:gmatch("%]%((docs/[^)]+)%)") do
+      n = n + 1
+      local file, anchor = target:match("^([^#]+)#?(.*)$")
+      local text = H.read(H.source .. "/" .. file)
+      assert.truthy(text ~= "", "README.md links to " .. file .. ", which does not exist")
+      if anchor ~= "" then
+        local found = false
+        for heading in text:gmatch("\n#+ ([^\n]+)") do
+          local slug = heading:lower():gsub("[^%w%s_-]", ""):gsub("%s+", "-")
+          if slug == anchor then found = true end
+        end
+        assert.truthy(found, "README.md links to " .. target .. ": no such heading in " .. file)
+      end
+    end
+    assert.truthy(n >= 10, "README.md has only " .. n .. " links into docs/")
+  end)
+
+  it("docs/reference/plugins.md has a row for every plugin `wick plugins --json` lists, with its kind and summary", function()
     local code, out, err = H.run("plugins --json", "WICK_PLUGIN_PATH=")
     assert.are.equal(0, code, err)
     local listed = {}
@@ -75,11 +123,171 @@ describe("README.md", function()
     end
     assert.truthy(listed.mlp and listed.vlm and listed.qlora, out)
     local documented = {}
-    for _, cells in ipairs(table_rows("| plugin | kind | summary |")) do
-      local name = cells[1]:match("^`([%w_]+)`$")
-      assert.truthy(name, "a plugin table row that does not start with `name`: " .. cells[1])
+    for _, cells in ipairs(table_rows("docs/reference/plugins.md", "| plugin | kind | summary |")) do
+      local name = cells[1]:match("^%[`([%w_]+)`%]")
+      assert.truthy(name, "a plugin table row that does not start with [`name`](#name): " .. cells[1])
       documented[name] = cells[2] .. " | " .. cells[3]
     end
-    assert_same("plugin", listed, documented)
+    assert_same("docs/reference/plugins.md's plugin", listed, documented)
   end)
+end)
+
+-- Every function of the running wick's `wick` table (wick.core's too) and every
+-- method of its objects' metatables (wick.Model, wick.Data, ...), one a line.
+local WALK = [[
+local wick = require "wick"
+local names, seen = {}, { [wick] = true }
+local function walk(t, prefix)
+  for k, v in pairs(t) do
+    if type(k) == "string" and type(v) == "function" then names[#names + 1] = prefix .. k
+    elseif type(k) == "string" and type(v) == "table" and k ~= "args" and not seen[v] then
+      seen[v] = true
+      walk(v, prefix .. k .. ".")
+    end
+  end
+end
+walk(wick, "wick.")
+for name, mt in pairs(debug.getregistry()) do
+  if type(name) == "string" and name:match("^wick%.%u") and type(mt) == "table" then
+    local methods = type(mt.__index) == "table" and mt.__index or mt.methods
+    for k, v in pairs(methods or {}) do
+      if type(v) == "function" then names[#names + 1] = name .. ":" .. k end
+    end
+  end
+end
+table.sort(names)
+print(table.concat(names, "\n"))
+]]
+
+describe("docs/reference/lua.md", function()
+  it("has a heading for every function and object method of the running wick, and none beyond", function()
+    local dir = H.tmpdir()
+    local code, out, err = H.recipe(dir, "walk.lua", WALK)
+    os.execute("rm -rf " .. dir)
+    assert.are.equal(0, code, err)
+    local listed = {}
+    for name in out:gmatch("[^\n]+") do listed[name] = "" end
+    assert.truthy(listed["wick.train"] and listed["wick.Model:save"] and listed["wick.core.predict"], out)
+    -- "### wick.train(options)" names wick.train; under "## Model (wick.Model)",
+    -- "### model:save(path)" names wick.Model:save
+    local documented, section = {}, nil
+    for line in (H.read(H.source .. "/docs/reference/lua.md") .. "\n"):gmatch("(.-)\n") do
+      if line:match("^## ") then section = line:match("%((wick%.%u%w*)%)")
+      elseif line:match("^### ") then
+        local name = line:sub(5):gsub("`", ""):match("^([%w_.:]+)")
+        if name and name:find(":") then
+          assert.truthy(section, "a method heading outside an object's section: " .. line)
+          name = section .. ":" .. name:match(":(.*)")
+        end
+        if name then documented[name] = "" end
+      end
+    end
+    assert_same("docs/reference/lua.md's", listed, documented)
+  end)
+end)
+
+-- Each ```lua block of a file: {line = the fence's line, code = ..., fragment = reason or nil}.
+local function lua_blocks(file)
+  local blocks, block, before = {}, nil, ""
+  local n = 0
+  for line in (H.read(H.source .. "/" .. file) .. "\n"):gmatch("(.-)\n") do
+    n = n + 1
+    if block then
+      if line:match("^%s*```%s*$") then
+        blocks[#blocks + 1] = block
+        block = nil
+      else
+        block.code = block.code .. line .. "\n"
+      end
+    elseif line:match("^%s*```lua%s*$") then
+      block = { line = n, code = "", fragment = before:match("^%s*<!%-%- fragment:?%s*(.-)%s*%-%->%s*$") }
+    elseif line:match("%S") then
+      before = line
+    end
+  end
+  return blocks
+end
+
+-- A character-level tokenizer.json (printable ASCII and "\n", one merge) with
+-- <|im_start|> and <|im_end|> as special tokens, as tests/recipes/tokenizer_spec.lua makes.
+local function tokenizer_json()
+  local vocab, id = {}, 0
+  local function add(s)
+    vocab[#vocab + 1] = string.format("%q: %d", s, id):gsub("\\\n", "\\n")
+    id = id + 1
+  end
+  add("\n")
+  for c = 32, 126 do add(string.char(c)) end
+  add("he")
+  return '{"version": "1.0", "added_tokens": ['
+    .. '{"id": 97, "content": "<|im_start|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false},'
+    .. '{"id": 98, "content": "<|im_end|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false}],'
+    .. '"normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Fuse"},'
+    .. '"model": {"type": "BPE", "vocab": {' .. table.concat(vocab, ", ") .. '}, "merges": ["h e"]}}'
+end
+
+local TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\\n{% if m['role'] == 'assistant' %}"
+  .. "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>{% endif %}"
+  .. "\\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
+
+-- The stand-ins the examples name, in `dir`.
+local FIXTURES = { "Qwen2.5-0.5B-Instruct", "data", "clips" }
+local function make_fixtures(dir)
+  os.execute("mkdir -p " .. dir .. "/tok " .. dir .. "/data")
+  H.write(dir .. "/tok/tokenizer.json", tokenizer_json())
+  H.write(dir .. "/tok/tokenizer_config.json", '{"eos_token": "<|im_end|>", "chat_template": "' .. TEMPLATE .. '"}')
+  local chat, text, sft = {}, {}, {}
+  for i = 1, 16 do
+    chat[#chat + 1] = string.format('{"messages": [{"role": "user", "content": "what is %d + %d?"}, '
+      .. '{"role": "assistant", "content": "%d + %d is %d."}]}', i, i, i, i, 2 * i)
+    text[#text + 1] = string.format('{"text": "document %d: the quick brown fox jumps over the lazy dog."}', i)
+    sft[#sft + 1] = string.format('{"prompt": "count to %d:", "completion": " %s"}', i % 5 + 1,
+      ("1 2 3 4 5"):sub(1, 2 * (i % 5 + 1) - 1))
+  end
+  H.write(dir .. "/data/chat.jsonl", table.concat(chat, "\n") .. "\n")
+  H.write(dir .. "/data/train.jsonl", table.concat(text, "\n") .. "\n")
+  H.write(dir .. "/data/sft.jsonl", table.concat(sft, "\n") .. "\n")
+  local code, out, err = H.recipe(dir, "make_model.lua", [[
+local wick = require "wick"
+local model = wick.model("decoder_lm", { vocab_size = 99, hidden_size = 32, intermediate_size = 64, layers = 2, heads = 2 })
+wick.save_pretrained(model, "Qwen2.5-0.5B-Instruct", "tok")
+]], "", "cd " .. dir .. " &&")
+  assert(code == 0, "making the stand-in model folder failed:\n" .. out .. err)
+  code, out, err = H.run("make-clips " .. dir .. "/clips --per-class 2 --size 64x48 --seconds 0.2 --no-extras")
+  assert(code == 0, "wick make-clips failed:\n" .. out .. err)
+end
+
+describe("every ```lua block of README.md and docs/", function()
+  local dir = H.tmpdir()
+  local made = false
+  teardown(function() os.execute("rm -rf " .. dir) end)
+  local count = 0
+  for _, file in ipairs(manual_files()) do
+    for _, b in ipairs(lua_blocks(file)) do
+      count = count + 1
+      local name = string.format("%s:%d", file, b.line)
+      if b.fragment then
+        pending(name .. " (a fragment: " .. b.fragment .. ")")
+      else
+        local id = count
+        it(name .. " runs", function()
+          if not made then
+            make_fixtures(dir .. "/fixtures")
+            made = true
+          end
+          local here = string.format("%s/block%d", dir, id)
+          os.execute("mkdir -p " .. here)
+          for _, f in ipairs(FIXTURES) do os.execute(string.format("ln -s ../fixtures/%s %s/%s", f, here, f)) end
+          local code = b.code
+          if not code:find('require%s*%(?%s*"wick"') then code = 'local wick = require "wick"\n' .. code end
+          H.write(here .. "/block.lua", code)
+          local rc, out, err = H.sh(string.format("cd %s && WICK_CACHE_DIR=%s/cache %s run block.lua max_steps=2",
+            here, dir, H.wick))
+          assert(rc == 0, string.format("%s: the block failed (exit %s):\n%s\n--- stdout\n%s\n--- stderr\n%s",
+            name, tostring(rc), code, out:sub(-2000), err:sub(-3000)))
+        end)
+      end
+    end
+  end
+  it("found the manual's blocks", function() assert.is_true(count >= 5, "only " .. count .. " ```lua blocks found") end)
 end)

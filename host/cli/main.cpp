@@ -43,7 +43,7 @@ class UsageError : public std::runtime_error {
 };
 
 // What `wick --help` lists, in this order; each command's own help opens with
-// its synopsis. The README's command table is checked against this list.
+// its synopsis. docs/command-line.md's command table is checked against this list.
 struct Command {
   const char* name;
   const char* synopsis;  // after "wick NAME"

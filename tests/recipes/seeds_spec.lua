@@ -37,7 +37,7 @@ describe("seed recipes, small shapes", function()
       assert.truthy(first and final, out)
       -- final / first over the seeds (shipped, and wick.seed(k) + seed=k, k = 1..3),
       -- avx512 and ATEN_CPU_CAPABILITY=avx2 alike (001 under avx2 stops in
-      -- PyTorch's bf16 attention on an AMX CPU, see the README): 000 0.74-0.77,
+      -- PyTorch's bf16 attention on an AMX CPU, see docs/design/tests.md): 000 0.74-0.77,
       -- 001 0.77-0.78, 002 0.89-0.92, 003 0.93-0.94, 004 0.71-0.73 (the bound: any fall)
       assert.is_true(final < first, string.format("seed %s: loss %.4f -> %.4f", name, first, final))
     end)
@@ -59,7 +59,7 @@ describe("seed recipes, small shapes", function()
     assert.truthy(own and other, out)
     -- a model blind to the clips scores the same captions alike on any clips.
     -- Measured (OMP_NUM_THREADS=1, Sapphire Rapids, avx512; avx2 stops in
-    -- PyTorch's bf16 attention on an AMX CPU): 0.153 as shipped (README),
+    -- PyTorch's bf16 attention on an AMX CPU): 0.153 as shipped (docs/guides/seeds.md),
     -- 0.203 with wick.seed(1) + seed=1; only two seeds, at 4-5 min a run
     assert.is_true(other - own > 0.03, string.format("held-out loss %.4f (own captions) vs %.4f (others')", own, other))
   end)

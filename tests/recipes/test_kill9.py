@@ -4,7 +4,7 @@ state.json records), every restart with resume = true finds one, and the run
 carried to its end through the kills ends at the weights of the unbroken run,
 bit for bit. WICK_KILLS sets how many kills (default 12; the run's length grows
 with it, and fewer kills than asked is a failure, never a quiet lower figure); the figures printed
-are the ones the README's reliability section states."""
+are the ones docs/concepts/reliability.md states."""
 import os
 import random
 import signal

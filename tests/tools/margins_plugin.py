@@ -4,7 +4,7 @@ test; loaded with `-p`): MSEED=k shifts every wick seed a test's recipes name
 where a recipe has none) and torch.manual_seed (n -> n + 1000 k); each wick
 run's stdout, exit code and stderr go to MLOG as JSON lines, and the worst
 |difference| / allowed of each torch.testing.assert_close and each module's
-assert_same_weights go to TLOG. k = 0 changes nothing but logs. The README's
+assert_same_weights go to TLOG. k = 0 changes nothing but logs. The manual's
 "Tests on other CPUs" figures were measured so, each under OMP_NUM_THREADS=1
 with and without ATEN_CPU_CAPABILITY=avx2 (two checks that compute their error
 inline, test_precision_vs_pytorch's and test_shard's close(), were logged by a
