@@ -19,7 +19,7 @@ from test_tokenizer_vs_tokenizers import MULTILINGUAL, added, build_byte_fallbac
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<|user|>",
@@ -81,14 +81,24 @@ def byte_fallback():
     return Tokenizer.from_str(json.dumps(j))
 
 
+def byte_level_trim():
+    """byte_level with GPT-NeoX's post-processor: ByteLevel with trim_offsets,
+    whose offsets leave each token's spaces out (so char_to_token finds no
+    token at a span that starts with a space)."""
+    tok = byte_level()
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    return tok
+
+
 TOKENIZERS = {"byte_level": byte_level, "byte_fallback": byte_fallback}
+MORE_TOKENIZERS = {"byte_level_trim": byte_level_trim}
 _built = {}
 
 
 def folder(tmp_path, kind, name):
     """A model folder as transformers saves one: tokenizer.json and tokenizer_config.json."""
     if kind not in _built:
-        _built[kind] = TOKENIZERS[kind]().to_str()
+        _built[kind] = {**TOKENIZERS, **MORE_TOKENIZERS}[kind]().to_str()
     d = tmp_path / f"{kind}-{name}"
     d.mkdir()
     (d / "tokenizer.json").write_text(_built[kind])
@@ -368,12 +378,15 @@ wick.core.write_file(wick.args.result, wick.json(out))
 """
 
 
-@pytest.mark.parametrize("kind", list(TOKENIZERS))
+@pytest.mark.parametrize("kind", list(TOKENIZERS) + list(MORE_TOKENIZERS))
 @pytest.mark.parametrize("name", GENERATION + ["qwen2.5-instruct"])
 def test_return_assistant_tokens_mask_equals_transformers(tmp_path, run_wick, kind, name):
     """return_assistant_tokens_mask = true gives transformers' dict: input_ids,
     attention_mask and assistant_masks (the {% generation %} blocks' tokens);
-    a template without such blocks marks none, as transformers (which warns)."""
+    a template without such blocks marks none, as transformers (which warns).
+    With trim_offsets (byte_level_trim) a span that starts with a space
+    (" 4.") starts where no token's trimmed offsets are: transformers marks
+    otherwise than with untrimmed offsets, and so does wick."""
     d = folder(tmp_path, kind, name)
     tok = transformers.AutoTokenizer.from_pretrained(str(d))
     (tmp_path / "cases.json").write_text(json.dumps(CONVERSATIONS))
@@ -381,8 +394,18 @@ def test_return_assistant_tokens_mask_equals_transformers(tmp_path, run_wick, ki
     p = run_wick("run", tmp_path / "t.lua", f"dir={d}", f"cases={tmp_path / 'cases.json'}",
                  f"result={tmp_path / 'out.json'}")
     got = json.loads((tmp_path / "out.json").read_text())
+    untrimmed = transformers.AutoTokenizer.from_pretrained(str(folder(tmp_path, "byte_level", name))) \
+        if kind == "byte_level_trim" else tok
+    # chatml-generation's span starts at the turn's text, " 4.": with trimmed offsets no token holds its
+    # space, and transformers marks nothing from there on (the macro's spans start before, at its header)
+    trim_breaks = (kind, name) == ("byte_level_trim", "chatml-generation")
+    trimmed_apart = 0
     for messages, g in zip(CONVERSATIONS, got):
         want = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         assert g == {k: list(v) for k, v in want.items()}
-        assert any(want["assistant_masks"]) == (name in GENERATION)
+        assert any(want["assistant_masks"]) == (name in GENERATION and not trim_breaks)
+        other = untrimmed.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        trimmed_apart += other["assistant_masks"] != want["assistant_masks"]
+    # there the trimmed offsets mark other tokens than untrimmed ones would, so the comparison can fail
+    assert (trimmed_apart > 0) == trim_breaks, trimmed_apart
     assert ("no {% generation %} block" in p.stderr) == (name not in GENERATION)
