@@ -82,7 +82,8 @@ std::vector<Source> expand(const wick::List& entries, const std::string& key) {
     const std::string entry = entries[n].as_string();
     const std::string where = "data 'text': " + key + "[" + std::to_string(n + 1) + "] '" + entry + "'";
     std::vector<std::string> matches;
-    if (is_pattern(entry)) {
+    std::error_code exists_ec;
+    if (is_pattern(entry) && !fs::is_regular_file(entry, exists_ec)) {  // a file so named is itself
       glob_t g{};
       const int rc = ::glob(entry.c_str(), GLOB_NOSORT, nullptr, &g);
       for (std::size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);

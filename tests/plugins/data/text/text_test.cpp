@@ -168,6 +168,13 @@ TEST(TextData, FilesTakePatternsExpandedSortedAndJsonlByName) {
                                {{"files", Value(List{Value((dir.path / "data" / "c.*").string())})}, {"cache_dir", Value("none")}});
   ASSERT_EQ(t->size(), 1);
   EXPECT_EQ(t->get(0).at("input_ids").size(0), 26);  // its 25 bytes and the end of text
+  // a file whose name looks like a pattern is itself
+  std::ofstream(dir.path / "odd[1].txt") << "odd";
+  std::ofstream(dir.path / "odd1.txt") << "not this one";
+  auto odd = test::make<Dataset>("text", PluginKind::Data,
+                                 {{"files", Value(List{Value((dir.path / "odd[1].txt").string())})}, {"cache_dir", Value("none")}});
+  ASSERT_EQ(odd->size(), 1);
+  EXPECT_EQ(row(odd->get(0).at("input_ids")), (std::vector<std::int64_t>{'o', 'd', 'd', 256}));
   const auto none = (dir.path / "data" / "*.parquet").string();
   auto msg = test::error_of([&] {
     test::make<Dataset>("text", PluginKind::Data, {{"files", Value(List{Value(none)})}, {"cache_dir", Value("none")}});
