@@ -288,46 +288,6 @@ int tok_special_ids(lua_State* L) {
   return 1;
 }
 
-// Python's str.strip() of the ASCII whitespace
-std::string py_strip(const std::string& s, bool left = true) {
-  static const char* ws = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
-  const auto e = s.find_last_not_of(ws);
-  if (e == std::string::npos) return "";
-  const auto b = left ? s.find_first_not_of(ws) : 0;
-  return s.substr(b, e + 1 - b);
-}
-
-// transformers' continue_final_message: the tag it writes after the final
-// message's text, where the render is cut (render_jinja_template)
-constexpr const char* kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
-
-// Tags the final message's `field` (its last text part when a list of parts)
-// and returns its text before the tag; errors as transformers raises them.
-std::string tag_final_message(nlohmann::ordered_json& messages, const std::string& field, const std::string& source) {
-  const std::string at = "apply_chat_template: continue_final_message";
-  auto& last = messages.back();
-  if (!last.contains(field) || last[field].is_null())
-    throw Error(at + ": the final message has no \"" + field + "\" to continue, expected the message to continue last");
-  if (source.find(field) == std::string::npos)
-    throw Error(at + " is \"" + field + "\", which the chat template does not read, expected a field it renders "
-                "(content, or the reasoning its template shows)");
-  auto& v = last[field];
-  if (v.is_array()) {
-    for (auto it = v.rbegin(); it != v.rend(); ++it)
-      if (it->is_object() && it->contains("text") && (*it)["text"].is_string()) {
-        const std::string text = (*it)["text"].get<std::string>();
-        (*it)["text"] = text + kContinueTag;
-        return text;
-      }
-    throw Error(at + ": the final message's " + field + " has no part with text, expected a {\"type\": \"text\", \"text\": ...} part to continue");
-  }
-  if (!v.is_string())
-    throw Error(at + ": the final message's " + field + " is " + kind_of(v) + ", expected a string or a list of parts");
-  const std::string text = v.get<std::string>();
-  v = text + kContinueTag;
-  return text;
-}
-
 // t:apply_chat_template(messages, {add_generation_prompt, tokenize, continue_final_message,
 // return_dict, return_assistant_tokens_mask, tools, documents, <variables>}):
 // messages a list of tables, or JSON text (its keys keep their order)
@@ -385,7 +345,8 @@ int tok_apply_chat_template(lua_State* L) {
                 "one (as transformers, which refuses them together)");
   const auto& tpl = t->chat_template();
   std::string final_text;
-  if (!continue_field.empty()) final_text = tag_final_message(messages, continue_field, *t->chat_source);
+  if (!continue_field.empty())
+    final_text = text::tag_final_message(messages, continue_field, *t->chat_source, "apply_chat_template");
   jinja::RenderResult r;
   try {
     r = tpl.apply(messages, o);
@@ -394,15 +355,8 @@ int tok_apply_chat_template(lua_State* L) {
                 (e.line() > 0 ? " (line " + std::to_string(e.line()) + ")" : std::string()) + " failed: " + e.what());
   }
   std::string& text = r.text;
-  if (!continue_field.empty()) {
-    const std::string tag = kContinueTag, bare = py_strip(tag);
-    if (text.find(py_strip(final_text)) == std::string::npos || text.find(bare) == std::string::npos)
-      throw Error("apply_chat_template: continue_final_message, but the final message does not appear in the render "
-                  "of the chat template of " + t->chat_file + " (the template leaves out part of it), expected a "
-                  "template that renders the final message's " + continue_field);
-    const auto at = text.rfind(bare);
-    text = text.compare(at, tag.size(), tag) == 0 ? text.substr(0, at) : py_strip(text.substr(0, at), false);
-  }
+  if (!continue_field.empty())
+    text = text::continued_text(text, final_text, continue_field, "apply_chat_template", t->chat_file);
   if (!tokenize) {
     lua_pushlstring(L, text.data(), text.size());
     return 1;

@@ -104,6 +104,12 @@ CASES = [
         r"\(a table of input_ids, attention_mask and assistant_masks\), got tokenize = false"),
     api("return_dict a string", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
         "{ return_dict = 'yes' })", r".*apply_chat_template: option 'return_dict': expected a boolean, got \"yes\""),
+    Case("a data set's apply_chat_template asked for the mask", ["run", "r.lua"],
+         r"r\.lua:3: .*apply_chat_template: option 'return_assistant_tokens_mask' is wick\.tokenizer's \(a data set's "
+         r"apply_chat_template gives the text or its ids\), expected wick\.tokenizer\(folder\):apply_chat_template",
+         setup=lambda d: (folder(d), (d / "r.lua").write_text(
+             'local wick = require "wick"\nlocal data = wick.data("text", { tokenizer = "m" })\n'
+             "data:apply_chat_template({ { role = 'user', content = 'x' } }, { return_assistant_tokens_mask = true })\n"))),
     api("encode with an unknown option", "tok:encode('x', { add_bos = true })",
         r".*encode: unknown option 'add_bos' \(expected add_special_tokens\)"),
     Case("wick.tokenizer of a folder without tokenizer.json", ["run", "r.lua"],

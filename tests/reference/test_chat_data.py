@@ -314,6 +314,7 @@ def test_wick_tokenizer_equals_the_transformers_tokenizer(tmp_path, run_wick, ki
 CONTINUE_RECIPE = """
 local wick = require "wick"
 local tok = wick.tokenizer(wick.args.dir)
+local data = wick.data("text", { tokenizer = wick.args.dir })  -- the tokenizer alone, through the data plugin
 local f = assert(io.open(wick.args.cases))
 local cases = wick.core.json_decode(f:read("*a"))
 f:close()
@@ -322,6 +323,7 @@ for i, c in ipairs(cases) do
   local o = { tokenize = false }
   for k, v in pairs(c.options) do o[k] = v end
   local r = { text = tok:apply_chat_template(c.messages, o) }
+  r.data_text = data:apply_chat_template(c.messages, o)
   o.tokenize = true
   r.ids = tok:apply_chat_template(c.messages, o)
   o.return_dict = true
@@ -341,8 +343,9 @@ def test_continue_final_message_equals_transformers(tmp_path, run_wick, name):
     """wick.tokenizer's apply_chat_template(continue_final_message = true) ends
     the render inside the final message as transformers' does (its tag after
     the message, the render cut there, trimmed where the template trimmed the
-    message), as text, ids and a return_dict table; qwen3 also continues the
-    reasoning (continue_final_message = "reasoning_content")."""
+    message), as text, ids and a return_dict table, and so does a data set's
+    data:apply_chat_template; qwen3 also continues the reasoning
+    (continue_final_message = "reasoning_content")."""
     d = folder(tmp_path, "byte_level", name)
     tok = transformers.AutoTokenizer.from_pretrained(str(d))
     cases = [{"messages": [USER1, ASSISTANT1, USER2, PARTIAL], "options": {"continue_final_message": True}},
@@ -357,7 +360,7 @@ def test_continue_final_message_equals_transformers(tmp_path, run_wick, name):
     got = json.loads((tmp_path / "out.json").read_text())
     for c, g in zip(cases, got):
         want = tok.apply_chat_template(c["messages"], tokenize=False, **c["options"])
-        assert g["text"] == want
+        assert g["text"] == want and g["data_text"] == want
         assert not want.endswith("<|im_end|>\n") and not want.endswith("<|eot_id|>")  # the render stops inside
         ids = tok.apply_chat_template(c["messages"], tokenize=True, return_dict=True, **c["options"])
         assert g["ids"] == ids["input_ids"]

@@ -323,8 +323,31 @@ class Text : public wick::Dataset {
       add_generation_prompt = g.get<bool>();
       options.erase("add_generation_prompt");
     }
+    // transformers' continue_final_message (true, or the field's name): the render ends inside the final message
+    std::string field;
+    if (options.contains("continue_final_message")) {
+      const auto& c = options["continue_final_message"];
+      if (c.is_boolean()) field = c.get<bool>() ? "content" : "";
+      else if (c.is_string() && !c.get<std::string>().empty()) field = c.get<std::string>();
+      else throw wick::Error(where + ": continue_final_message is " + wick::json_brief(nlohmann::json(c)) +
+                             ", expected true or false, or the name of the final message's field to continue");
+      options.erase("continue_final_message");
+    }
+    for (const char* k : {"return_dict", "return_assistant_tokens_mask"})
+      if (options.contains(k))
+        throw wick::Error(where + ": option '" + k + "' is wick.tokenizer's (a data set's apply_chat_template gives "
+                          "the text or its ids), expected wick.tokenizer(folder):apply_chat_template");
+    if (!field.empty() && add_generation_prompt)
+      throw wick::Error(where + ": continue_final_message and add_generation_prompt are both set, expected one: "
+                        "continue_final_message continues the final message, add_generation_prompt starts a new "
+                        "assistant message");
     wick::text::check_messages(messages, where, "messages");
-    return chat(where).render(messages, add_generation_prompt, where, options).text;
+    const auto& format = chat(where);
+    if (field.empty()) return format.render(messages, add_generation_prompt, where, options).text;
+    auto tagged = messages;
+    const std::string final_text = wick::text::tag_final_message(tagged, field, format.source(), where);
+    return wick::text::continued_text(format.render(tagged, false, where, options).text, final_text, field, where,
+                                      format.file());
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
