@@ -1,7 +1,7 @@
 -- data "text" as a recipe uses it: files given by patterns, a held-out
 -- split made twice (split = "train" for data, "eval" for eval_data) that
 -- wick.train evaluates on, and documents packed apart (pack_attention =
--- "document") training a decoder. (The split's draw and the packed samples
+-- "document") training a decoder with checkpointed blocks. (The split's draw and the packed samples
 -- are tests/plugins/data/text's; packed logits against unpacked ones
 -- tests/reference/test_pack_attention.py's.)
 local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
@@ -27,7 +27,7 @@ o.split = "eval"
 local held = wick.data("text", o)
 local model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 16, layers = 1, heads = 2,
   intermediate_size = 32 })
-local run = wick.train { model = model, data = data, eval_data = held, eval_every = 2,
+local run = wick.train { model = model, data = data, eval_data = held, eval_every = 2, checkpointing = true,
   optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4, quiet = true }
 print("tokens", data.tokens + held.tokens)
 print("steps", run.steps, run.eval.loss == run.eval.loss, run.eval.loss > 0)
