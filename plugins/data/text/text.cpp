@@ -231,6 +231,7 @@ class Text : public wick::Dataset {
       if (!cache.empty()) write_cache(cache, docs);
     }
     if (fraction > 0) docs = split_documents(std::move(docs), fraction, o.get_int("split_seed"), split == "eval");
+    documents_ = static_cast<std::int64_t>(docs.size());
     auto where = [&](const Doc& d) {
       const auto i = static_cast<std::size_t>(d.source);
       const std::string src = i < paths.size() ? paths[i] : "?";
@@ -388,7 +389,8 @@ class Text : public wick::Dataset {
     std::int64_t tokens = 0;
     for (const auto& d : samples_) tokens += static_cast<std::int64_t>(d.ids.size());
     return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_},
-            {"cached", cached_}, {"cache_file", cache_path_}, {"skipped_items", skipped_}};
+            {"cached", cached_}, {"cache_file", cache_path_}, {"skipped_items", skipped_},
+            {"documents", documents_}};  // this split's documents, before packing or skipping
   }
 
  private:
@@ -625,6 +627,7 @@ class Text : public wick::Dataset {
 
   bool cached_ = false;
   bool pack_document_ = false;  // pack_attention = "document": samples carry position_ids
+  std::int64_t documents_ = 0;
   std::int64_t skipped_ = 0;
   std::string cache_path_;
   std::int64_t max_length_;

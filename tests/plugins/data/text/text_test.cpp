@@ -208,6 +208,7 @@ TEST(TextData, EvalFractionHoldsOutWholeDocumentsDrawnBySeed) {
   auto train = make("train", 0.05, 0, false), eval = make("eval", 0.05, 0, false);
   EXPECT_EQ(eval->size(), 2);  // ceil(0.05 * 40)
   EXPECT_EQ(train->size(), 38);
+  EXPECT_EQ(eval->attributes().at("documents").as_int(), 2);
   auto tr = all_rows(*train), ev = all_rows(*eval);
   for (const auto& e : ev) EXPECT_EQ(std::count(tr.begin(), tr.end(), e), 0);
   EXPECT_EQ(all_rows(*make("eval", 0.05, 0, false)), ev);  // the same draw every time
@@ -216,7 +217,9 @@ TEST(TextData, EvalFractionHoldsOutWholeDocumentsDrawnBySeed) {
   // documents, not chunks: the packed eval half is the held-out documents' tokens
   std::int64_t tokens = 0;
   for (const auto& e : ev) tokens += static_cast<std::int64_t>(e.size());
-  EXPECT_EQ(make("eval", 0.05, 0, true)->attributes().at("tokens").as_int(), tokens);
+  auto packed = make("eval", 0.05, 0, true);
+  EXPECT_EQ(packed->attributes().at("tokens").as_int(), tokens);
+  EXPECT_EQ(packed->attributes().at("documents").as_int(), 2);
   const auto msg = test::error_of([&] { make("train", 0.99, 0, false); });
   EXPECT_THAT(msg, HasSubstr("eval_fraction 0.99 holds out 40 of the 40 documents, leaving none to train on"));
 }
