@@ -8,16 +8,21 @@
 //   t:encode(text [, {add_special_tokens = true}])      -> ids
 //   t:decode(ids [, {skip_special_tokens = false}])     -> text (bytes that are no UTF-8: U+FFFD)
 //   t:apply_chat_template(messages [, {add_generation_prompt = false, tokenize = true, ...}])
-//                                                       -> ids, or the text with tokenize = false
+//                                                       -> ids, or the text with tokenize = false, or with
+//      return_dict = true (or return_assistant_tokens_mask = true) {input_ids, attention_mask[, assistant_masks]};
+//      continue_final_message = true (or the field's name) ends the render inside the final message, as transformers
 //   t:token_id(token) -> id or nil; t.eos_token, t.eos_id, t.bos_token, t.bos_id,
 //   t.pad_token, t.pad_id, t.vocab_size, t.chat_template (its source or nil), t.folder
 
 #include "lua/binding.hpp"
 
+#include <cstdio>
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <set>
 
+#include "lib/chat/chat.hpp"
 #include "lib/jinja/jinja.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
 #include "wick/kit/json_fields.hpp"
@@ -283,7 +288,8 @@ int tok_special_ids(lua_State* L) {
   return 1;
 }
 
-// t:apply_chat_template(messages, {add_generation_prompt, tokenize, <variables>}):
+// t:apply_chat_template(messages, {add_generation_prompt, tokenize, continue_final_message,
+// return_dict, return_assistant_tokens_mask, tools, documents, <variables>}):
 // messages a list of tables, or JSON text (its keys keep their order)
 int tok_apply_chat_template(lua_State* L) {
   auto& t = check_box<HfTokenizer>(L, 1, kTokenizerMt, "apply_chat_template");
@@ -303,14 +309,23 @@ int tok_apply_chat_template(lua_State* L) {
   jinja::ChatOptions o;
   for (const auto& [k, v] : t->special) o.variables[k] = v;
   bool tokenize = true;  // transformers' default
+  bool mask = false;     // return_assistant_tokens_mask
+  std::optional<bool> return_dict;  // default: the ids alone, or a table with the mask
+  std::string continue_field;       // continue_final_message: the field continued ("" when not)
   if (!lua_isnoneornil(L, 3)) {
     check_table(L, 3, "apply_chat_template");
     const nlohmann::json opts = to_json(L, 3);
     for (const auto& [k, v] : opts.items()) {
-      if (k == "add_generation_prompt" || k == "tokenize") {
+      if (k == "add_generation_prompt" || k == "tokenize" || k == "return_dict" || k == "return_assistant_tokens_mask") {
         if (!v.is_boolean())
           throw Error("apply_chat_template: option '" + k + "': expected a boolean, got " + json_brief(v));
-        (k == "tokenize" ? tokenize : o.add_generation_prompt) = v.get<bool>();
+        if (k == "return_dict") return_dict = v.get<bool>();
+        else (k == "tokenize" ? tokenize : k == "add_generation_prompt" ? o.add_generation_prompt : mask) = v.get<bool>();
+      } else if (k == "continue_final_message") {
+        if (v.is_boolean()) continue_field = v.get<bool>() ? "content" : "";
+        else if (v.is_string() && !v.get<std::string>().empty()) continue_field = v.get<std::string>();
+        else throw Error("apply_chat_template: option 'continue_final_message': expected a boolean or the name of the "
+                         "final message's field to continue (content, reasoning_content, ...), got " + json_brief(v));
       } else if (k == "tools" || k == "documents") {
         (k == "tools" ? o.tools : o.documents) = nlohmann::ordered_json::parse(v.dump());
       } else {
@@ -318,19 +333,60 @@ int tok_apply_chat_template(lua_State* L) {
       }
     }
   }
+  if (mask && (!tokenize || return_dict == false))
+    throw Error("apply_chat_template: return_assistant_tokens_mask = true needs tokenize = true and return_dict = true "
+                "(a table of input_ids, attention_mask and assistant_masks), got " +
+                std::string(!tokenize ? "tokenize = false" : "return_dict = false"));
+  if (!continue_field.empty() && o.add_generation_prompt)
+    throw Error("apply_chat_template: continue_final_message and add_generation_prompt are both set, expected one: "
+                "continue_final_message continues the final message, add_generation_prompt starts a new assistant message");
+  if (!continue_field.empty() && mask)
+    throw Error("apply_chat_template: continue_final_message and return_assistant_tokens_mask are both set, expected "
+                "one (as transformers, which refuses them together)");
   const auto& tpl = t->chat_template();
-  std::string text;
+  std::string final_text;
+  if (!continue_field.empty())
+    final_text = text::tag_final_message(messages, continue_field, *t->chat_source, "apply_chat_template");
+  jinja::RenderResult r;
   try {
-    text = tpl.apply(messages, o).text;
+    r = tpl.apply(messages, o);
   } catch (const jinja::TemplateError& e) {
     throw Error("apply_chat_template: the chat template of " + t->chat_file +
                 (e.line() > 0 ? " (line " + std::to_string(e.line()) + ")" : std::string()) + " failed: " + e.what());
   }
-  if (tokenize) {  // the template wrote the special tokens itself, as transformers encodes it
-    push_ids(L, t->tok->encode(text, /*add_special_tokens=*/false));
-  } else {
+  std::string& text = r.text;
+  if (!continue_field.empty())
+    text = text::continued_text(text, final_text, continue_field, "apply_chat_template", t->chat_file);
+  if (!tokenize) {
     lua_pushlstring(L, text.data(), text.size());
+    return 1;
   }
+  // the template wrote the special tokens itself, as transformers encodes it
+  if (!return_dict.value_or(mask)) {
+    push_ids(L, t->tok->encode(text, /*add_special_tokens=*/false));
+    return 1;
+  }
+  lua_createtable(L, 0, 3);
+  std::vector<std::int64_t> ids;
+  if (mask) {
+    // transformers' return_assistant_tokens_mask: the tokens of the template's
+    // {% generation %} blocks, through the tokens' offsets (its char_to_token)
+    const text::Encoding enc = t->tok->encode_with_offsets(text);
+    static const std::regex generation(R"(\{%-?\s*generation\s*-?%\})");
+    if (!std::regex_search(*t->chat_source, generation))
+      std::fprintf(stderr, "wick: note: apply_chat_template: return_assistant_tokens_mask, but the chat template of %s "
+                   "has no {%% generation %%} block: no token is marked (as transformers warns)\n", t->chat_file.c_str());
+    const auto m = text::span_mask(enc, r.generation_spans, text);
+    push_ids(L, std::vector<std::int64_t>(m.begin(), m.end()));
+    lua_setfield(L, -2, "assistant_masks");
+    ids = enc.ids;
+  } else {
+    ids = t->tok->encode(text, /*add_special_tokens=*/false);
+  }
+  push_ids(L, std::vector<std::int64_t>(ids.size(), 1));
+  lua_setfield(L, -2, "attention_mask");
+  push_ids(L, ids);
+  lua_setfield(L, -2, "input_ids");
   return 1;
 }
 

@@ -83,6 +83,33 @@ CASES = [
         r".*apply_chat_template: messages\[0\]\.content: expected a string or a list of parts, got an object"),
     api("apply_chat_template tokenize a string", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
         "{ tokenize = 'yes' })", r".*apply_chat_template: option 'tokenize': expected a boolean, got \"yes\""),
+    # transformers' continue_final_message, return_dict and return_assistant_tokens_mask: what it refuses, refused
+    api("continue_final_message a number", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
+        "{ continue_final_message = 3 })",
+        r".*apply_chat_template: option 'continue_final_message': expected a boolean or the name of the final "
+        r"message's field to continue \(content, reasoning_content, \.\.\.\), got 3"),
+    api("continue_final_message with add_generation_prompt", "tok:apply_chat_template({ { role = 'user', "
+        "content = 'x' } }, { continue_final_message = true, add_generation_prompt = true })",
+        r".*apply_chat_template: continue_final_message and add_generation_prompt are both set, expected one"),
+    api("continue_final_message of a field the template never reads", "tok:apply_chat_template({ { role = "
+        "'assistant', content = 'x', notes = 'y' } }, { continue_final_message = 'notes' })",
+        r".*apply_chat_template: continue_final_message is \"notes\", which the chat template does not read, "
+        r"expected a field it renders"),
+    api("continue_final_message with the mask", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
+        "{ continue_final_message = true, return_assistant_tokens_mask = true })",
+        r".*apply_chat_template: continue_final_message and return_assistant_tokens_mask are both set"),
+    api("return_assistant_tokens_mask without tokenize", "tok:apply_chat_template({ { role = 'user', content = 'x' } "
+        "}, { return_assistant_tokens_mask = true, tokenize = false })",
+        r".*apply_chat_template: return_assistant_tokens_mask = true needs tokenize = true and return_dict = true "
+        r"\(a table of input_ids, attention_mask and assistant_masks\), got tokenize = false"),
+    api("return_dict a string", "tok:apply_chat_template({ { role = 'user', content = 'x' } }, "
+        "{ return_dict = 'yes' })", r".*apply_chat_template: option 'return_dict': expected a boolean, got \"yes\""),
+    Case("a data set's apply_chat_template asked for the mask", ["run", "r.lua"],
+         r"r\.lua:3: .*apply_chat_template: option 'return_assistant_tokens_mask' is wick\.tokenizer's \(a data set's "
+         r"apply_chat_template gives the text or its ids\), expected wick\.tokenizer\(folder\):apply_chat_template",
+         setup=lambda d: (folder(d), (d / "r.lua").write_text(
+             'local wick = require "wick"\nlocal data = wick.data("text", { tokenizer = "m" })\n'
+             "data:apply_chat_template({ { role = 'user', content = 'x' } }, { return_assistant_tokens_mask = true })\n"))),
     api("encode with an unknown option", "tok:encode('x', { add_bos = true })",
         r".*encode: unknown option 'add_bos' \(expected add_special_tokens\)"),
     Case("wick.tokenizer of a folder without tokenizer.json", ["run", "r.lua"],

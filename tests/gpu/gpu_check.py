@@ -60,10 +60,17 @@ local a = wick.args
 local function flag(k) return tostring(a[k]) == "true" end
 local model, data
 if a.model == "decoder" then
-  local f = assert(io.open(a.text, "w"))
-  for i = 1, 48 do f:write(string.format("line %d of a small text, repeated so that a decoder can learn it. ", i % 7)) end
-  f:close()
-  data = wick.data("text", { files = { a.text }, max_length = 64, pack = true })
+  -- one document, or (docs = N) the same lines in N files: documents that pack_attention may keep apart
+  local docs, files = tonumber(a.docs) or 1, {}
+  for d = 1, docs do
+    files[d] = docs == 1 and a.text or string.format("%s.%d.txt", a.text, d)
+    local f = assert(io.open(files[d], "w"))
+    for i = math.floor((d - 1) * 48 / docs) + 1, math.floor(d * 48 / docs) do
+      f:write(string.format("line %d of a small text, repeated so that a decoder can learn it. ", i % 7))
+    end
+    f:close()
+  end
+  data = wick.data("text", { files = files, max_length = 64, pack = true, pack_attention = a.pack_attention })
   wick.seed(3)
   model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128,
                                      layers = 2, heads = 4, kv_heads = 2, loss_chunk = tonumber(a.loss_chunk) })
@@ -562,6 +569,15 @@ def check_checkpointing(r: Runner):
             f"max |dw| {d:.1e} (< 1e-5)", d < 1e-5)
 
 
+def check_pack_attention(r: Runner):
+    # documents packed apart (position_ids and a per-document mask through scaled-dot-product attention) on the
+    # device against the CPU, in fp32 as check_fp32
+    args = dict(model="decoder", micro=4, docs=6, pack_attention="document")
+    cpu, dev = r.runs(dict(device="cpu", **args), args)
+    d = max_weight_diff(dev["weights"], cpu["weights"])
+    return f"loss {cpu['final_loss']:.6f}", f"loss {dev['final_loss']:.6f}", f"max |dw| {d:.1e} (< 1e-4)", d < 1e-4
+
+
 def check_chunked_ce(r: Runner):
     # decoder_lm's loss_chunk: head and cross-entropy over 32 tokens at a time (8 chunks a
     # micro-batch of 4 x 64), against the whole logits at once (loss_chunk = 0), on the device;
@@ -696,6 +712,7 @@ CHECKS = {
     "fp16-true + master_weights": check_precision("fp16-true", 5e-2, master=True),
     "checkpointing": check_checkpointing,
     "chunked cross-entropy": check_chunked_ce,
+    "pack_attention document": check_pack_attention,
     "qlora bf16": check_qlora_bf16,
     "adamw8bit": check_adamw8bit,
     "micro_batch auto": check_micro_auto,

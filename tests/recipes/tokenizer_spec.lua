@@ -69,6 +69,27 @@ io.write("prompt[", tok:apply_chat_template({ chat[1] }, { tokenize = false, add
     assert.truthy(out:find("prompt[<|im_start|>user\nhi<|im_end|><|im_start|>assistant\nSure:]", 1, true), out)
   end)
 
+  it("continues the final message and returns the assistant tokens' mask, as transformers names them", function()
+    local code, out, err = H.recipe(dir, "m.lua", head .. [[
+io.write("cont[", tok:apply_chat_template(chat, { tokenize = false, continue_final_message = true }), "]\n")
+local d = tok:apply_chat_template(chat, { return_assistant_tokens_mask = true })
+print("ids", table.concat(d.input_ids, " ") == table.concat(tok:apply_chat_template(chat), " "))
+print("mask", table.concat(d.assistant_masks, ""))
+print("attention", #d.attention_mask == #d.input_ids)
+local plain = tok:apply_chat_template(chat, { return_dict = true })
+print("plain", plain.assistant_masks == nil, #plain.input_ids == #d.input_ids)
+]])
+    assert.are.equal(0, code, err)
+    -- the render stops after the final message's text: no <|im_end|> to close it
+    assert.truthy(out:find("cont[<|im_start|>user\nhi<|im_end|><|im_start|>assistant\nhello]", 1, true), out)
+    assert.truthy(out:find("ids\ttrue", 1, true), out)
+    -- <|im_start|> u s e r \n h i <|im_end|> <|im_start|> a s s i s t a n t \n: 20 tokens outside the
+    -- {% generation %} block, then "he" "l" "l" "o" <|im_end|> inside it
+    assert.truthy(out:find("mask\t0000000000000000000011111\n", 1, true), out)
+    assert.truthy(out:find("attention\ttrue", 1, true), out)
+    assert.truthy(out:find("plain\ttrue\ttrue", 1, true), out)
+  end)
+
   it("takes a tokenizer.json too, and data text renders messages rows through the template", function()
     H.write(dir .. "/d.jsonl", '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
     local code, out, err = H.recipe(dir, "d.lua", [[

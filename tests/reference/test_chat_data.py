@@ -19,7 +19,7 @@ from test_tokenizer_vs_tokenizers import MULTILINGUAL, added, build_byte_fallbac
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<|user|>",
@@ -81,14 +81,24 @@ def byte_fallback():
     return Tokenizer.from_str(json.dumps(j))
 
 
+def byte_level_trim():
+    """byte_level with GPT-NeoX's post-processor: ByteLevel with trim_offsets,
+    whose offsets leave each token's spaces out (so char_to_token finds no
+    token at a span that starts with a space)."""
+    tok = byte_level()
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=True)
+    return tok
+
+
 TOKENIZERS = {"byte_level": byte_level, "byte_fallback": byte_fallback}
+MORE_TOKENIZERS = {"byte_level_trim": byte_level_trim}
 _built = {}
 
 
 def folder(tmp_path, kind, name):
     """A model folder as transformers saves one: tokenizer.json and tokenizer_config.json."""
     if kind not in _built:
-        _built[kind] = TOKENIZERS[kind]().to_str()
+        _built[kind] = {**TOKENIZERS, **MORE_TOKENIZERS}[kind]().to_str()
     d = tmp_path / f"{kind}-{name}"
     d.mkdir()
     (d / "tokenizer.json").write_text(_built[kind])
@@ -299,3 +309,106 @@ def test_wick_tokenizer_equals_the_transformers_tokenizer(tmp_path, run_wick, ki
         assert g["chat"] == tok.apply_chat_template(c["messages"], tokenize=False, add_generation_prompt=True)
         assert g["chat_ids"] == tok.apply_chat_template(c["messages"], add_generation_prompt=True,
                                                         return_dict=True)["input_ids"]
+
+
+CONTINUE_RECIPE = """
+local wick = require "wick"
+local tok = wick.tokenizer(wick.args.dir)
+local data = wick.data("text", { tokenizer = wick.args.dir })  -- the tokenizer alone, through the data plugin
+local f = assert(io.open(wick.args.cases))
+local cases = wick.core.json_decode(f:read("*a"))
+f:close()
+local out = {}
+for i, c in ipairs(cases) do
+  local o = { tokenize = false }
+  for k, v in pairs(c.options) do o[k] = v end
+  local r = { text = tok:apply_chat_template(c.messages, o) }
+  r.data_text = data:apply_chat_template(c.messages, o)
+  o.tokenize = true
+  r.ids = tok:apply_chat_template(c.messages, o)
+  o.return_dict = true
+  r.dict = tok:apply_chat_template(c.messages, o)
+  out[i] = r
+end
+wick.core.write_file(wick.args.result, wick.json(out))
+"""
+
+PARTIAL = {"role": "assistant", "content": "9, nine: Über "}  # a trailing space some templates trim
+CONTINUE_TEMPLATES = ["qwen2.5-instruct", "llama-3.1-instruct", "gemma-2-it", "mistral-7b-instruct-v0.3",
+                      "phi-3-mini-instruct", "qwen3"]
+
+
+@pytest.mark.parametrize("name", CONTINUE_TEMPLATES)
+def test_continue_final_message_equals_transformers(tmp_path, run_wick, name):
+    """wick.tokenizer's apply_chat_template(continue_final_message = true) ends
+    the render inside the final message as transformers' does (its tag after
+    the message, the render cut there, trimmed where the template trimmed the
+    message), as text, ids and a return_dict table, and so does a data set's
+    data:apply_chat_template; qwen3 also continues the reasoning
+    (continue_final_message = "reasoning_content")."""
+    d = folder(tmp_path, "byte_level", name)
+    tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    cases = [{"messages": [USER1, ASSISTANT1, USER2, PARTIAL], "options": {"continue_final_message": True}},
+             {"messages": [USER2, {"role": "assistant", "content": "Sure"}],
+              "options": {"continue_final_message": True}}]
+    if name == "qwen3":
+        cases.append({"messages": [USER2, {"role": "assistant", "content": "", "reasoning_content": "Let me think"}],
+                      "options": {"continue_final_message": "reasoning_content"}})
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "t.lua").write_text(CONTINUE_RECIPE)
+    run_wick("run", tmp_path / "t.lua", f"dir={d}", f"cases={tmp_path / 'cases.json'}", f"result={tmp_path / 'out.json'}")
+    got = json.loads((tmp_path / "out.json").read_text())
+    for c, g in zip(cases, got):
+        want = tok.apply_chat_template(c["messages"], tokenize=False, **c["options"])
+        assert g["text"] == want and g["data_text"] == want
+        assert not want.endswith("<|im_end|>\n") and not want.endswith("<|eot_id|>")  # the render stops inside
+        ids = tok.apply_chat_template(c["messages"], tokenize=True, return_dict=True, **c["options"])
+        assert g["ids"] == ids["input_ids"]
+        assert g["dict"] == {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"]}
+
+
+MASK_RECIPE = """
+local wick = require "wick"
+local tok = wick.tokenizer(wick.args.dir)
+local f = assert(io.open(wick.args.cases))
+local cases = wick.core.json_decode(f:read("*a"))
+f:close()
+local out = {}
+for i, c in ipairs(cases) do
+  out[i] = tok:apply_chat_template(c, { return_assistant_tokens_mask = true })
+end
+wick.core.write_file(wick.args.result, wick.json(out))
+"""
+
+
+@pytest.mark.parametrize("kind", list(TOKENIZERS) + list(MORE_TOKENIZERS))
+@pytest.mark.parametrize("name", GENERATION + ["qwen2.5-instruct"])
+def test_return_assistant_tokens_mask_equals_transformers(tmp_path, run_wick, kind, name):
+    """return_assistant_tokens_mask = true gives transformers' dict: input_ids,
+    attention_mask and assistant_masks (the {% generation %} blocks' tokens);
+    a template without such blocks marks none, as transformers (which warns).
+    With trim_offsets (byte_level_trim) a span that starts with a space
+    (" 4.") starts where no token's trimmed offsets are: transformers marks
+    otherwise than with untrimmed offsets, and so does wick."""
+    d = folder(tmp_path, kind, name)
+    tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    (tmp_path / "cases.json").write_text(json.dumps(CONVERSATIONS))
+    (tmp_path / "t.lua").write_text(MASK_RECIPE)
+    p = run_wick("run", tmp_path / "t.lua", f"dir={d}", f"cases={tmp_path / 'cases.json'}",
+                 f"result={tmp_path / 'out.json'}")
+    got = json.loads((tmp_path / "out.json").read_text())
+    untrimmed = transformers.AutoTokenizer.from_pretrained(str(folder(tmp_path, "byte_level", name))) \
+        if kind == "byte_level_trim" else tok
+    # chatml-generation's span starts at the turn's text, " 4.": with trimmed offsets no token holds its
+    # space, and transformers marks nothing from there on (the macro's spans start before, at its header)
+    trim_breaks = (kind, name) == ("byte_level_trim", "chatml-generation")
+    trimmed_apart = 0
+    for messages, g in zip(CONVERSATIONS, got):
+        want = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        assert g == {k: list(v) for k, v in want.items()}
+        assert any(want["assistant_masks"]) == (name in GENERATION and not trim_breaks)
+        other = untrimmed.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        trimmed_apart += other["assistant_masks"] != want["assistant_masks"]
+    # there the trimmed offsets mark other tokens than untrimmed ones would, so the comparison can fail
+    assert (trimmed_apart > 0) == trim_breaks, trimmed_apart
+    assert ("no {% generation %} block" in p.stderr) == (name not in GENERATION)

@@ -24,6 +24,10 @@
 #include <wick/kit/crc32c.hpp>
 #include <wick/kit/safetensors.hpp>
 
+#include <glob.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -45,6 +49,7 @@ constexpr std::int64_t kIgnore = -100;
 
 struct Doc {
   std::vector<std::int64_t> ids, labels;
+  std::vector<std::int64_t> pos;      // pack_attention = "document": each token's position in its document
   std::int64_t source = 0, line = 0;  // index into the sources; JSONL line (0: a plain file)
 };
 
@@ -57,6 +62,90 @@ std::string nothing_to_learn(const Doc& d) {
   for (std::size_t t = 1; t < d.labels.size(); ++t)
     if (d.labels[t] != kIgnore) return "";
   return "every label after the first token is masked (a prompt without a completion, or one that fills max_length)";
+}
+
+// A source file: JSONL (one document a line) or plain text (one document).
+struct Source {
+  std::string path;
+  bool jsonl = false;
+};
+
+bool is_pattern(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+// `key`'s list (files, eval_files): each entry a file, or a shell pattern
+// (*, ?, [...]) whose matches are taken in sorted order; a pattern that
+// matches no file, a missing file and a folder are errors naming the entry.
+// A file whose name ends in .jsonl is JSONL, any other plain text.
+std::vector<Source> expand(const wick::List& entries, const std::string& key) {
+  std::vector<Source> out;
+  for (std::size_t n = 0; n < entries.size(); ++n) {
+    const std::string entry = entries[n].as_string();
+    const std::string where = "data 'text': " + key + "[" + std::to_string(n + 1) + "] '" + entry + "'";
+    std::vector<std::string> matches;
+    std::error_code exists_ec;
+    if (is_pattern(entry) && !fs::is_regular_file(entry, exists_ec)) {  // a file so named is itself
+      glob_t g{};
+      const int rc = ::glob(entry.c_str(), GLOB_NOSORT, nullptr, &g);
+      for (std::size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+      globfree(&g);
+      if (rc == GLOB_NOSPACE || rc == GLOB_ABORTED)
+        throw wick::Error(where + ": the pattern could not be expanded (a folder on its way cannot be read)");
+      std::sort(matches.begin(), matches.end());  // bytewise, whatever the locale
+      std::error_code ec;
+      std::erase_if(matches, [&](const std::string& m) { return fs::is_directory(m, ec); });
+      if (matches.empty())
+        throw wick::Error(where + " matches no file, expected a pattern (*, ?, [...]) that names at least one file");
+    } else {
+      std::error_code ec;
+      if (fs::is_directory(entry, ec))
+        throw wick::Error(where + " is a folder, expected a file or a pattern such as '" +
+                          (fs::path(entry) / "*.jsonl").string() + "'");
+      if (!fs::exists(entry, ec)) throw wick::Error(where + ": no such file, expected a text or JSONL file or a pattern");
+      matches.push_back(entry);
+    }
+    for (auto& m : matches) {
+      const bool jsonl = fs::path(m).extension() == ".jsonl";
+      out.push_back({std::move(m), jsonl});
+    }
+  }
+  return out;
+}
+
+// The same file however it is named (relative, through links).
+std::string same_file_key(const std::string& path) {
+  std::error_code ec;
+  const auto c = fs::weakly_canonical(path, ec);
+  return ec ? path : c.string();
+}
+
+// The held-out documents (eval: true) or the rest: ceil(fraction * n) of
+// them (at least one), drawn by `seed` (a Fisher-Yates shuffle over
+// splitmix64, the same on every platform), each half in the sources' order.
+// Documents, not chunks: a document is never in both halves.
+std::vector<Doc> split_documents(std::vector<Doc> docs, double fraction, std::int64_t seed, bool eval) {
+  const std::size_t n = docs.size();
+  const auto k = static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(n) - 1e-9));
+  const std::size_t held = std::max<std::size_t>(k, 1);
+  if (held >= n)
+    throw wick::Error("data 'text': eval_fraction " + wick::Value(fraction).repr() + " holds out " + std::to_string(held) +
+                      " of the " + std::to_string(n) + " document" + (n == 1 ? "" : "s") +
+                      ", leaving none to train on; expected a smaller fraction or more documents");
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::uint64_t state = static_cast<std::uint64_t>(seed) ^ 0x5745494b53504c54ULL;  // "WEIKSPLT"
+  auto next = [&] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  for (std::size_t i = n - 1; i > 0; --i) std::swap(order[i], order[next() % (i + 1)]);
+  std::vector<bool> in_eval(n, false);
+  for (std::size_t i = 0; i < held; ++i) in_eval[order[i]] = true;
+  std::vector<Doc> out;
+  for (std::size_t i = 0; i < n; ++i)
+    if (in_eval[i] == eval) out.push_back(std::move(docs[i]));
+  return out;
 }
 
 class Text : public wick::Dataset {
@@ -78,31 +167,74 @@ class Text : public wick::Dataset {
     if (eos_ < 0 && (o.has("files") || o.has("file")))
       throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
     vocab_ = tokenizer_->vocab_size();
-    if (!o.has("files") && !o.has("file")) return;  // the tokenizer alone (wick.tokenizer)
-    std::vector<std::string> sources;
-    if (o.has("files"))
-      for (const auto& f : o.at("files").as_list()) sources.push_back(f.as_string());
-    if (o.has("file")) sources.push_back(o.get_string("file"));
+    if (!o.has("files") && !o.has("file")) {  // the tokenizer alone (wick.tokenizer)
+      for (const char* k : {"eval_files", "eval_fraction", "pack_attention"})
+        if (o.has(k) && !(std::string(k) == "eval_fraction" && o.get_double(k) == 0))
+          throw wick::Error(std::string("data 'text': ") + k + " is given without files or file, expected the sources it applies to");
+      return;
+    }
+    pack_document_ = o.has("pack_attention") && o.get_string("pack_attention") == "document";
+    if (o.has("pack_attention") && !o.get_bool("pack"))
+      throw wick::Error("data 'text': pack_attention = '" + o.get_string("pack_attention") +
+                        "' without pack = true, expected pack = true (it says how packed documents attend)");
+    // the sources: `files` (each a file or a glob pattern, expanded sorted;
+    // a file named *.jsonl is JSONL, any other plain text, one document) and
+    // `file` (JSONL); the held-out half (split = "eval") reads eval_files
+    // instead, and the training half leaves them out
+    const std::string split = o.get_string("split");
+    const double fraction = o.get_double("eval_fraction");
+    if (fraction >= 1)
+      throw wick::Error("data 'text': eval_fraction " + wick::Value(fraction).repr() +
+                        " leaves no document to train on, expected a fraction in [0, 1)");
+    if (fraction > 0 && o.has("eval_files"))
+      throw wick::Error("data 'text': eval_fraction and eval_files are both given, expected one way to hold out the "
+                        "evaluation documents");
+    if (split == "eval" && fraction == 0 && !o.has("eval_files"))
+      throw wick::Error("data 'text': split = 'eval' without eval_fraction or eval_files, expected one of them to say "
+                        "which documents are held out");
+    std::vector<Source> sources;
+    if (o.has("files")) sources = expand(o.at("files").as_list(), "files");
+    if (o.has("file")) sources.push_back({o.get_string("file"), true});
+    if (o.has("eval_files")) {
+      auto held = expand(o.at("eval_files").as_list(), "eval_files");
+      if (split == "eval") {
+        sources = std::move(held);
+      } else {  // the training half: every source but the held-out files
+        std::vector<std::string> out;
+        for (const auto& h : held) out.push_back(same_file_key(h.path));
+        std::erase_if(sources, [&](const Source& s) {
+          return std::find(out.begin(), out.end(), same_file_key(s.path)) != out.end();
+        });
+        if (sources.empty())
+          throw wick::Error("data 'text': every file is among eval_files, expected files to train on beside them");
+      }
+    }
+    std::vector<std::string> paths;
+    for (const auto& src : sources) paths.push_back(src.path);
     // Tokenized documents are cached on disk, keyed by the sources (path,
     // size, modification time), the tokenizer and the end-of-text token: a
     // second run reads them instead of tokenizing again.
-    const fs::path cache = cache_file(o, sources, tok, eos);
+    const fs::path cache = cache_file(o, paths, tok, eos);
     std::vector<Doc> docs;
     if (!cache.empty() && read_cache(cache, docs)) {
       cached_ = true;
     } else {
-      std::int64_t k = 0;
-      if (o.has("files"))
-        for (const auto& f : o.at("files").as_list()) {
-          docs.push_back(text_doc(read_file(f.as_string()), "", f.as_string()));
-          docs.back().source = k++;
+      for (std::size_t k = 0; k < sources.size(); ++k) {
+        const auto& src = sources[k];
+        if (src.jsonl) {
+          read_jsonl(src.path, static_cast<std::int64_t>(k), docs);
+        } else {
+          docs.push_back(text_doc(read_file(src.path), "", src.path));
+          docs.back().source = static_cast<std::int64_t>(k);
         }
-      if (o.has("file")) read_jsonl(o.get_string("file"), k, docs);
+      }
       if (!cache.empty()) write_cache(cache, docs);
     }
+    if (fraction > 0) docs = split_documents(std::move(docs), fraction, o.get_int("split_seed"), split == "eval");
+    documents_ = static_cast<std::int64_t>(docs.size());
     auto where = [&](const Doc& d) {
       const auto i = static_cast<std::size_t>(d.source);
-      const std::string src = i < sources.size() ? sources[i] : "?";
+      const std::string src = i < paths.size() ? paths[i] : "?";
       return d.line > 0 ? src + ":" + std::to_string(d.line) : src;
     };
     std::string first_skip;
@@ -112,15 +244,28 @@ class Text : public wick::Dataset {
       ++skipped_;
     };
     if (o.get_bool("pack")) {
+      // pack_attention = "document": each token's position within its
+      // document (restarting at 0 at each document's first token, and at
+      // each chunk's first), from which the model masks attention across
+      // documents; a document's first token is not predicted from the one
+      // before it, which belongs to another document
       Doc all;
       for (auto& d : docs) {
         all.ids.insert(all.ids.end(), d.ids.begin(), d.ids.end());
         all.labels.insert(all.labels.end(), d.labels.begin(), d.labels.end());
+        if (pack_document_) {
+          for (std::size_t t = 0; t < d.ids.size(); ++t) all.pos.push_back(static_cast<std::int64_t>(t));
+          if (!d.ids.empty()) all.labels[all.labels.size() - d.ids.size()] = kIgnore;
+        }
       }
       for (std::size_t i = 0; i < all.ids.size(); i += static_cast<std::size_t>(max_length_)) {
         const auto end = std::min(all.ids.size(), i + static_cast<std::size_t>(max_length_));
         if (end - i < 2) break;  // a chunk needs a target
         Doc chunk{{all.ids.begin() + i, all.ids.begin() + end}, {all.labels.begin() + i, all.labels.begin() + end}};
+        if (pack_document_) {  // a document cut by the chunk's start begins anew: it sees nothing before
+          chunk.pos.assign(all.pos.begin() + i, all.pos.begin() + end);
+          for (std::size_t t = 0; t < chunk.pos.size() && chunk.pos[t] != 0; ++t) chunk.pos[t] = static_cast<std::int64_t>(t);
+        }
         if (const auto why = nothing_to_learn(chunk); !why.empty()) {
           skip("packed chunk " + std::to_string(i / static_cast<std::size_t>(max_length_) + 1) + " (tokens " +
                    std::to_string(i) + " to " + std::to_string(end - 1) + ")",
@@ -179,15 +324,40 @@ class Text : public wick::Dataset {
       add_generation_prompt = g.get<bool>();
       options.erase("add_generation_prompt");
     }
+    // transformers' continue_final_message (true, or the field's name): the render ends inside the final message
+    std::string field;
+    if (options.contains("continue_final_message")) {
+      const auto& c = options["continue_final_message"];
+      if (c.is_boolean()) field = c.get<bool>() ? "content" : "";
+      else if (c.is_string() && !c.get<std::string>().empty()) field = c.get<std::string>();
+      else throw wick::Error(where + ": continue_final_message is " + wick::json_brief(nlohmann::json(c)) +
+                             ", expected true or false, or the name of the final message's field to continue");
+      options.erase("continue_final_message");
+    }
+    for (const char* k : {"return_dict", "return_assistant_tokens_mask"})
+      if (options.contains(k))
+        throw wick::Error(where + ": option '" + k + "' is wick.tokenizer's (a data set's apply_chat_template gives "
+                          "the text or its ids), expected wick.tokenizer(folder):apply_chat_template");
+    if (!field.empty() && add_generation_prompt)
+      throw wick::Error(where + ": continue_final_message and add_generation_prompt are both set, expected one: "
+                        "continue_final_message continues the final message, add_generation_prompt starts a new "
+                        "assistant message");
     wick::text::check_messages(messages, where, "messages");
-    return chat(where).render(messages, add_generation_prompt, where, options).text;
+    const auto& format = chat(where);
+    if (field.empty()) return format.render(messages, add_generation_prompt, where, options).text;
+    auto tagged = messages;
+    const std::string final_text = wick::text::tag_final_message(tagged, field, format.source(), where);
+    return wick::text::continued_text(format.render(tagged, false, where, options).text, final_text, field, where,
+                                      format.file());
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(samples_.size()); }
 
   wick::Sample get(std::int64_t i) const override {
     const auto& d = samples_.at(static_cast<std::size_t>(i));
-    return {{"input_ids", at::tensor(d.ids, at::kLong)}, {"labels", at::tensor(d.labels, at::kLong)}};
+    wick::Sample s{{"input_ids", at::tensor(d.ids, at::kLong)}, {"labels", at::tensor(d.labels, at::kLong)}};
+    if (pack_document_) s["position_ids"] = at::tensor(d.pos, at::kLong);
+    return s;
   }
 
   // Pads to the longest sequence of the batch.
@@ -196,12 +366,22 @@ class Text : public wick::Dataset {
     for (const auto& s : samples) T = std::max(T, s.at("input_ids").size(0));
     const auto B = static_cast<std::int64_t>(samples.size());
     at::Tensor ids = at::full({B, T}, eos_, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
+    // position_ids: the padding continues the row's last document (after
+    // its tokens, which it cannot change: attention is causal; its labels are ignored)
+    at::Tensor pos = pack_document_ ? at::empty({B, T}, at::kLong) : at::Tensor();
     for (std::int64_t b = 0; b < B; ++b) {
       const auto& s = samples[static_cast<std::size_t>(b)];
       const auto n = s.at("input_ids").size(0);
       ids[b].narrow(0, 0, n).copy_(s.at("input_ids"));
       labels[b].narrow(0, 0, n).copy_(s.at("labels"));
+      if (pos.defined()) {
+        const at::Tensor p = s.at("position_ids");
+        pos[b].narrow(0, 0, n).copy_(p);
+        const std::int64_t next = n > 0 ? p[n - 1].item<std::int64_t>() + 1 : 0;
+        if (T > n) pos[b].narrow(0, n, T - n).copy_(at::arange(next, next + T - n, at::kLong));
+      }
     }
+    if (pos.defined()) return {{"input_ids", ids}, {"labels", labels}, {"position_ids", pos}};
     return {{"input_ids", ids}, {"labels", labels}};
   }
 
@@ -209,7 +389,8 @@ class Text : public wick::Dataset {
     std::int64_t tokens = 0;
     for (const auto& d : samples_) tokens += static_cast<std::int64_t>(d.ids.size());
     return {{"vocab_size", vocab_}, {"eos_id", eos_}, {"size", size()}, {"tokens", tokens}, {"max_length", max_length_},
-            {"cached", cached_}, {"cache_file", cache_path_}, {"skipped_items", skipped_}};
+            {"cached", cached_}, {"cache_file", cache_path_}, {"skipped_items", skipped_},
+            {"documents", documents_}};  // this split's documents, before packing or skipping
   }
 
  private:
@@ -332,7 +513,7 @@ class Text : public wick::Dataset {
       if (dir.empty()) return {};
       dir += "/tokens";
     }
-    std::string key = "wick text tokens v6\n" + tok + "\n" + eos + "\n" + (assistant_only_loss_ ? "a" : "-") +
+    std::string key = "wick text tokens v7\n" + tok + "\n" + eos + "\n" + (assistant_only_loss_ ? "a" : "-") +
                       (completion_only_loss_ ? "c" : "-") + "\n";
     auto stamp = [&](const std::string& path) {
       std::error_code ec;
@@ -445,6 +626,8 @@ class Text : public wick::Dataset {
   }
 
   bool cached_ = false;
+  bool pack_document_ = false;  // pack_attention = "document": samples carry position_ids
+  std::int64_t documents_ = 0;
   std::int64_t skipped_ = 0;
   std::string cache_path_;
   std::int64_t max_length_;
@@ -463,10 +646,29 @@ class Text : public wick::Dataset {
 WICK_PLUGIN(wick::plugin<Text>(
     "text", "text documents as tokens (bytes or BPE): plain files or JSONL (text, input_ids, prompt/completion, chat messages "
     "through the folder's template), packing",
-    {wick::opt("files", wick::OptionType::StringList, wick::Value(), "plain text files, one document each").optional(),
+    {wick::opt("files", wick::OptionType::StringList, wick::Value(),
+               "files or shell patterns (*, ?, [...]) expanded sorted, a pattern matching nothing an error: a *.jsonl "
+               "file is read as JSONL (as `file`), any other as plain text, one document").optional(),
      wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"[, \"labels\"]}, {\"prompt\", \"completion\"} (strings or lists of messages) or {\"messages\"}").optional(),
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
+     wick::opt_string("pack_attention", wick::Value(),
+                      "with pack: 'row' (default: a packed chunk's documents see those before them) or 'document' "
+                      "(samples carry position_ids restarting at each document, and the model attends within each "
+                      "document only, as flash-attention's varlen packing; a document's first token is not a target)")
+         .one_of({"row", "document"})
+         .optional(),
+     wick::opt("eval_files", wick::OptionType::StringList, wick::Value(),
+               "held-out files or patterns (as files): split = 'eval' reads them, 'train' leaves them out of files").optional(),
+     wick::opt_float("eval_fraction", 0.0,
+                     "hold out this fraction of the documents (ceil, at least one when > 0; documents, never chunks), "
+                     "drawn by split_seed; below 1, and leaving at least one to train on")
+         .range(0, 1),
+     wick::opt_string("split", "train",
+                      "with eval_fraction or eval_files: 'train' holds the rest, 'eval' the held-out documents (make the "
+                      "data set twice, once each, for wick.train's data and eval_data)")
+         .one_of({"train", "eval"}),
+     wick::opt_int("split_seed", 0, "the seed of eval_fraction's draw (the same documents on every run and platform)"),
      wick::opt_string("tokenizer", "bytes", "'bytes', a Hugging Face tokenizer.json, or a model folder holding one (and its chat template)"),
      wick::opt_bool("assistant_only_loss", true, "messages rows: the loss on the assistant's turns only ({% generation %} spans, else each rendered assistant turn)"),
      wick::opt_bool("completion_only_loss", true, "prompt/completion rows: the loss on the completion only"),

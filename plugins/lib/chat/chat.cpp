@@ -146,6 +146,60 @@ void check_messages(const ordered_json& messages, const std::string& where, cons
   }
 }
 
+namespace {
+// Python's str.strip() (rstrip with left false) of the ASCII whitespace
+std::string py_strip(const std::string& s, bool left = true) {
+  static const char* ws = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
+  const auto e = s.find_last_not_of(ws);
+  if (e == std::string::npos) return "";
+  const auto b = left ? s.find_first_not_of(ws) : 0;
+  return s.substr(b, e + 1 - b);
+}
+
+// the tag transformers writes after the final message's text, where the render is cut
+constexpr const char* kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+}  // namespace
+
+std::string tag_final_message(ordered_json& messages, const std::string& field, const std::string& source,
+                              const std::string& where) {
+  const std::string at = where + ": continue_final_message";
+  if (!messages.is_array() || messages.empty() || !messages.back().is_object())
+    throw Error(at + ": expected a conversation whose last message is the one to continue");
+  auto& last = messages.back();
+  if (!last.contains(field) || last[field].is_null())
+    throw Error(at + ": the final message has no \"" + field + "\" to continue, expected the message to continue last");
+  if (source.find(field) == std::string::npos)
+    throw Error(at + " is \"" + field + "\", which the chat template does not read, expected a field it renders "
+                "(content, or the reasoning its template shows)");
+  auto& v = last[field];
+  if (v.is_array()) {
+    for (auto it = v.rbegin(); it != v.rend(); ++it)
+      if (it->is_object() && it->contains("text") && (*it)["text"].is_string()) {
+        const std::string text = (*it)["text"].get<std::string>();
+        (*it)["text"] = text + kContinueTag;
+        return text;
+      }
+    throw Error(at + ": the final message's " + field +
+                " has no part with text, expected a {\"type\": \"text\", \"text\": ...} part to continue");
+  }
+  if (!v.is_string())
+    throw Error(at + ": the final message's " + field + " is " + brief(v) + ", expected a string or a list of parts");
+  const std::string text = v.get<std::string>();
+  v = text + kContinueTag;
+  return text;
+}
+
+std::string continued_text(const std::string& text, const std::string& final_text, const std::string& field,
+                           const std::string& where, const std::string& template_file) {
+  const std::string tag = kContinueTag, bare = py_strip(tag);
+  if (text.find(py_strip(final_text)) == std::string::npos || text.find(bare) == std::string::npos)
+    throw Error(where + ": continue_final_message, but the final message does not appear in the render of the chat "
+                "template of " + template_file + " (the template leaves out part of it), expected a template that "
+                "renders the final message's " + field);
+  const auto at = text.rfind(bare);
+  return text.compare(at, tag.size(), tag) == 0 ? text.substr(0, at) : py_strip(text.substr(0, at), false);
+}
+
 std::vector<bool> span_mask(const Encoding& enc, const Spans& spans, const std::string& text) {
   const std::size_t n = enc.ids.size();
   std::vector<bool> mask(n, false);

@@ -101,6 +101,21 @@ Spans assistant_spans(const ChatFormat& chat, const nlohmann::ordered_json& mess
                       const std::string& where, const std::string& eos_token,
                       const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
+/// transformers' continue_final_message (render_jinja_template): the final
+/// message's `field` ("content", or a reasoning field), or its last text
+/// part when a list of parts, gets a tag after its text; after the render,
+/// continued_text() cuts the text at the tag, so it ends inside the final
+/// message. Returns the field's text before the tag. Errors (`where`
+/// first) as transformers raises them: no such field, a field the template
+/// (`source`) never names, no text part, content of another type.
+std::string tag_final_message(nlohmann::ordered_json& messages, const std::string& field, const std::string& source,
+                              const std::string& where);
+/// The render `text` cut at the tag (trailing whitespace trimmed where the
+/// template trimmed the message); an error naming `template_file` when the
+/// render lost the final message (`final_text`) or the tag.
+std::string continued_text(const std::string& text, const std::string& final_text, const std::string& field,
+                           const std::string& where, const std::string& template_file);
+
 /// transformers' return_assistant_tokens_mask: for each span, the tokens
 /// from the one holding its first character to the one holding its last
 /// (to the end when that is token 0 or none); a span whose first character

@@ -173,7 +173,8 @@ at::Tensor sliding_window_mask(std::int64_t window, std::int64_t T, std::int64_t
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window) {
+                                  std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window,
+                                  const at::Tensor& documents) {
   const auto B = x.size(0), T = x.size(1);
   const std::int64_t nq = c_.heads * c_.head_dim, nkv = c_.kv_heads * c_.head_dim;
   at::Tensor q, k, v;
@@ -205,7 +206,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   // new positions see every cached one: causal masking is needed only among themselves
   if (past && T > 1) throw wick::Error("decoder_lm: several new tokens after a cache are not supported");
   const std::optional<double> scale = c_.attn_scale > 0 ? std::optional<double>(c_.attn_scale) : std::nullopt;
-  const at::Tensor mask = slides_ && window.defined() ? window : at::Tensor();  // the window's mask holds the causal one
+  at::Tensor mask = slides_ && window.defined() ? window : at::Tensor();  // the window's mask holds the causal one
+  if (documents.defined()) mask = mask.defined() ? documents.logical_and(mask) : documents;  // [B, 1, T, T], causal too
   at::Tensor y;
   if (c_.attn_softcap > 0) {
     // Gemma 2's capped scores, which scaled-dot-product attention cannot take:
@@ -287,12 +289,14 @@ LayerImpl::LayerImpl(const Config& c, const Build& b, std::int64_t index) {
 }
 
 at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                              std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window) {
+                              std::pair<at::Tensor, at::Tensor>* cache, const at::Tensor& window,
+                              const at::Tensor& documents) {
   if (pre_feedforward_layernorm) {  // Gemma: each branch's output normalised too
-    x = x + post_attention_layernorm->forward(self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window));
+    x = x + post_attention_layernorm->forward(
+                self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window, documents));
     return x + post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(x)));
   }
-  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window);
+  x = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cache, window, documents);
   return x + mlp->forward(post_attention_layernorm->forward(x));
 }
 
@@ -571,12 +575,38 @@ void Decoder::register_with(torch::nn::Module& body_parent, const std::string& b
   if (lm_head) owner.register_module("lm_head", lm_head);
 }
 
-at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::int64_t offset) {
+at::Tensor document_mask(const at::Tensor& position_ids) {
+  // a document starts where the position does not follow the one before (as
+  // transformers' find_packed_sequence_indices reads position_ids)
+  const auto B = position_ids.size(0), T = position_ids.size(1);
+  at::Tensor starts = at::ones({B, T}, position_ids.options().dtype(at::kLong));
+  if (T > 1) starts.narrow(1, 1, T - 1).copy_(position_ids.narrow(1, 1, T - 1).sub(position_ids.narrow(1, 0, T - 1)).ne(1));
+  const at::Tensor doc = starts.cumsum(1);                                       // [B, T]: each token's document
+  const at::Tensor same = doc.unsqueeze(2).eq(doc.unsqueeze(1));                 // [B, T, T]
+  const at::Tensor causal = at::ones({T, T}, same.options()).tril();
+  return same.logical_and(causal).unsqueeze(1);                                  // [B, 1, T, T]
+}
+
+at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::int64_t offset,
+                           const at::Tensor& position_ids) {
   const auto T = x.size(1);
+  const bool packed = position_ids.defined();
+  if (packed && (cache || offset != 0))
+    throw wick::Error("decoder: position_ids with a key/value cache are not supported");
+  if (packed && (position_ids.dim() != 2 || position_ids.size(0) != x.size(0) || position_ids.size(1) != T)) {
+    auto shape = [](at::IntArrayRef s) {
+      std::string out = "[";
+      for (std::size_t d = 0; d < s.size(); ++d) out += (d ? ", " : "") + std::to_string(s[d]);
+      return out + "]";
+    };
+    throw wick::Error("decoder: position_ids of shape " + shape(position_ids.sizes()) + " beside tokens of shape " +
+                      shape(x.sizes().slice(0, 2)) + ", expected the same [batch, tokens]");
+  }
   if (c_.rope.type == "dynamic") {
     // transformers' dynamic update: grow past the cached length, back to the
-    // original frequencies once a sequence fits the context again
-    const std::int64_t seq = offset + T;
+    // original frequencies once a sequence fits the context again (the
+    // longest position + 1 with position_ids, as transformers takes it)
+    const std::int64_t seq = packed ? position_ids.max().item<std::int64_t>() + 1 : offset + T;
     if (seq > rope_cached_) {
       inv_freq_ = rope_frequencies(c_, seq).first;
       rope_cached_ = seq;
@@ -585,9 +615,11 @@ at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::
       rope_cached_ = c_.max_positions;
     }
   }
-  const at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(x.device()));
+  // positions [T] (offset, offset + 1, ...), or [B, 1, T] from position_ids: the tables then broadcast over heads
+  const at::Tensor pos = packed ? position_ids.to(x.device(), at::kFloat).unsqueeze(1)
+                                : at::arange(offset, offset + T, at::TensorOptions().dtype(at::kFloat).device(x.device()));
   auto tables = [&](const at::Tensor& inv, double scale) {
-    const at::Tensor freqs = at::outer(pos, inv.to(x.device()));
+    const at::Tensor freqs = pos.unsqueeze(-1) * inv.to(x.device());
     const at::Tensor emb = at::cat({freqs, freqs}, -1);
     at::Tensor cos = emb.cos(), sin = emb.sin();
     if (scale != 1.0) cos = cos * scale, sin = sin * scale;
@@ -598,16 +630,21 @@ at::Tensor Decoder::hidden(at::Tensor x, wick::Model* owner, Cache* cache, std::
   if (cache) cache->resize(body->layers->size());
   // the sliding layers' mask, once for all of them (undefined while every position fits the window)
   const at::Tensor window = sliding_window_mask(c_.sliding_window, T, offset + T, x.device());
+  // packed documents: each token sees its own document's tokens up to it
+  const at::Tensor documents = packed ? document_mask(position_ids.to(x.device())) : at::Tensor();
   std::size_t i = 0;
   for (const auto& layer : *body->layers) {
     auto* l = layer->as<Layer>();
     const bool local = l->self_attn->slides();
     const at::Tensor &c = local ? local_cos : cos, &s = local ? local_sin : sin;
     if (cache || !owner) {
-      x = l->forward(x, c, s, cache ? &(*cache)[i] : nullptr, window);
+      x = l->forward(x, c, s, cache ? &(*cache)[i] : nullptr, window, documents);
     } else {  // a declared block: checkpointed when the recipe asks
       x = owner->run_block(prefix_ + ".layers." + std::to_string(i),
-                           [l, c, s, window](const at::Tensor& h) { return l->forward(h, c, s, nullptr, window); }, x);
+                           [l, c, s, window, documents](const at::Tensor& h) {
+                             return l->forward(h, c, s, nullptr, window, documents);
+                           },
+                           x);
     }
     ++i;
   }

@@ -78,8 +78,11 @@ class AttentionImpl : public torch::nn::Module {
   /// cache: this layer's keys and values of earlier positions, extended in
   /// place; window: the sliding-window mask [T, S] (true: attend) when this
   /// layer's window is shorter than the S positions seen, else undefined
+  /// documents: the packed documents' mask [B, 1, T, T] (true: attend; causal
+  /// within each document, document_mask), or undefined
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {});
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {},
+                     const at::Tensor& documents = {});
   /// q_proj, k_proj, v_proj; or (Config::fused, Phi-3) qkv_proj alone
   wick::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  ///< Config::qk_norm (Qwen3)
@@ -108,7 +111,8 @@ class LayerImpl : public torch::nn::Module {
  public:
   explicit LayerImpl(const Config& c, const Build& b = {}, std::int64_t index = 0);
   at::Tensor forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {});
+                     std::pair<at::Tensor, at::Tensor>* cache = nullptr, const at::Tensor& window = {},
+                     const at::Tensor& documents = {});
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -123,6 +127,12 @@ TORCH_MODULE(Layer);
 /// transformers' sliding_window_causal mask; undefined when no position
 /// reaches past the window (plain causal attention then).
 at::Tensor sliding_window_mask(std::int64_t window, std::int64_t T, std::int64_t S, at::Device device);
+
+/// The attention mask [B, 1, T, T] (true: attend) of documents packed into
+/// rows, from their position_ids [B, T]: a document starts where a position
+/// is not the one before plus one (as transformers reads packed
+/// position_ids); each token sees the tokens of its document up to itself.
+at::Tensor document_mask(const at::Tensor& position_ids);
 
 /// LlamaModel: embed_tokens, layers, norm.
 class BodyImpl : public torch::nn::Module {
@@ -212,7 +222,12 @@ class Decoder {
   /// The layers and the final norm over input embeddings x [B, T, hidden] at
   /// positions offset, offset + 1, ...; with a cache, the keys and values of
   /// the positions before are reused and these appended (no blocks then).
-  at::Tensor hidden(at::Tensor x, wick::Model* owner, Cache* cache = nullptr, std::int64_t offset = 0);
+  /// position_ids [B, T] (a batch's "position_ids": documents packed into
+  /// rows, data 'text' with pack_attention = "document"): each token's
+  /// rotary position, and attention within each document only
+  /// (document_mask); no cache then.
+  at::Tensor hidden(at::Tensor x, wick::Model* owner, Cache* cache = nullptr, std::int64_t offset = 0,
+                    const at::Tensor& position_ids = {});
   at::Tensor head(const at::Tensor& h);
   at::Tensor logits_from_embeds(const at::Tensor& x, wick::Model* owner, Cache* cache = nullptr,
                                 std::int64_t offset = 0) {

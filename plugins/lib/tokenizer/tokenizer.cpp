@@ -449,8 +449,45 @@ class Bpe : public Tokenizer {
         if (!part.empty()) pre_tokenize_aligned(n.slice(pb, pe - pb), at_start && first, 0, out);
       });
     });
+    if (trim_offsets_) trim_offsets(out);
     widen_to_chars(text, out.offsets);
     return out;
+  }
+
+  // The ByteLevel post-processor's trim_offsets (tokenizers' process_offsets,
+  // which runs with or without special tokens): each token's offsets leave
+  // out its leading and trailing spaces (Ġ, or whitespace in an added
+  // token's text), counted in characters of the token and taken off the
+  // byte offsets as the library does; a first token's one leading space
+  // stays with add_prefix_space.
+  void trim_offsets(Encoding& enc) const {
+    auto spaces = [](const std::vector<std::int32_t>& cs, bool from_end) {
+      std::size_t n = 0;
+      for (std::size_t k = 0; k < cs.size(); ++k) {
+        const std::int32_t c = cs[from_end ? cs.size() - 1 - k : k];
+        const bool ws = c == 0x120 || (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+                        (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+                        c == 0x3000;
+        if (!ws) break;
+        ++n;
+      }
+      return n;
+    };
+    for (std::size_t i = 0; i < enc.ids.size(); ++i) {
+      const auto t = by_id_.find(enc.ids[i]);
+      if (t == by_id_.end()) continue;
+      std::vector<std::int32_t> cs;  // its characters (-1: no UTF-8)
+      const std::string& tok = t->second;
+      for (std::size_t k = 0; k < tok.size(); k += char_size(tok, k)) cs.push_back(code_point(tok, k));
+      std::size_t lead = spaces(cs, false);
+      const std::size_t trail = spaces(cs, true);
+      auto& [b, e] = enc.offsets[i];
+      if (lead > 0) {
+        if ((i == 0 || b == 0) && trim_prefix_space_ && lead == 1) lead = 0;
+        b = std::min(b + lead, e);
+      }
+      if (trail > 0 && e >= trail) e = std::max(e - trail, b);
+    }
   }
 
   std::string decode(const std::vector<std::int64_t>& all, bool skip_special_tokens) const override {
@@ -823,7 +860,11 @@ class Bpe : public Tokenizer {
     if (!j.has("post_processor") || j.json()["post_processor"].is_null()) return;
     for (const auto& s : steps_of(j, "post_processor", "processors")) {
       const std::string t = s.string("type");
-      if (t == "ByteLevel") continue;  // offsets only: the ids stay
+      if (t == "ByteLevel") {  // offsets only: the ids stay
+        trim_offsets_ = s.flag("trim_offsets", true);  // the library's defaults
+        trim_prefix_space_ = s.flag("add_prefix_space", true);
+        continue;
+      }
       if (t != "TemplateProcessing") unsupported("post-processor " + t);
       const auto& single = s.array("single");
       std::map<std::string, std::vector<std::int64_t>> specials;
@@ -1134,6 +1175,7 @@ class Bpe : public Tokenizer {
   std::int64_t unk_ = -1;
   bool byte_level_ = false, ignore_merges_ = false, byte_fallback_ = false, fuse_unk_ = false;
   bool byte_level_decoder_ = false, has_decoder_ = false;
+  bool trim_offsets_ = false, trim_prefix_space_ = false;  // the ByteLevel post-processor's
   std::vector<DecodeStep> decoder_;
   std::int64_t max_id_ = -1;
   mutable std::mutex mu_;

@@ -9,7 +9,9 @@
 // wick's weights load back into `transformers`.
 //
 // Batches: input_ids [B, T] (int64), labels [B, T] (-100 = ignored; shifted
-// inside, as Hugging Face does). Items are the target tokens.
+// inside, as Hugging Face does), optional position_ids [B, T] (documents
+// packed into rows: rotary positions restarting at each, and attention
+// within each document only). Items are the target tokens.
 
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
@@ -81,10 +83,19 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
 
   wick::ForwardResult forward(const wick::Batch& b) override {
     dec_->check_nf4_training("decoder_lm", "model:freeze");
-    return dec_->loss_from_hidden(dec_->hidden(dec_->embed(b.at("input_ids")), this), labels_of(b));
+    return dec_->loss_from_hidden(dec_->hidden(dec_->embed(b.at("input_ids")), this, nullptr, 0, positions_of(b)),
+                                  labels_of(b));
   }
 
-  at::Tensor predict(const wick::Batch& b) override { return dec_->logits(b.at("input_ids"), this); }
+  at::Tensor predict(const wick::Batch& b) override {
+    return dec_->head(dec_->hidden(dec_->embed(b.at("input_ids")), this, nullptr, 0, positions_of(b)));
+  }
+
+  // packed documents' positions (data 'text' with pack_attention = "document"), or undefined
+  static at::Tensor positions_of(const wick::Batch& b) {
+    auto it = b.find("position_ids");
+    return it != b.end() ? it->second : at::Tensor();
+  }
 
   // Greedy or sampled continuation with a key/value cache: the prompt once,
   // then one position per new token.

@@ -119,6 +119,129 @@ TEST(TextData, PackingCutsTheConcatenatedDocumentsIntoChunks) {
   EXPECT_EQ(row(trunc->get(0).at("input_ids")), (std::vector<std::int64_t>{'a', 'b', 'c'}));
 }
 
+TEST(TextData, PackAttentionDocumentRestartsPositionsAndMasksEachDocumentsFirstTarget) {
+  test::TempDir dir;
+  std::ofstream(dir.path / "a.txt") << "abcdefg";
+  std::ofstream(dir.path / "b.txt") << "xyz";
+  const List files{Value((dir.path / "a.txt").string()), Value((dir.path / "b.txt").string())};
+  auto d = test::make<Dataset>("text", PluginKind::Data,
+                               {{"files", Value(files)}, {"max_length", Value(5)}, {"pack", Value(true)},
+                                {"pack_attention", Value("document")}, {"cache_dir", Value("none")}});
+  // "abcdefg<eos>xyz<eos>": chunks "abcde", "fg<eos>xy", "z<eos>"
+  ASSERT_EQ(d->size(), 3);
+  auto s0 = d->get(0), s1 = d->get(1), s2 = d->get(2);
+  EXPECT_EQ(row(s0.at("position_ids")), (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+  // a document cut by the chunk's start begins anew at 0; "xyz" restarts too
+  EXPECT_EQ(row(s1.at("position_ids")), (std::vector<std::int64_t>{0, 1, 2, 0, 1}));
+  EXPECT_EQ(row(s1.at("labels")), (std::vector<std::int64_t>{'f', 'g', 256, -100, 'y'}));
+  EXPECT_EQ(row(s2.at("position_ids")), (std::vector<std::int64_t>{0, 1}));
+  // a batch pads position_ids on, continuing the row's last document
+  auto b = d->get_batch({2, 0});
+  EXPECT_EQ(row(b.at("position_ids")[0]), (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(row(b.at("labels")[0]), (std::vector<std::int64_t>{'z', 256, -100, -100, -100}));
+  // the default, "row", is today's: no position_ids, every label kept
+  auto r = test::make<Dataset>("text", PluginKind::Data,
+                               {{"files", Value(files)}, {"max_length", Value(5)}, {"pack", Value(true)},
+                                {"cache_dir", Value("none")}});
+  EXPECT_EQ(r->get(1).count("position_ids"), 0u);
+  EXPECT_EQ(row(r->get(1).at("labels")), (std::vector<std::int64_t>{'f', 'g', 256, 'x', 'y'}));
+  EXPECT_EQ(r->get_batch({0, 1}).count("position_ids"), 0u);
+}
+
+TEST(TextData, FilesTakePatternsExpandedSortedAndJsonlByName) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path / "data");
+  std::ofstream(dir.path / "data" / "b.jsonl") << R"({"text": "b1"})" "\n" << R"({"text": "b2"})" "\n";
+  std::ofstream(dir.path / "data" / "a.jsonl") << R"({"text": "a1"})" "\n";
+  std::ofstream(dir.path / "data" / "c.txt") << R"({"text": "not json here"})";
+  std::ofstream(dir.path / "more.txt") << "more";
+  auto d = test::make<Dataset>("text", PluginKind::Data,
+                               {{"files", Value(List{Value((dir.path / "data" / "*.jsonl").string()),
+                                                     Value((dir.path / "more.txt").string())})},
+                                {"cache_dir", Value("none")}});
+  ASSERT_EQ(d->size(), 4);  // a1, then b1, b2 (sorted), then more.txt
+  EXPECT_EQ(row(d->get(0).at("input_ids")), (std::vector<std::int64_t>{'a', '1', 256}));
+  EXPECT_EQ(row(d->get(2).at("input_ids")), (std::vector<std::int64_t>{'b', '2', 256}));
+  EXPECT_EQ(row(d->get(3).at("input_ids")), (std::vector<std::int64_t>{'m', 'o', 'r', 'e', 256}));
+  // a .txt file is plain text, whatever it holds
+  auto t = test::make<Dataset>("text", PluginKind::Data,
+                               {{"files", Value(List{Value((dir.path / "data" / "c.*").string())})}, {"cache_dir", Value("none")}});
+  ASSERT_EQ(t->size(), 1);
+  EXPECT_EQ(t->get(0).at("input_ids").size(0), 26);  // its 25 bytes and the end of text
+  // a file whose name looks like a pattern is itself
+  std::ofstream(dir.path / "odd[1].txt") << "odd";
+  std::ofstream(dir.path / "odd1.txt") << "not this one";
+  auto odd = test::make<Dataset>("text", PluginKind::Data,
+                                 {{"files", Value(List{Value((dir.path / "odd[1].txt").string())})}, {"cache_dir", Value("none")}});
+  ASSERT_EQ(odd->size(), 1);
+  EXPECT_EQ(row(odd->get(0).at("input_ids")), (std::vector<std::int64_t>{'o', 'd', 'd', 256}));
+  const auto none = (dir.path / "data" / "*.parquet").string();
+  auto msg = test::error_of([&] {
+    test::make<Dataset>("text", PluginKind::Data, {{"files", Value(List{Value(none)})}, {"cache_dir", Value("none")}});
+  });
+  EXPECT_THAT(msg, HasSubstr("data 'text': files[1] '" + none + "' matches no file"));
+  msg = test::error_of([&] {
+    test::make<Dataset>("text", PluginKind::Data,
+                        {{"files", Value(List{Value((dir.path / "more.txt").string()), Value((dir.path / "data").string())})}});
+  });
+  EXPECT_THAT(msg, HasSubstr("files[2] '" + (dir.path / "data").string() + "' is a folder"));
+}
+
+std::vector<std::vector<std::int64_t>> all_rows(const Dataset& d) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (std::int64_t i = 0; i < d.size(); ++i) out.push_back(row(d.get(i).at("input_ids")));
+  return out;
+}
+
+TEST(TextData, EvalFractionHoldsOutWholeDocumentsDrawnBySeed) {
+  test::TempDir dir;
+  {
+    std::ofstream f(dir.path / "d.jsonl");
+    for (int i = 0; i < 40; ++i) f << R"({"text": "document )" << i << R"( with some words"})" "\n";
+  }
+  auto make = [&](const std::string& split, double fraction, std::int64_t seed, bool pack) {
+    return test::make<Dataset>("text", PluginKind::Data,
+                               {{"file", Value((dir.path / "d.jsonl").string())}, {"split", Value(split)},
+                                {"eval_fraction", Value(fraction)}, {"split_seed", Value(seed)},
+                                {"pack", Value(pack)}, {"max_length", Value(64)}});
+  };
+  auto train = make("train", 0.05, 0, false), eval = make("eval", 0.05, 0, false);
+  EXPECT_EQ(eval->size(), 2);  // ceil(0.05 * 40)
+  EXPECT_EQ(train->size(), 38);
+  EXPECT_EQ(eval->attributes().at("documents").as_int(), 2);
+  auto tr = all_rows(*train), ev = all_rows(*eval);
+  for (const auto& e : ev) EXPECT_EQ(std::count(tr.begin(), tr.end(), e), 0);
+  EXPECT_EQ(all_rows(*make("eval", 0.05, 0, false)), ev);  // the same draw every time
+  EXPECT_NE(all_rows(*make("eval", 0.05, 1, false)), ev);  // another seed, other documents
+  EXPECT_EQ(make("eval", 0.001, 0, false)->size(), 1);    // never empty when > 0
+  // documents, not chunks: the packed eval half is the held-out documents' tokens
+  std::int64_t tokens = 0;
+  for (const auto& e : ev) tokens += static_cast<std::int64_t>(e.size());
+  auto packed = make("eval", 0.05, 0, true);
+  EXPECT_EQ(packed->attributes().at("tokens").as_int(), tokens);
+  EXPECT_EQ(packed->attributes().at("documents").as_int(), 2);
+  const auto msg = test::error_of([&] { make("train", 0.99, 0, false); });
+  EXPECT_THAT(msg, HasSubstr("eval_fraction 0.99 holds out 40 of the 40 documents, leaving none to train on"));
+}
+
+TEST(TextData, EvalFilesAreTheEvalSplitAndLeftOutOfTraining) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path / "data");
+  std::ofstream(dir.path / "data" / "a.jsonl") << R"({"text": "train"})" "\n";
+  std::ofstream(dir.path / "data" / "val.jsonl") << R"({"text": "held"})" "\n" << R"({"text": "out"})" "\n";
+  auto make = [&](const std::string& split) {
+    return test::make<Dataset>("text", PluginKind::Data,
+                               {{"files", Value(List{Value((dir.path / "data" / "*.jsonl").string())})},
+                                {"eval_files", Value(List{Value((dir.path / "data" / "val.jsonl").string())})},
+                                {"split", Value(split)}, {"cache_dir", Value("none")}});
+  };
+  auto train = make("train"), eval = make("eval");
+  ASSERT_EQ(train->size(), 1);
+  EXPECT_EQ(row(train->get(0).at("input_ids")).size(), 6u);  // "train" + end of text
+  ASSERT_EQ(eval->size(), 2);
+  EXPECT_EQ(row(eval->get(1).at("input_ids")), (std::vector<std::int64_t>{'o', 'u', 't', 256}));
+}
+
 TEST(TextData, BadLinesAreNamedWithFileAndLine) {
   test::TempDir dir;
   std::ofstream(dir.path / "d.jsonl") << R"({"text": "ok"})" "\n" << "{oops\n";

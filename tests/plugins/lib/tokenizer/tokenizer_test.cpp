@@ -260,3 +260,29 @@ TEST(BpeTokenizer, CarriesOffsetsThroughPrependAndReplaceNormalizersAndFusedUnkn
   EXPECT_EQ(enc.offsets, (Offsets{{0, 1}, {1, 2}, {2, 4}, {4, 5}, {5, 6}, {6, 8}}));
   std::filesystem::remove_all(path.parent_path());
 }
+
+TEST(BpeTokenizer, TrimsByteLevelOffsetsAsThePostProcessorSays) {
+  // the tokenizers library's offsets for these (its ByteLevel post-processor, with or without special tokens;
+  // the pre-tokenizer's trim_offsets does nothing)
+  for (const bool prefix : {false, true}) {
+    const auto path = write_tokenizer([&](nlohmann::json& j) {
+      j["added_tokens"] = {{{"id", 258}, {"content", "<|x|>"}, {"special", true}, {"normalized", false},
+                            {"lstrip", false}, {"rstrip", false}, {"single_word", false}}};
+      j["model"]["vocab"]["\u0120w"] = 259;
+      j["model"]["vocab"]["\u0120wo"] = 260;
+      j["model"]["merges"] = {"h e", "l l", "\u0120 w", "\u0120w o"};
+      j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", prefix}, {"trim_offsets", true}, {"use_regex", true}};
+    });
+    auto tok = wick::text::bpe_tokenizer(path.string());
+    // "he", "ll", "o", "Ġ", "Ġwo", "Ġ", "<|x|>", é's two bytes, "Ġ", "Ġ"
+    auto enc = tok->encode_with_offsets("hello  wo <|x|>\xC3\xA9  ");
+    EXPECT_EQ(enc.offsets, (Offsets{{0, 2}, {2, 4}, {4, 5}, {6, 6}, {7, 9}, {10, 10}, {10, 15}, {15, 17}, {15, 17},
+                                    {18, 18}, {19, 19}}));
+    // a first token's one leading space stays with add_prefix_space
+    enc = tok->encode_with_offsets(" wo");
+    EXPECT_EQ(enc.offsets, (Offsets{{prefix ? 0u : 1u, 3}}));
+    enc = tok->encode_with_offsets("a \n wo");
+    EXPECT_EQ(enc.offsets, (Offsets{{0, 1}, {2, 2}, {2, 3}, {4, 6}}));
+    std::filesystem::remove_all(path.parent_path());
+  }
+}
