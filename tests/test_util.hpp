@@ -13,7 +13,7 @@
 
 #include <future>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "plugin/registry.hpp"
 
 namespace wick::test {

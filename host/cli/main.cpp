@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "cli/launch.hpp"
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "lua/runtime.hpp"
 #include "media/make_clips.hpp"
 #include "plugin/registry.hpp"

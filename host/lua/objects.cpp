@@ -5,7 +5,7 @@
 #include <cmath>
 #include <optional>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "plugin/registry.hpp"
 #include "train/freeze.hpp"
 #include "train/inspect.hpp"

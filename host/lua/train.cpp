@@ -5,7 +5,7 @@
 #include <set>
 #include <optional>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "plugin/registry.hpp"
 #include "train/inspect.hpp"
 #include "train/loader.hpp"

@@ -15,8 +15,8 @@
 #include <limits>
 #include <set>
 
-#include "dist/group.hpp"
-#include "dist/reducer.hpp"
+#include "distributed/group.hpp"
+#include "distributed/reducer.hpp"
 #include "train/trainer_internal.hpp"
 #include "util/checksum.hpp"
 #include "util/system.hpp"

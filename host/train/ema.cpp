@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/trainer.hpp"
 #include "wick/kit/safetensors.hpp"
 #include "wick/kit/weights.hpp"

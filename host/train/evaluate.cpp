@@ -7,7 +7,7 @@
 
 #include <deque>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
 #include "train/trainer_internal.hpp"

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/run_folder.hpp"
 #include "train/run.hpp"
 #include "train/trainer.hpp"

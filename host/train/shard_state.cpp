@@ -11,7 +11,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/trainer.hpp"
 
 namespace wick {

@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist/group.hpp"
-#include "dist/reducer.hpp"
-#include "dist/zero3.hpp"
+#include "distributed/group.hpp"
+#include "distributed/reducer.hpp"
+#include "distributed/zero3.hpp"
 #include "train/activation_checkpoint.hpp"
 #include "train/device_feed.hpp"
 #include "train/param_groups.hpp"

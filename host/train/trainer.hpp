@@ -15,7 +15,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "dist/reducer.hpp"
+#include "distributed/reducer.hpp"
 #include "train/precision.hpp"
 #include "train/partition.hpp"
 #include "wick/data.hpp"
@@ -180,7 +180,7 @@ class Trainer {
   /// shard = "parameters": the whole weights back in the model, gathered by
   /// every rank at once (the run's end; each rank calls it at the same
   /// point). Until then, and for good if the trainer ends without it, reading
-  /// the model is refused by name (wick/train/partition.hpp). Else nothing.
+  /// the model is refused by name (train/partition.hpp). Else nothing.
   void gather_weights_back();
 
   /// Bytes held by weights (parameters and buffers), gradients and optimizer state.

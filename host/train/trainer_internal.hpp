@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/reducer.hpp"
+#include "distributed/reducer.hpp"
 #include "wick/data.hpp"
 
 namespace wick::trainer_internal {

@@ -1,6 +1,6 @@
 #include "util/system.hpp"
 #include "util/memory.hpp"
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 
 #include <atomic>
 #include <csignal>

@@ -68,7 +68,7 @@ CASES = [
            r"resolve: .*; expected a host name or IP address of rank 0's machine",
            setup=recipe(RECIPE), env={**lone(r), "MASTER_ADDR": "no-such-host.invalid"}, timeout=30) for r in (0, 1)],
     # the launcher stops the stalled rank's process group, its `sleep` with it (the
-    # no-survivor check is tests/host/dist/test_ranks.py)
+    # no-survivor check is tests/host/distributed/test_ranks.py)
     Case("a rank gives up while another is stalled in a child process", ["launch", "--nproc-per-node", "2", "recipe.lua"],
          r"^wick launch: rank 1 exited with code 1; the other ranks were stopped$", setup=recipe(STALL), timeout=40),
 ]

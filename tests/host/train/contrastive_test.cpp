@@ -9,7 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "../../test_util.hpp"
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/trainer.hpp"
 
 using ::testing::HasSubstr;

@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "../../test_util.hpp"
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
 #include "util/memory.hpp"

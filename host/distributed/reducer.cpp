@@ -1,4 +1,4 @@
-#include "dist/reducer.hpp"
+#include "distributed/reducer.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
@@ -6,7 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 
 namespace wick {
 

@@ -1,4 +1,4 @@
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -1,7 +1,7 @@
 // The gloo backend (CPU tensors). Its own TU: ProcessGroupGloo.hpp needs gloo's headers.
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 
 namespace wick {
 

@@ -1,6 +1,6 @@
 // The NCCL backend (CUDA tensors). Compiled and linked in every CUDA build,
 // run only where GPUs are.
-#include "dist/group.hpp"
+#include "distributed/group.hpp"
 
 #ifdef WICK_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>

@@ -1,9 +1,9 @@
-#include "dist/zero3.hpp"
+#include "distributed/zero3.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "dist/reducer.hpp"
+#include "distributed/reducer.hpp"
 
 namespace wick {
 

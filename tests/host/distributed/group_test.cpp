@@ -14,8 +14,8 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "../../test_util.hpp"
-#include "dist/group.hpp"
-#include "dist/reducer.hpp"
+#include "distributed/group.hpp"
+#include "distributed/reducer.hpp"
 #include "train/trainer.hpp"
 #include "wick/optim.hpp"
 
