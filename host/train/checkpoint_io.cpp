@@ -100,6 +100,73 @@ fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann:
   return write_checkpoint(checkpoints_dir, extra, keep, keep_best, optim_->state());
 }
 
+namespace {
+
+// Keeps the newest `keep` checkpoints, by the step recorded inside each, and
+// the best `keep_best` by the monitored metric recorded inside each (the one
+// just written, `final_dir`, is kept whatever else is there). A removal
+// renames first, so a kill halfway leaves no half checkpoint.
+void prune_checkpoints(const fs::path& checkpoints_dir, const fs::path& final_dir, std::int64_t step,
+                       const nlohmann::json& extra, int keep, int keep_best) {
+  if (keep <= 0) return;
+  std::error_code ec;
+  struct Kept {
+    std::int64_t step;
+    fs::path path;
+    std::optional<double> value;  // the monitored metric, when it is this save's monitor
+  };
+  const nlohmann::json* monitor = extra.is_object() && extra.contains("monitor") ? &extra["monitor"] : nullptr;
+  const bool maximize = monitor && monitor->value("mode", "min") == "max";
+  std::vector<Kept> all;
+  for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
+    if (!e.is_directory() || !e.path().filename().string().starts_with("step-")) continue;
+    Kept k{-1, e.path(), std::nullopt};
+    try {
+      const auto st = read_checkpoint_state(e.path());
+      k.step = st.at("step").get<std::int64_t>();
+      const auto x = st.value("extra", nlohmann::json::object());
+      if (monitor && x.contains("monitor") && x["monitor"].value("name", "") == monitor->value("name", "") &&
+          x["monitor"].value("mode", "") == monitor->value("mode", "") && x["monitor"]["value"].is_number())
+        k.value = x["monitor"]["value"].get<double>();
+    } catch (const std::exception&) {
+      continue;  // not a checkpoint this run can read: left alone
+    }
+    all.push_back(std::move(k));
+  }
+  std::sort(all.begin(), all.end(), [](const Kept& a, const Kept& b) { return a.step < b.step; });
+  // The one just written is kept whatever else is there (`last` names it),
+  // and the newest are counted up to this step: a folder of a later step is
+  // one a resume skipped as damaged, left alone and never counted in the
+  // place of an intact one.
+  std::set<fs::path> kept{final_dir};
+  std::vector<const Kept*> upto;
+  for (const auto& k : all)
+    if (k.step <= step) upto.push_back(&k);
+    else kept.insert(k.path);
+  for (std::size_t i = upto.size() > static_cast<std::size_t>(keep) ? upto.size() - keep : 0; i < upto.size(); ++i)
+    kept.insert(upto[i]->path);
+  if (monitor && keep_best > 0) {
+    // the best first; among equals the earliest (the first to reach it)
+    std::vector<const Kept*> scored;
+    for (const auto& k : all)
+      if (k.value && std::isfinite(*k.value)) scored.push_back(&k);
+    std::stable_sort(scored.begin(), scored.end(), [&](const Kept* a, const Kept* b) {
+      return maximize ? *a->value > *b->value : *a->value < *b->value;
+    });
+    for (std::size_t i = 0; i < scored.size() && i < static_cast<std::size_t>(keep_best); ++i)
+      kept.insert(scored[i]->path);
+    if (!scored.empty()) write_file_atomic(checkpoints_dir / "best", scored[0]->path.filename().string() + "\n");
+  }
+  for (const auto& k : all) {
+    if (kept.count(k.path)) continue;
+    const fs::path trash = checkpoints_dir / (".trash-" + k.path.filename().string());
+    fs::rename(k.path, trash, ec);
+    if (!ec) fs::remove_all(trash, ec);
+  }
+}
+
+}  // namespace
+
 fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep,
                                    int keep_best, const std::map<std::string, at::Tensor>& opt,
                                    const std::vector<std::pair<std::string, at::Tensor>>* model_state) {
@@ -119,9 +186,9 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   else save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : opt) opt_state.emplace_back(k, v);
-  if (cfg_.master_weights && !divided_masters_)  // divided: joined with the optimizer's state
+  if (cfg_.master_weights && !sharded_masters_)  // divided: joined with the optimizer's state
     for (auto& [name, p] : params_) opt_state.emplace_back(kMasterPrefix + name, p.detach());
-  if (!divided_ema_)  // divided: joined with the optimizer's state
+  if (!sharded_ema_)  // divided: joined with the optimizer's state
     for (auto& [name, t] : ema_) opt_state.emplace_back(kEmaPrefix + name, t);
   write_safetensors(tmp / "optimizer.safetensors", opt_state);
   std::vector<std::pair<std::string, at::Tensor>> rng;
@@ -151,64 +218,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   fs::rename(tmp, final_dir, ec);
   if (ec) throw Error("cannot finish checkpoint " + final_dir.string() + ": " + ec.message());
   write_file_atomic(checkpoints_dir / "last", step_dir_name(step_) + "\n");
-  // Keep the newest `keep` checkpoints, by the step recorded inside each, and
-  // the best `keep_best` by the monitored metric recorded inside each. A
-  // removal renames first, so a kill halfway leaves no half checkpoint.
-  if (keep > 0) {
-    struct Kept {
-      std::int64_t step;
-      fs::path path;
-      std::optional<double> value;  // the monitored metric, when it is this save's monitor
-    };
-    const nlohmann::json* monitor = extra.is_object() && extra.contains("monitor") ? &extra["monitor"] : nullptr;
-    const bool maximize = monitor && monitor->value("mode", "min") == "max";
-    std::vector<Kept> all;
-    for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
-      if (!e.is_directory() || !e.path().filename().string().starts_with("step-")) continue;
-      Kept k{-1, e.path(), std::nullopt};
-      try {
-        const auto st = read_checkpoint_state(e.path());
-        k.step = st.at("step").get<std::int64_t>();
-        const auto x = st.value("extra", nlohmann::json::object());
-        if (monitor && x.contains("monitor") && x["monitor"].value("name", "") == monitor->value("name", "") &&
-            x["monitor"].value("mode", "") == monitor->value("mode", "") && x["monitor"]["value"].is_number())
-          k.value = x["monitor"]["value"].get<double>();
-      } catch (const std::exception&) {
-        continue;  // not a checkpoint this run can read: left alone
-      }
-      all.push_back(std::move(k));
-    }
-    std::sort(all.begin(), all.end(), [](const Kept& a, const Kept& b) { return a.step < b.step; });
-    // The one just written is kept whatever else is there (`last` names it),
-    // and the newest are counted up to this step: a folder of a later step is
-    // one a resume skipped as damaged, left alone and never counted in the
-    // place of an intact one.
-    std::set<fs::path> kept{final_dir};
-    std::vector<const Kept*> upto;
-    for (const auto& k : all)
-      if (k.step <= step_) upto.push_back(&k);
-      else kept.insert(k.path);
-    for (std::size_t i = upto.size() > static_cast<std::size_t>(keep) ? upto.size() - keep : 0; i < upto.size(); ++i)
-      kept.insert(upto[i]->path);
-    if (monitor && keep_best > 0) {
-      // the best first; among equals the earliest (the first to reach it)
-      std::vector<const Kept*> scored;
-      for (const auto& k : all)
-        if (k.value && std::isfinite(*k.value)) scored.push_back(&k);
-      std::stable_sort(scored.begin(), scored.end(), [&](const Kept* a, const Kept* b) {
-        return maximize ? *a->value > *b->value : *a->value < *b->value;
-      });
-      for (std::size_t i = 0; i < scored.size() && i < static_cast<std::size_t>(keep_best); ++i)
-        kept.insert(scored[i]->path);
-      if (!scored.empty()) write_file_atomic(checkpoints_dir / "best", scored[0]->path.filename().string() + "\n");
-    }
-    for (const auto& k : all) {
-      if (kept.count(k.path)) continue;
-      const fs::path trash = checkpoints_dir / (".trash-" + k.path.filename().string());
-      fs::rename(k.path, trash, ec);
-      if (!ec) fs::remove_all(trash, ec);
-    }
-  }
+  prune_checkpoints(checkpoints_dir, final_dir, step_, extra, keep, keep_best);
   return final_dir;
 }
 
@@ -288,42 +298,106 @@ nlohmann::json read_checkpoint_state(const fs::path& checkpoint) {
 
 nlohmann::json Trainer::load(const fs::path& checkpoint) { return load(checkpoint, read_checkpoint_state(checkpoint)); }
 
+// ZeRO-3: every rank reads the file itself, one unit at a time: the unit's
+// whole weights made (no collective), filled from the file, its chunk kept,
+// freed. A device holds one block's weights more, never the model.
+void Trainer::load_divided_weights(const fs::path& file) {
+  ReleaseUnits release{reducer_.get()};
+  reducer_->release_all();
+  TensorFile f = read_safetensors(file);
+  auto state = module_state(*model_);
+  detail::check_fit(state, f.tensors, file.string(), {});
+  std::map<std::string, at::Tensor*> given;
+  for (auto& [n, t] : f.tensors) given[n] = &t;
+  auto of_storage = entries_by_storage(state);  // entries viewing each unit
+  at::NoGradGuard no_grad;
+  auto fill = [&](std::size_t j) {
+    at::Tensor& src = *given.at(state[j].first);
+    detail::copy_releasing(state[j].second, src);
+    src = at::Tensor();
+  };
+  for (std::size_t u = 0; u < reducer_->units(); ++u) {
+    auto it = of_storage.find(reducer_->unit_storage(u));
+    reducer_->make_unit(u);
+    if (it != of_storage.end()) {
+      for (auto j : it->second) fill(j);
+      of_storage.erase(it);
+    }
+    reducer_->keep_chunks_of_gathered();
+    reducer_->release_unit(u);
+  }
+  for (auto& [storage, entries] : of_storage)  // the tensors no unit divides (frozen weights, buffers)
+    for (auto j : entries) fill(j);
+}
+
+// The fp32 copies kept beside the weights: the masters the run stepped
+// (saved without master_weights: the loaded half-precision weights) and the
+// average (saved without ema: it starts at the weights the run steps), whole
+// or (divided) this rank's pieces of them.
+void Trainer::restore_kept(const fs::path& checkpoint, const std::map<std::string, at::Tensor>& masters,
+                           const std::map<std::string, at::Tensor>& averages) {
+  // fp32 copies kept beside the weights, by name; from a checkpoint without
+  // them, `fallback(i)` (the loaded weights)
+  auto restore = [&](std::vector<std::pair<std::string, at::Tensor>>& kept, const std::map<std::string, at::Tensor>& saved,
+                     const std::string& what, const std::function<at::Tensor(std::size_t)>& fallback) {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      auto it = saved.find(kept[i].first);
+      if (it != saved.end() && !it->second.sizes().equals(kept[i].second.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": " + what + " '" + kept[i].first + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(kept[i].second.sizes()));
+      kept[i].second.copy_(it != saved.end() ? it->second : fallback(i));
+    }
+  };
+  // the fp32 weights the run stepped (saved without master_weights: the loaded half-precision ones)
+  if (sharded_masters_) {
+    // this rank's pieces, cut out of the whole
+    at::NoGradGuard no_grad;
+    const auto& pieces = reducer_->my_pieces();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const auto& [name, shape] = params_[pieces[i].param];
+      auto it = masters.find(name);
+      if (it != masters.end() && !it->second.sizes().equals(shape.sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": master weight '" + name + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(shape.sizes()));
+      if (it == masters.end() && partitioned()) {  // the loaded weights' piece (the whole ones are freed)
+        stepped_[i].second.view({-1}).copy_(reducer_->piece_view(pieces[i]));
+        continue;
+      }
+      const at::Tensor whole = it != masters.end() ? it->second : model_params_[pieces[i].param].detach();
+      stepped_[i].second.view({-1}).copy_(whole.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
+    }
+  } else if (cfg_.master_weights) {
+    restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
+  }
+  // the average the run kept (saved without ema: it starts at the weights the run steps)
+  if (sharded_ema_) {
+    // this rank's pieces, cut out of the whole (or of the weights it steps)
+    at::NoGradGuard no_grad;
+    const auto& pieces = reducer_->my_pieces();
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const std::size_t k = pieces[i].param;
+      const std::string& name = params_[k].first;
+      auto it = averages.find(name);
+      if (it != averages.end() && !it->second.sizes().equals(model_params_[k].sizes()))
+        throw Error("checkpoint " + checkpoint.string() + ": the average of '" + name + "' has shape " +
+                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(model_params_[k].sizes()));
+      if (it != averages.end())
+        ema_[i].second.view({-1}).copy_(it->second.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
+      else
+        ema_[i].second.copy_(stepped_[i].second.detach());
+    }
+  } else restore(ema_, averages, "the average of", [&](std::size_t i) {
+    if (!sharded_masters_) return params_[i].second.detach();
+    auto it = masters.find(params_[i].first);
+    return it != masters.end() ? it->second : model_params_[i].detach();
+  });
+}
+
 nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& state) {
   check_not_finished("loading checkpoint " + checkpoint.string());
-  if (partitioned()) {
-    // ZeRO-3: every rank reads the file itself, one unit at a time: the
-    // unit's whole weights made (no collective), filled from the file, its
-    // chunk kept, freed. A device holds one block's weights more, never the model
-    ReleaseUnits release{reducer_.get()};
-    reducer_->release_all();
-    const fs::path file = checkpoint / "model.safetensors";
-    TensorFile f = read_safetensors(file);
-    auto state = module_state(*model_);
-    detail::check_fit(state, f.tensors, file.string(), {});
-    std::map<std::string, at::Tensor*> given;
-    for (auto& [n, t] : f.tensors) given[n] = &t;
-    auto of_storage = entries_by_storage(state);  // entries viewing each unit
-    at::NoGradGuard no_grad;
-    auto fill = [&](std::size_t j) {
-      at::Tensor& src = *given.at(state[j].first);
-      detail::copy_releasing(state[j].second, src);
-      src = at::Tensor();
-    };
-    for (std::size_t u = 0; u < reducer_->units(); ++u) {
-      auto it = of_storage.find(reducer_->unit_storage(u));
-      reducer_->make_unit(u);
-      if (it != of_storage.end()) {
-        for (auto j : it->second) fill(j);
-        of_storage.erase(it);
-      }
-      reducer_->keep_chunks_of_gathered();
-      reducer_->release_unit(u);
-    }
-    for (auto& [storage, entries] : of_storage)  // the tensors no unit divides (frozen weights, buffers)
-      for (auto j : entries) fill(j);
-  } else {
-    load_model(*model_, checkpoint / "model.safetensors");
-  }
+  if (partitioned()) load_divided_weights(checkpoint / "model.safetensors");
+  else load_model(*model_, checkpoint / "model.safetensors");
   TensorFile opt = read_safetensors(checkpoint / "optimizer.safetensors");
   std::map<std::string, at::Tensor> opt_state;
   const at::Device device(cfg_.device);
@@ -359,62 +433,7 @@ nlohmann::json Trainer::load(const fs::path& checkpoint, const nlohmann::json& s
                   "): it was written by another optimizer, or for other trainable parameters; resume with the "
                   "recipe's own optimizer and parameters, or start over");
   }
-  // fp32 copies kept beside the weights, by name; from a checkpoint without
-  // them, `fallback(i)` (the loaded weights)
-  auto restore = [&](std::vector<std::pair<std::string, at::Tensor>>& kept, const std::map<std::string, at::Tensor>& saved,
-                     const std::string& what, const std::function<at::Tensor(std::size_t)>& fallback) {
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < kept.size(); ++i) {
-      auto it = saved.find(kept[i].first);
-      if (it != saved.end() && !it->second.sizes().equals(kept[i].second.sizes()))
-        throw Error("checkpoint " + checkpoint.string() + ": " + what + " '" + kept[i].first + "' has shape " +
-                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(kept[i].second.sizes()));
-      kept[i].second.copy_(it != saved.end() ? it->second : fallback(i));
-    }
-  };
-  // the fp32 weights the run stepped (saved without master_weights: the loaded half-precision ones)
-  if (divided_masters_) {
-    // this rank's pieces, cut out of the whole
-    at::NoGradGuard no_grad;
-    const auto& pieces = reducer_->my_pieces();
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const auto& [name, shape] = params_[pieces[i].param];
-      auto it = masters.find(name);
-      if (it != masters.end() && !it->second.sizes().equals(shape.sizes()))
-        throw Error("checkpoint " + checkpoint.string() + ": master weight '" + name + "' has shape " +
-                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(shape.sizes()));
-      if (it == masters.end() && partitioned()) {  // the loaded weights' piece (the whole ones are freed)
-        stepped_[i].second.view({-1}).copy_(reducer_->piece_view(pieces[i]));
-        continue;
-      }
-      const at::Tensor whole = it != masters.end() ? it->second : model_params_[pieces[i].param].detach();
-      stepped_[i].second.view({-1}).copy_(whole.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
-    }
-  } else if (cfg_.master_weights) {
-    restore(params_, masters, "master weight", [&](std::size_t i) { return model_params_[i]; });
-  }
-  // the average the run kept (saved without ema: it starts at the weights the run steps)
-  if (divided_ema_) {
-    // this rank's pieces, cut out of the whole (or of the weights it steps)
-    at::NoGradGuard no_grad;
-    const auto& pieces = reducer_->my_pieces();
-    for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const std::size_t k = pieces[i].param;
-      const std::string& name = params_[k].first;
-      auto it = averages.find(name);
-      if (it != averages.end() && !it->second.sizes().equals(model_params_[k].sizes()))
-        throw Error("checkpoint " + checkpoint.string() + ": the average of '" + name + "' has shape " +
-                    c10::str(it->second.sizes()) + ", the model's is " + c10::str(model_params_[k].sizes()));
-      if (it != averages.end())
-        ema_[i].second.view({-1}).copy_(it->second.reshape({-1}).narrow(0, pieces[i].start, pieces[i].numel));
-      else
-        ema_[i].second.copy_(stepped_[i].second.detach());
-    }
-  } else restore(ema_, averages, "the average of", [&](std::size_t i) {
-    if (!divided_masters_) return params_[i].second.detach();
-    auto it = masters.find(params_[i].first);
-    return it != masters.end() ? it->second : model_params_[i].detach();
-  });
+  restore_kept(checkpoint, masters, averages);
   TensorFile rng = read_safetensors(checkpoint / "rng.safetensors");
   for (auto& [name, gen] : generators(device)) {
     const at::Tensor* state = rng.get(name);

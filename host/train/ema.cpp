@@ -18,7 +18,7 @@ void Trainer::update_ema() {
   const bool copy = step_ <= cfg_.ema_start;
   for (std::size_t i = 0; i < ema_.size(); ++i) {
     at::Tensor& avg = ema_[i].second;
-    const at::Tensor w = (divided_ema_ ? stepped_ : params_)[i].second.detach();
+    const at::Tensor w = (sharded_ema_ ? stepped_ : params_)[i].second.detach();
     if (copy) avg.copy_(w);
     // half-precision weights: one fp32 copy of one tensor at a time
     else avg.lerp_(w.scalar_type() == at::kFloat ? w : w.to(at::kFloat), 1.0 - cfg_.ema);
@@ -32,7 +32,7 @@ void Trainer::with_ema(const std::function<void()>& fn) {
   // what the forward reads the weights from: the model's tensors, or
   // (ZeRO-3) this rank's pieces of them, which every block gathers from
   std::vector<at::Tensor> into;
-  if (divided_ema_) {
+  if (sharded_ema_) {
     reducer_->release_all();
     for (const auto& piece : reducer_->my_pieces()) into.push_back(reducer_->piece_view(piece));
   } else {
@@ -45,7 +45,7 @@ void Trainer::with_ema(const std::function<void()>& fn) {
     into[i].copy_(ema_[i].second.reshape(into[i].sizes()));
   }
   auto restore = [&] {
-    if (divided_ema_) reducer_->release_all();  // gathered from the average
+    if (sharded_ema_) reducer_->release_all();  // gathered from the average
     for (std::size_t i = 0; i < into.size(); ++i) into[i].copy_(trained[i]);
   };
   try {
@@ -60,7 +60,7 @@ void Trainer::with_ema(const std::function<void()>& fn) {
 void Trainer::save_ema(const fs::path& file) {
   if (!has_ema()) throw Error("the run keeps no average of its weights (ema = 0)");
   std::map<std::string, at::Tensor> avg;
-  if (divided_ema_) {
+  if (sharded_ema_) {
     // every rank's pieces joined on rank 0, which alone writes
     avg = joined_ema();
     if (cfg_.group->rank() != 0) return;

@@ -55,9 +55,9 @@ const std::string kEmaKey = "wick.ema";
 
 std::map<std::string, at::Tensor> Trainer::joined_state() {
   auto mine = optim_->state();
-  if (divided_masters_)
+  if (sharded_masters_)
     for (const auto& [name, p] : stepped_) mine[name + "." + kMasterKey] = p.detach();
-  if (divided_ema_)
+  if (sharded_ema_)
     for (const auto& [name, t] : ema_) mine[name + "." + kEmaKey] = t;
   auto out = join_pieces(std::move(mine), "gathering the sharded optimizer state at step " + std::to_string(step_));
   for (const auto& [name, p] : params_)

@@ -37,6 +37,22 @@ std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& 
   return g;
 }
 
+RngState rng_state(const at::Device& device) {
+  RngState out;
+  for (auto& [name, gen] : generators(device)) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(gen, gen.get_state());
+  }
+  return out;
+}
+
+void set_rng_state(const RngState& state) {
+  for (auto [gen, s] : state) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(s);
+  }
+}
+
 std::string step_dir_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -132,8 +148,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   originals.clear();
   if (params_.empty()) throw Error("the model has no trainable parameters");
   // ZeRO-3 keeps the average divided as the weights are: made below, from this rank's pieces
-  divided_ema_ = cfg_.ema > 0 && cfg_.group && cfg_.group->size() > 1 && cfg_.shard == ShardMode::Parameters;
-  if (cfg_.ema > 0 && !divided_ema_) {
+  sharded_ema_ = cfg_.ema > 0 && cfg_.group && cfg_.group->size() > 1 && cfg_.shard == ShardMode::Parameters;
+  if (cfg_.ema > 0 && !sharded_ema_) {
     // the average starts at the weights the run starts from (rank 0's, after the broadcast below)
     at::NoGradGuard no_grad;
     for (auto& [name, p] : params_)
@@ -145,7 +161,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   }
   if (cfg_.group) join_ranks();
   attach_optimizer();
-  if (divided_ema_) {
+  if (sharded_ema_) {
     // this rank's pieces of the average, in fp32, from what its optimizer steps
     at::NoGradGuard no_grad;
     for (const auto& [name, p] : stepped_)
@@ -232,7 +248,7 @@ void Trainer::join_ranks() {
   // Sharded fp32 masters are divided: the reducer lays out shapes only (on
   // the meta device), each rank keeps its pieces' masters (below) and the
   // gathered updates go straight into the half-precision weights.
-  divided_masters_ = cfg_.master_weights && cfg_.shard != ShardMode::None && cfg_.group->size() > 1;
+  sharded_masters_ = cfg_.master_weights && cfg_.shard != ShardMode::None && cfg_.group->size() > 1;
   const bool zero3 = cfg_.shard == ShardMode::Parameters && cfg_.group->size() > 1;
   // ZeRO-3 divides the model's own (half-precision) weights, whose
   // gradients it sums in fp32 with masters; the others lay out the masters'
@@ -241,7 +257,7 @@ void Trainer::join_ranks() {
   for (std::size_t k = 0; k < params_.size(); ++k) {
     const at::Tensor& p = params_[k].second;
     trainable.push_back(zero3 && cfg_.master_weights ? model_params_[k]
-                        : divided_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
+                        : sharded_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
                                            : p);
   }
   const Zero3Units z = zero3 ? zero3_units(params_, model_->blocks()) : Zero3Units{};
@@ -255,7 +271,7 @@ void Trainer::join_ranks() {
     partition_runner_ = std::make_unique<PartitionRunner>(reducer_.get(), z.unit_of_block, block_runner_.get());
     model_->set_block_runner(partition_runner_.get());
   }
-  if (!divided_masters_) return;
+  if (!sharded_masters_) return;
   for (const auto& piece : reducer_->my_pieces()) {  // this rank's masters, copied out of the whole ones
     const at::Tensor p = params_[piece.param].second.detach();
     stepped_.emplace_back(params_[piece.param].first,
@@ -281,7 +297,7 @@ void Trainer::attach_optimizer() {
   std::vector<std::int64_t> whole;
   for (const auto& piece : reducer_->my_pieces()) {
     const auto& [name, p] = params_[piece.param];
-    if (divided_masters_) {
+    if (sharded_masters_) {
       // made by join_ranks
     } else if (partitioned()) {  // its pieces are the weights: tensors of their own
       stepped_.emplace_back(name, piece.numel == p.numel() ? reducer_->piece_view(piece).view(p.sizes())
@@ -409,7 +425,7 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   if (cfg_.master_weights) {
     for (const auto& p : model_params_) grads += bytes_of(p.grad());
     // divided: this rank's pieces (the whole ones are shapes on the meta device)
-    for (const auto& [name, p] : divided_masters_ ? stepped_ : params_) master += bytes_of(p);
+    for (const auto& [name, p] : sharded_masters_ ? stepped_ : params_) master += bytes_of(p);
   }
   return {{"weights", weights + master},
           {"master_weights", master},
@@ -500,12 +516,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
   std::map<std::string, at::Tensor> metric_sums;
   // The random state at the window's start: a window redone after running out
   // of memory draws the same numbers again.
-  std::vector<std::pair<at::Generator, at::Tensor>> rng;
-  if (cfg_.split_on_oom)
-    for (auto& [name, gen] : generators(device)) {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      rng.emplace_back(gen, gen.get_state());
-    }
+  const RngState rng = cfg_.split_on_oom ? rng_state(device) : RngState();
   bool agreed_largest = false;
   for (;;) {
     clear_grads();
@@ -537,10 +548,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
                   "shorter max_length or a smaller image_size) or raise the limit");
     split_ *= 2;
     ++s.oom_retries;
-    for (auto& [gen, state] : rng) {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
+    set_rng_state(rng);
   }
   s.split = split_;
   try {
@@ -603,7 +611,7 @@ void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::stri
     for (const auto& g : groups->groups()) s.group_lrs.emplace_back(g.log_name, g.optim->base_lr() * factor);
   ++step_;
   s.step = step_;
-  if (!ema_.empty() && !s.skipped && (!divided_masters_ || divided_ema_)) update_ema();
+  if (!ema_.empty() && !s.skipped && (!sharded_masters_ || sharded_ema_)) update_ema();
   // The numbers stay on the device until resolve(): one read for many steps.
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
   if (!zero_.defined() || zero_.device() != device) zero_ = at::zeros({1}, opts);
@@ -691,13 +699,13 @@ void Trainer::agree_step(StepStats& s, at::Tensor& loss_sum, std::map<std::strin
 // The optimizer stepped: its updates into the model's weights where it
 // stepped something else (fp32 masters, this rank's pieces).
 void Trainer::round_into_weights() {
-  if (divided_masters_ && partitioned()) {
+  if (sharded_masters_ && partitioned()) {
     // ZeRO-3: this rank's masters rounded into its pieces of the weights,
     // gathered whole when their blocks next run
     const auto& pieces = reducer_->my_pieces();
     for (std::size_t i = 0; i < pieces.size(); ++i)
       reducer_->piece_view(pieces[i]).copy_(stepped_[i].second.detach().reshape({-1}));
-  } else if (divided_masters_) {
+  } else if (sharded_masters_) {
     // every rank's updated masters, rounded into the weights as they arrive;
     // the average, kept in fp32, follows the masters as unsharded
     std::vector<at::Tensor> mine;

@@ -166,7 +166,7 @@ class Trainer {
 
   /// The averaged weights (ema), by name: fp32, one per trainable parameter.
   /// (ZeRO-3: on every rank, one without pieces of its own too)
-  bool has_ema() const { return !ema_.empty() || divided_ema_; }
+  bool has_ema() const { return !ema_.empty() || sharded_ema_; }
   /// ZeRO-3: the weights themselves divided (shard = "parameters" on several ranks).
   bool partitioned() const { return reducer_ && reducer_->partitioned(); }
   const std::vector<std::pair<std::string, at::Tensor>>& ema() const { return ema_; }
@@ -229,6 +229,10 @@ class Trainer {
                                       int keep, int keep_best,
                                       const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr,
                                       const std::string& failed = "");
+  /// load()'s parts: ZeRO-3's weights read unit by unit; masters and average.
+  void load_divided_weights(const std::filesystem::path& file);
+  void restore_kept(const std::filesystem::path& checkpoint, const std::map<std::string, at::Tensor>& masters,
+                    const std::map<std::string, at::Tensor>& averages);
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
                                          int keep_best, const std::map<std::string, at::Tensor>& opt_state,
                                          const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
@@ -278,8 +282,8 @@ class Trainer {
   std::vector<std::pair<std::string, at::Tensor>> ema_;     // cfg_.ema: the averaged trainable weights, fp32
   // sharded master_weights: params_ are shapes on the meta device and each
   // rank's fp32 masters are its pieces in stepped_ (tensors of their own)
-  bool divided_masters_ = false;
-  bool divided_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
+  bool sharded_masters_ = false;
+  bool sharded_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
   void update_ema();
   std::int64_t step_ = 0;
   std::unique_ptr<GradReducer> reducer_;

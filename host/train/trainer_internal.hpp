@@ -16,6 +16,11 @@ namespace wick::trainer_internal {
 /// The random generators a run draws from: the CPU's, and the device's when it is a GPU.
 std::vector<std::pair<std::string, at::Generator>> generators(const at::Device& device);
 
+/// The random generators' states, to draw the same numbers again.
+using RngState = std::vector<std::pair<at::Generator, at::Tensor>>;
+RngState rng_state(const at::Device& device);
+void set_rng_state(const RngState& state);
+
 /// A checkpoint's folder name: step-00000012.
 std::string step_dir_name(std::int64_t step);
 

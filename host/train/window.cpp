@@ -49,6 +49,23 @@ void check_embeddings(const std::vector<at::Tensor>& emb, const std::vector<at::
                   std::to_string(rows) + " items), got " + c10::str(e.sizes()));
 }
 
+// Every micro-batch's (every rank's) embeddings of each kind, in fp32, as
+// leaves whose gradients the window's loss gives; `offset`: this rank's first row.
+std::vector<at::Tensor> window_embeddings(const std::vector<std::vector<at::Tensor>>& emb,
+                                          const std::vector<std::int64_t>& widths, Group* group,
+                                          const at::Device& device, const std::string& where, std::int64_t& offset) {
+  std::vector<at::Tensor> all;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  for (std::size_t k = 0; k < widths.size(); ++k) {
+    std::vector<at::Tensor> parts;
+    for (const auto& e : emb) parts.push_back(e[k].to(at::kFloat));
+    at::Tensor local = parts.empty() ? at::zeros({0, widths[k]}, f32) : at::cat(parts);
+    if (group) std::tie(local, offset) = group->all_gather_rows(local, widths[k], "the embeddings of " + where);
+    all.push_back(local.detach().requires_grad_(true));
+  }
+  return all;
+}
+
 // The number of embeddings and their widths: from this rank's data, or, on a
 // rank whose window is empty, from the others' (one small all-reduce).
 std::vector<std::int64_t> embedding_widths(const std::vector<std::vector<at::Tensor>>& emb, Group* group,
@@ -172,18 +189,11 @@ bool Trainer::pass_micro_batch(WindowPass& w, const Batch& batch, bool stand_in,
 // ZeRO-3's first window: the stand-in (one sample, at loss x 0, the random
 // state put back) runs first, so there is a whole micro-batch to follow.
 void Trainer::trace_stand_in(WindowPass& w) {
-  std::vector<std::pair<at::Generator, at::Tensor>> rng;
-  for (auto& [name, gen] : generators(at::Device(cfg_.device))) {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    rng.emplace_back(gen, gen.get_state());
-  }
+  const RngState rng = rng_state(at::Device(cfg_.device));
   w.tracing = true;
   pass_micro_batch(w, stand_in_, /*stand_in=*/true, /*last=*/false);
   w.tracing = false;
-  for (auto& [gen, state] : rng) {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
+  set_rng_state(rng);
 }
 
 // Out of memory in micro-batch w.i: false (every rank redoes the window in
@@ -281,14 +291,11 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
   // reduces its gradients
   const bool zero3 = partitioned();
   // 1. embeddings, no graph; the random state before each micro-batch
-  std::vector<std::vector<std::pair<at::Generator, at::Tensor>>> states(runs);
+  std::vector<RngState> states(runs);
   std::vector<std::vector<at::Tensor>> emb(pieces.size());
   std::vector<std::int64_t> rows(pieces.size());
   for (i = 0; i < runs; ++i) {
-    for (auto& [name, gen] : generators(device)) {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      states[i].emplace_back(gen, gen.get_state());
-    }
+    states[i] = rng_state(device);
     at::NoGradGuard no_grad;
     AutocastScope autocast(cfg_.precision, device, /*cache=*/!zero3);
     gather_root("the all-gather of the weights in no block, for the embeddings of micro-batch " + std::to_string(i + 1) +
@@ -306,16 +313,8 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
   // a rank whose window is empty, from the others' (one small all-reduce).
   const std::vector<std::int64_t> widths = embedding_widths(emb, group, where);
   // 2. the loss over the window on every rank; gradients of the embeddings
-  std::vector<at::Tensor> all;
-  std::int64_t offset = 0;
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  for (std::size_t k = 0; k < widths.size(); ++k) {
-    std::vector<at::Tensor> parts;
-    for (const auto& e : emb) parts.push_back(e[k].to(at::kFloat));
-    at::Tensor local = parts.empty() ? at::zeros({0, widths[k]}, f32) : at::cat(parts);
-    if (group) std::tie(local, offset) = group->all_gather_rows(local, widths[k], "the embeddings of " + where);
-    all.push_back(local.detach().requires_grad_(true));
-  }
+  std::int64_t offset = 0;  // where this rank's rows start among every rank's
+  std::vector<at::Tensor> all = window_embeddings(emb, widths, group, device, where, offset);
   for (auto& e : emb) e.clear();  // only the rows in `all` are needed now
   gather_root("the all-gather of the weights in no block, for the loss over " + where);
   ForwardResult r = coupled.window_loss(all);
@@ -344,10 +343,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
   // 3. each micro-batch again, with its graph, taking the cached gradients
   std::int64_t row = offset;
   for (i = 0; i < runs; ++i) {
-    for (auto& [gen, state] : states[i]) {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
+    set_rng_state(states[i]);
     const bool stand_in = i >= pieces.size();
     std::vector<at::Tensor> e;
     if (block_runner_) block_runner_->reset_runs();
