@@ -137,6 +137,9 @@ class Group {
   /// `bytes` given in, `wire` sent as ring algorithms send
   void count(std::int64_t bytes, double wire);
   [[noreturn]] void fail(const std::string& what, const std::string& why) const;
+  /// The store's wait for `keys` (one per rank), within WICK_DIST_TIMEOUT;
+  /// under wick launch a rank that ended without its key ends it at once.
+  void wait_keys(const std::vector<std::string>& keys, const std::string& what);
   DistEnv env_;
   std::string backend_;
   at::Device device_{at::kCPU};
