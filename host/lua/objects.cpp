@@ -372,7 +372,7 @@ int core_save_pretrained_weights(lua_State* L) {
   auto m = check_model(L, 1, "save_pretrained");
   const std::string path = check_string(L, 2, "save_pretrained");
   const bool merge = lua_toboolean(L, 3);
-  auto state = pretrained_state(*m, merge);  // on every rank: the same refusals
+  auto state = pretrained_tensors(*m, merge);  // on every rank: the same refusals
   if (writes_files()) write_safetensors(path, state, {{"format", "pt"}});
   return 0;
 }

@@ -43,30 +43,36 @@ std::int64_t adapted_layers(Model& model) {
   return n;
 }
 
-NamedTensorList pretrained_state(Model& model, bool merge) {
+std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge) {
   const NamedTensorList state = module_state(model);
   const at::ScalarType dtype = model_dtype(state);
-  at::NoGradGuard no_grad;
-  // the layers whose weight is written anew, by the name it takes
-  std::map<std::string, at::Tensor> made;
+  // the layers whose weight is written anew, by the name it takes: made
+  // when the writer comes to it, one layer's float weight at a time
+  std::map<std::string, LazyTensor> made;
   std::set<std::string> rewritten;  // their module names
   for (auto& [name, lin] : layers_of(model)) {
     if (!lin->quantized() && !lin->has_adapter()) continue;
     if (lin->has_adapter() && !merge)
       throw Error("save_pretrained: layer " + name + " carries a LoRA adapter, expected merge = true to fold it in");
-    at::Tensor w = lin->dense_weight();
-    const at::ScalarType out = lin->quantized() ? dtype : w.scalar_type();
-    if (lin->has_adapter()) {
-      w = w.to(at::kFloat) + lin->lora_B->weight.to(at::kFloat).matmul(lin->lora_A->weight.to(at::kFloat)) * lin->scale_;
-    }
-    made[name + ".weight"] = w.to(out).contiguous();
+    const at::ScalarType out = lin->quantized() ? dtype : lin->weight.scalar_type();
+    made[name + ".weight"] = {name + ".weight", out, {lin->out_features, lin->in_features}, [lin, out] {
+                                at::NoGradGuard no_grad;
+                                at::Tensor w = lin->dense_weight();
+                                if (lin->has_adapter())
+                                  w = w.to(at::kFloat) + lin->lora_B->weight.to(at::kFloat).matmul(
+                                                             lin->lora_A->weight.to(at::kFloat)) * lin->scale_;
+                                return w.to(out);
+                              }};
     rewritten.insert(name);
   }
-  NamedTensorList out;
+  std::vector<LazyTensor> out;
+  auto as_is = [&out](const std::string& name, const at::Tensor& t) {
+    out.push_back({name, t.scalar_type(), t.sizes().vec(), [t] { return t; }});
+  };
   std::set<std::string> placed;  // quantized layers whose weight is in `out`
   for (const auto& [name, t] : state) {
     if (auto it = made.find(name); it != made.end()) {  // a float layer's weight, its adapter folded in
-      out.emplace_back(name, it->second);
+      out.push_back(it->second);
       continue;
     }
     const auto nf4 = name.find(".nf4.");
@@ -74,7 +80,7 @@ NamedTensorList pretrained_state(Model& model, bool merge) {
                      : is_adapter(name)       ? std::min(name.find(".lora_A."), name.find(".lora_B."))
                                               : std::string::npos;
     if (dot == std::string::npos) {
-      out.emplace_back(name, t);
+      as_is(name, t);
       continue;
     }
     const std::string layer = name.substr(0, dot);
@@ -82,7 +88,7 @@ NamedTensorList pretrained_state(Model& model, bool merge) {
       throw Error("save_pretrained: " + name + " belongs to no linear layer the model offers (its AdapterTargets), "
                   "expected float weights a Hugging Face folder holds");
     // a quantized layer's weight where its first 4-bit tensor was
-    if (nf4 != std::string::npos && placed.insert(layer).second) out.emplace_back(layer + ".weight", made.at(layer + ".weight"));
+    if (nf4 != std::string::npos && placed.insert(layer).second) out.push_back(made.at(layer + ".weight"));
   }
   return out;
 }

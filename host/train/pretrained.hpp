@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "wick/kit/safetensors.hpp"
 #include "wick/kit/weights.hpp"
 #include "wick/model.hpp"
 
@@ -15,8 +16,10 @@ namespace wick {
 /// layer's weight (alpha / r * B A, summed in fp32): the model computes what
 /// the in-memory one does, and the adapters are not left beside it. Without
 /// `merge`, a layer carrying an adapter is an error (the caller writes the
-/// adapters as PEFT does). The model itself is left as it is.
-NamedTensorList pretrained_state(Model& model, bool merge);
+/// adapters as PEFT does). Those weights are made as write_safetensors comes
+/// to them, one at a time (a 7B QLoRA model never holds its float weights all
+/// at once); the model itself is left as it is.
+std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge);
 
 /// The linear layers of the model (Model's AdapterTargets) carrying a LoRA
 /// adapter now.
