@@ -243,6 +243,15 @@ int launch(const LaunchOptions& o) {
       if (!ok && failed_rank < 0) {
         failed_rank = c.rank;
         failed_status = status;
+        // a rank whose recipe returned says so itself before its connections
+        // close (announce_clean_end): it may not be reaped yet, but it ended first
+        for (const auto& o : children) {
+          std::error_code ec;
+          if (&o != &c && !news_dir.empty() &&
+              std::find(ended_early.begin(), ended_early.end(), o.rank) == ended_early.end() &&
+              std::filesystem::exists(std::filesystem::path(news_dir) / ("ended-" + std::to_string(o.rank)), ec))
+            ended_early.push_back(o.rank);
+        }
         // The others cannot finish without this rank: ask them (and all they
         // started) to stop, then insist.
         for (auto& o : children) signal_group(o, SIGTERM);

@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -129,6 +130,14 @@ DistEnv dist_env() {
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return parse_dist_env(env);
+}
+
+void announce_clean_end() {
+  const char* news = std::getenv("WICK_LAUNCH_NEWS");
+  if (!news || !*news) return;
+  // what the launcher writes once it has reaped the rank, written before
+  // the rank's sockets close: the others' failed collective comes after it
+  std::ofstream(std::filesystem::path(news) / ("ended-" + std::to_string(dist_env().rank))) << "0\n";
 }
 
 std::chrono::milliseconds dist_timeout() {

@@ -49,6 +49,11 @@ int rank_cuda_device(int local_rank, int local_world_size, int visible);
 DistEnv parse_dist_env(const std::map<std::string, std::string>& env);
 DistEnv dist_env();  // of this process
 
+/// Under `wick launch`: says that this rank's recipe returned cleanly, before
+/// its connections close at exit, so a rank still waiting for it (at a
+/// collective or the store) names it at once rather than guessing.
+void announce_clean_end();
+
 /// The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 
