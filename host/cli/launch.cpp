@@ -212,6 +212,10 @@ int launch(const LaunchOptions& o) {
       forwarded = g_forward;
       for (auto& c : children) signal_group(c, forwarded);
     }
+    // every rank that ended since the last look, those that ended cleanly
+    // first: a rank that returned makes another fail within the same look
+    // (its connections close), and the one that returned is the cause
+    std::vector<Child*> ended;
     for (auto& c : children) {
       if (c.done) continue;
       int status = 0;
@@ -219,10 +223,18 @@ int launch(const LaunchOptions& o) {
       c.done = true;
       c.status = status;
       --running;
+      ended.push_back(&c);
+    }
+    const auto clean = [](const Child* c) { return WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0; };
+    std::stable_partition(ended.begin(), ended.end(), clean);
+    const bool one_failed = !ended.empty() && !clean(ended.back());
+    for (Child* cp : ended) {
+      Child& c = *cp;
+      const int status = c.status;
       drain(c, c.out, c.out_buf, stdout, true);
       drain(c, c.err, c.err_buf, stderr, true);
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (ok && running > 0 && failed_rank < 0) {
+      const bool ok = clean(cp);
+      if (ok && (running > 0 || one_failed) && failed_rank < 0) {
         ended_early.push_back(c.rank);
         if (!news_dir.empty()) {
           std::ofstream(std::filesystem::path(news_dir) / ("ended-" + std::to_string(c.rank))) << "0\n";
@@ -231,6 +243,15 @@ int launch(const LaunchOptions& o) {
       if (!ok && failed_rank < 0) {
         failed_rank = c.rank;
         failed_status = status;
+        // a rank whose recipe returned says so itself before its connections
+        // close (announce_clean_end): it may not be reaped yet, but it ended first
+        for (const auto& o : children) {
+          std::error_code ec;
+          if (&o != &c && !news_dir.empty() &&
+              std::find(ended_early.begin(), ended_early.end(), o.rank) == ended_early.end() &&
+              std::filesystem::exists(std::filesystem::path(news_dir) / ("ended-" + std::to_string(o.rank)), ec))
+            ended_early.push_back(o.rank);
+        }
         // The others cannot finish without this rank: ask them (and all they
         // started) to stop, then insist.
         for (auto& o : children) signal_group(o, SIGTERM);
@@ -254,11 +275,17 @@ int launch(const LaunchOptions& o) {
   if (failed_rank >= 0) {
     std::string early;
     for (int r : ended_early) early += (early.empty() ? "" : ", ") + std::to_string(r);
-    if (!early.empty())
-      early = " (rank" + std::string(ended_early.size() > 1 ? "s " : " ") + early +
-              " had already ended with code 0 while the others ran: every rank must make the same wick.train calls)";
-    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped%s\n", failed_rank,
-                 describe_status(failed_status).c_str(), early.c_str());
+    if (!early.empty()) {
+      // the rank that left first is the cause; the one that then failed waited for it
+      std::fprintf(stderr,
+                   "wick launch: rank%s %s ended with code 0 while the others still ran (its recipe returned where "
+                   "theirs went on: every rank must make the same wick.train calls); rank %d then %s and the other "
+                   "ranks were stopped\n",
+                   ended_early.size() > 1 ? "s" : "", early.c_str(), failed_rank, describe_status(failed_status).c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
+                 describe_status(failed_status).c_str());
     return 1;
   }
   return 0;

@@ -329,6 +329,7 @@ int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   wick::LuaRuntime rt(std::move(kv));
   const int rc = rt.run_file(recipe);
   if (rc == 0) warn_unused(rt);
+  if (rc == 0) wick::announce_clean_end();  // a rank still waiting for this one learns why at once
   return rc;
 }
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -131,6 +132,14 @@ DistEnv dist_env() {
   return parse_dist_env(env);
 }
 
+void announce_clean_end() {
+  const char* news = std::getenv("WICK_LAUNCH_NEWS");
+  if (!news || !*news) return;
+  // what the launcher writes once it has reaped the rank, written before
+  // the rank's sockets close: the others' failed collective comes after it
+  std::ofstream(std::filesystem::path(news) / ("ended-" + std::to_string(dist_env().rank))) << "0\n";
+}
+
 std::chrono::milliseconds dist_timeout() {
   const char* s = std::getenv("WICK_DIST_TIMEOUT");
   if (!s || !*s) return std::chrono::seconds(kDefaultDistTimeout);
@@ -184,6 +193,20 @@ std::string waiting_text(std::chrono::seconds waited) {
 std::string waited_text(std::chrono::seconds waited, std::chrono::milliseconds timeout) {
   return "(" + std::to_string(waited.count()) + " s so far; gives up after " + seconds_text(timeout) +
          ", WICK_DIST_TIMEOUT)";
+}
+
+// The ranks `wick launch` saw end with exit code 0 while others still ran:
+// files ended-<rank> in WICK_LAUNCH_NEWS (host/cli/launch.cpp writes them);
+// none without the launcher (torchrun, SLURM).
+std::vector<int> ended_ranks(int world_size) {
+  std::vector<int> out;
+  const char* news = std::getenv("WICK_LAUNCH_NEWS");
+  if (!news || !*news) return out;
+  for (int r = 0; r < world_size; ++r) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec)) out.push_back(r);
+  }
+  return out;
 }
 
 // While a blocking call waits for other ranks, a thread says so on stderr.
@@ -287,18 +310,13 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
     };
     const std::string me = "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
     // (wick launch's news: a rank that has already ended will never arrive)
-    const char* news = std::getenv("WICK_LAUNCH_NEWS");
     while (!store_->check(keys)) {
       const auto now = std::chrono::steady_clock::now();
-      if (news && *news)
-        for (int r = 0; r < env_.world_size; ++r) {
-          std::error_code ec;
-          if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec) &&
-              !store_->check({keys[static_cast<std::size_t>(r)]}))
-            throw Error(me + ": rank " + std::to_string(r) + " ended (exit code 0) without reaching the rendezvous "
-                        "at " + where + ": its recipe returned before this wick.train; every rank must make the "
-                        "same wick.train calls");
-        }
+      for (int r : ended_ranks(env_.world_size))
+        if (!store_->check({keys[static_cast<std::size_t>(r)]}))
+          throw Error(me + ": rank " + std::to_string(r) + " ended (exit code 0) without reaching the rendezvous "
+                      "at " + where + ": its recipe returned before this wick.train; every rank must make the "
+                      "same wick.train calls");
       if (now > deadline)
         throw Error(me + ": the rendezvous at " + where + " timed out after " + seconds_text(timeout) + ": " +
                     missing() + " never arrived (WICK_DIST_TIMEOUT sets how long ranks wait)");
@@ -323,9 +341,20 @@ void Group::fail(const std::string& what, const std::string& why) const {
                 " failed: ranks share one GPU, which NCCL refuses (" + why.substr(0, why.find('\n')) +
                 "); give each rank its own GPU, or set WICK_DIST_BACKEND=gloo to run the ranks' collectives "
                 "through host memory");
+  // a peer that ended cleanly closes its connections at once: under wick
+  // launch, the rank is named (the launcher hears of its end within 0.1 s)
+  std::vector<int> ended = ended_ranks(env_.world_size);
+  const char* news = std::getenv("WICK_LAUNCH_NEWS");
+  for (int k = 0; ended.empty() && news && *news && k < 25; ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ended = ended_ranks(env_.world_size);
+  }
+  std::string cause = " -- another rank probably stopped, crashed or stalled";
+  if (!ended.empty())
+    cause = " -- rank " + std::to_string(ended[0]) + " had ended (exit code 0): its recipe returned while this "
+            "rank was still in wick.train; every rank must make the same wick.train calls";
   throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " + what +
-              " failed (" + backend_ + ", timeout " + seconds_text(dist_timeout()) +
-              "): " + why + " -- another rank probably stopped, crashed or stalled");
+              " failed (" + backend_ + ", timeout " + seconds_text(dist_timeout()) + "): " + why + cause);
 }
 
 std::string dist_backend(const std::string& device) {
@@ -481,6 +510,28 @@ void Group::recv(at::Tensor& t, int src, const std::string& what) {
   if (staged(t)) t.copy_(v[0]);
 }
 
+void Group::wait_keys(const std::vector<std::string>& keys, const std::string& what) {
+  const char* news = std::getenv("WICK_LAUNCH_NEWS");
+  if (!news || !*news) {
+    store_->wait(keys, dist_timeout());
+    return;
+  }
+  // under wick launch: a rank it saw end will never set its key; say so at
+  // once rather than after WICK_DIST_TIMEOUT
+  const auto deadline = std::chrono::steady_clock::now() + dist_timeout();
+  while (!store_->check(keys)) {
+    for (int r : ended_ranks(env_.world_size))
+      if (!store_->check({keys[static_cast<std::size_t>(r)]}))
+        throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": rank " +
+                    std::to_string(r) + " ended (exit code 0) while this rank waited for it (" + what +
+                    "): its recipe returned where this one went on to another wick.train; every rank must make "
+                    "the same wick.train calls");
+    if (std::chrono::steady_clock::now() > deadline)
+      fail(what, "waited " + seconds_text(dist_timeout()) + " for every rank's answer");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 std::vector<std::string> Group::gather_strings(const std::string& value, const std::string& what) {
   const std::string prefix = "wick/gather/" + std::to_string(gather_round_++) + "/";
   std::vector<std::string> out;
@@ -489,7 +540,7 @@ std::vector<std::string> Group::gather_strings(const std::string& value, const s
     if (env_.rank == 0) {
       std::vector<std::string> keys;
       for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
-      store_->wait(keys, dist_timeout());
+      wait_keys(keys, "gathering " + what);
       for (const auto& k : keys) {
         const auto v = store_->get(k);
         out.emplace_back(v.begin(), v.end());
@@ -578,7 +629,7 @@ void Group::check_same(const std::string& what, const std::string& value) {
     store_->set(prefix + std::to_string(env_.rank), std::vector<std::uint8_t>(value.begin(), value.end()));
     std::vector<std::string> keys;
     for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
-    store_->wait(keys, dist_timeout());
+    wait_keys(keys, "comparing " + what);
     const auto first = store_->get(keys[0]);
     for (int r = 1; r < env_.world_size; ++r) {
       const auto other = store_->get(keys[r]);

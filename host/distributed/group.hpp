@@ -49,6 +49,11 @@ int rank_cuda_device(int local_rank, int local_world_size, int visible);
 DistEnv parse_dist_env(const std::map<std::string, std::string>& env);
 DistEnv dist_env();  // of this process
 
+/// Under `wick launch`: says that this rank's recipe returned cleanly, before
+/// its connections close at exit, so a rank still waiting for it (at a
+/// collective or the store) names it at once rather than guessing.
+void announce_clean_end();
+
 /// The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 
@@ -137,6 +142,9 @@ class Group {
   /// `bytes` given in, `wire` sent as ring algorithms send
   void count(std::int64_t bytes, double wire);
   [[noreturn]] void fail(const std::string& what, const std::string& why) const;
+  /// The store's wait for `keys` (one per rank), within WICK_DIST_TIMEOUT;
+  /// under wick launch a rank that ended without its key ends it at once.
+  void wait_keys(const std::vector<std::string>& keys, const std::string& what);
   DistEnv env_;
   std::string backend_;
   at::Device device_{at::kCPU};

@@ -9,6 +9,7 @@
 #include "plugin/registry.hpp"
 #include "train/freeze.hpp"
 #include "train/inspect.hpp"
+#include "train/pretrained.hpp"
 #include "train/trainer.hpp"
 #include "wick/kit/json_fields.hpp"
 #include "wick/kit/safetensors.hpp"
@@ -326,10 +327,61 @@ int schedule_factor(lua_State* L) {
   return 1;
 }
 
+// The transform whose adapters a model carries (set by transform:apply and
+// :load, cleared by :merge), for wick.save_pretrained: a table in the
+// registry, weak in its keys (the models' userdata).
+constexpr const char* kAdaptersKey = "wick.adapters_of";
+
+void push_adapters_table(lua_State* L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, kAdaptersKey);
+  if (!lua_isnil(L, -1)) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_pushstring(L, "k");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, kAdaptersKey);
+}
+
+// the model at index 2 now carries the transform at index 1 (or none)
+void remember_adapters(lua_State* L, bool carries) {
+  push_adapters_table(L);
+  lua_pushvalue(L, 2);
+  if (carries) lua_pushvalue(L, 1);
+  else lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+// core.adapters_of(model) -> the transform whose adapters it carries (or
+// nil), the number of its linear layers carrying one
+int core_adapters_of(lua_State* L) {
+  auto m = check_model(L, 1, "adapters_of");
+  push_adapters_table(L);
+  lua_pushvalue(L, 1);
+  lua_rawget(L, -2);
+  lua_pushnumber(L, static_cast<double>(adapted_layers(*m)));
+  return 2;
+}
+
+// core.save_pretrained_weights(model, file, merge): the weights a Hugging
+// Face folder holds (train/pretrained.hpp), written by rank 0
+int core_save_pretrained_weights(lua_State* L) {
+  auto m = check_model(L, 1, "save_pretrained");
+  const std::string path = check_string(L, 2, "save_pretrained");
+  const bool merge = lua_toboolean(L, 3);
+  auto state = pretrained_tensors(*m, merge);  // on every rank: the same refusals
+  if (writes_files()) write_safetensors(path, state, {{"format", "pt"}});
+  return 0;
+}
+
 // transform:apply(model), :save(model, dir), :load(model, dir), :merge(model)
 int transform_apply(lua_State* L) {
   auto& t = check_transform(L, "apply");
   t.apply(*check_model(L, 2, "apply"));
+  remember_adapters(L, true);
   return 0;
 }
 
@@ -344,12 +396,14 @@ int transform_save(lua_State* L) {
 int transform_load(lua_State* L) {
   auto& t = check_transform(L, "load");
   t.load(*check_model(L, 2, "load"), check_string(L, 3, "load"));
+  remember_adapters(L, true);
   return 0;
 }
 
 int transform_merge(lua_State* L) {
   auto& t = check_transform(L, "merge");
   t.merge(*check_model(L, 2, "merge"));
+  remember_adapters(L, false);
   return 0;
 }
 
@@ -398,6 +452,10 @@ void open_objects(lua_State* L) {
                                            {"save", G(transform_save)}, {"load", G(transform_load)},
                                            {"merge", G(transform_merge)}, {nullptr, nullptr}};
   static const luaL_Reg window_methods[] = {{"free", G(window_free)}, {"save", G(window_save)}, {nullptr, nullptr}};
+  static const luaL_Reg fns[] = {{"adapters_of", G(core_adapters_of)},
+                                 {"save_pretrained_weights", G(core_save_pretrained_weights)},
+                                 {nullptr, nullptr}};
+  luaL_register(L, nullptr, fns);
   new_metatable<Object>(L, kModelMt, model_methods, object_index);
   new_metatable<Object>(L, kDataMt, data_methods, object_index);
   new_metatable<Object>(L, kOptimMt, optim_methods, object_index);

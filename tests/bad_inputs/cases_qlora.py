@@ -49,7 +49,7 @@ CASES += [
 # A 4-bit model without adapters: its linear layers do not train, so plain
 # training moved only the embeddings, norms and head. Refused at the first
 # training forward unless something was frozen on purpose; and save_pretrained
-# refuses the nf4.* tensors that nothing loads.
+# writes its layers dequantized, not the nf4.* tensors that nothing loads.
 NF4 = ("local wick = require 'wick'\n"
        "local data = wick.data('text', { files = { 'a.txt' }, max_length = 16, cache_dir = 'none' })\n"
        "local m = wick.model('decoder_lm', { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128, "
@@ -72,9 +72,47 @@ CASES += [
          r"\(model:freeze\) to train the rest alone", setup=nf4(TRAIN), may_write=["runs/**"]),
     Case("nf4 model with the head alone left to train", ["run", "r.lua"], r"^trained \d+ steps$", rc=0,
          setup=nf4("m:freeze('model.*')\n" + TRAIN + "print('trained ' .. run.steps .. ' steps')\n"), may_write=["runs/**"]),
-    Case("save_pretrained of an nf4 model", ["run", "r.lua"],
-         r"r\.lua:4: save_pretrained: 7 linear layers of the model are 4-bit NF4 \(quantize = \"nf4\"\), which transformers "
-         r"does not load, expected float layers: merge the adapters first",
-         setup=nf4("wick.save_pretrained(m, 'out')\n")),
+    # written dequantized (tests/reference/test_save_pretrained_adapters.py checks the logits)
+    Case("save_pretrained of an nf4 model", ["run", "r.lua"], r"^model\.layers\.0\.self_attn\.q_proj\.weight float32$", rc=0,
+         setup=nf4("wick.save_pretrained(m, 'out')\n"
+                   "local f = io.open('out/model.safetensors', 'rb') local h = f:read(8 + 4096) f:close()\n"
+                   "assert(not h:find('nf4'), 'nf4 tensors written')\n"
+                   "print('model.layers.0.self_attn.q_proj.weight ' .. (h:find('q_proj.weight\":{\"dtype\":\"F32') and 'float32' or '?'))\n"),
+         may_write=["out", "out/**"]),
 ]
 
+# A model carrying LoRA adapters: save_pretrained asks for merge (the
+# adapters folded in, or saved alone as PEFT does) rather than write lora_*
+# tensors that transformers drops.
+LORA = ("local wick = require 'wick'\n"
+        "local m = wick.model('decoder_lm', { vocab_size = 32, hidden_size = 64, intermediate_size = 128, layers = 1, heads = 2 })\n")
+APPLY = "wick.optim('lora', { r = 2, target_modules = { 'q_proj', 'v_proj' } }):apply(m)\n"
+
+
+def lora(tail, adapters=True):
+    def setup(d):
+        (d / "r.lua").write_text(LORA + (APPLY if adapters else "") + tail)
+    return setup
+
+
+CASES += [
+    Case("save_pretrained of a model with LoRA adapters, merge left out", ["run", "r.lua"],
+         r"r\.lua:4: save_pretrained: 2 linear layers of the model carry LoRA adapters, expected merge = true \(one model "
+         r"with the adapters folded into its weights, which transformers loads alone\) or merge = false \(the adapters "
+         r"alone, adapter_config\.json and adapter_model\.safetensors, which peft\.PeftModel\.from_pretrained loads over "
+         r"the base model\)$", setup=lora("wick.save_pretrained(m, 'out')\n")),
+    Case("save_pretrained merge not a boolean", ["run", "r.lua"],
+         r"r\.lua:4: save_pretrained: merge is yes, expected true \(the adapters folded into the weights\) or false "
+         r"\(the adapters alone, as PEFT saves them\)$", setup=lora("wick.save_pretrained(m, 'out', { merge = 'yes' })\n")),
+    Case("save_pretrained merge = false without adapters", ["run", "r.lua"],
+         r"r\.lua:3: save_pretrained: merge = false saves a model's LoRA adapters alone, but the model carries none, "
+         r"expected merge left out \(the whole model is saved\)$",
+         setup=lora("wick.save_pretrained(m, 'out', { merge = false })\n", adapters=False)),
+    Case("save_pretrained with an unknown option", ["run", "r.lua"],
+         r"r\.lua:4: save_pretrained: unknown option 'merged', expected tokenizer or merge$",
+         setup=lora("wick.save_pretrained(m, 'out', { merged = true })\n")),
+    Case("save_pretrained after lora:merge needs no merge", ["run", "r.lua"], r"^saved$", rc=0,
+         setup=lora("local l = wick.optim('lora', { r = 2 }) l:apply(m) l:merge(m)\n"
+                    "wick.save_pretrained(m, 'out') print('saved')\n", adapters=False),
+         may_write=["out", "out/**"]),
+]

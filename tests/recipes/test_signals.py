@@ -4,8 +4,8 @@ the recipe: Lua code at once, a callback that does not return after its grace,
 code that never looks (a JIT-compiled loop, a plugin's C++) within seconds,
 each saying so, run.json saying so. A write over `ulimit -f` is an error that
 names the file, not a silent death by SIGXFSZ. The ranks of a `wick launch`
-killed outright die with it; a rank that returns before wick.train ends the
-run at once, named."""
+killed outright die with it; a rank that returns before wick.train, or after
+one while another rank goes on, ends the run at once, named."""
 import json
 import os
 import signal
@@ -170,4 +170,48 @@ def test_a_rank_that_returns_before_wick_train_ends_the_run_at_once_named(tmp_pa
     assert p.returncode == 1, p.stderr
     assert took < 60, (took, p.stderr)  # not the 240 s of WICK_DIST_TIMEOUT
     assert "rank 1 ended (exit code 0) without reaching the rendezvous" in p.stderr, p.stderr
-    assert "rank 1 had already ended with code 0 while the others ran" in p.stderr, p.stderr
+    assert "wick launch: rank 1 ended with code 0 while the others still ran" in p.stderr, p.stderr
+    assert "rank 0 then exited with code 1" in p.stderr, p.stderr
+
+
+# rank 1 returns after a wick.train while rank 0 goes on: into another
+# wick.train (its options are compared through the store), or into more steps
+# of a custom loop (a collective)
+AFTER = {
+    "another wick.train": """
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 64, inputs = 8, classes = 3, seed = 1 })
+local model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 })
+local function train() wick.train { model = model, data = data, optim = wick.optim("sgd", { lr = 0.01 }),
+  micro_batch = 4, epochs = 1, quiet = true } end
+train()
+if wick.rank == 1 then return end
+train()
+""",
+    "more steps": """
+local wick = require "wick"
+local data = wick.data("synthetic", { size = 640, inputs = 8, classes = 3, seed = 1 })
+local loader = wick.loader(data, { micro_batch = 4 })
+local t = wick.trainer { model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 }),
+  optim = wick.optim("sgd", { lr = 0.01 }) }
+loader:start_epoch(0, 0)
+for _ = 1, (wick.rank == 1 and 2 or 100) do t:step(loader:next()) end
+""",
+}
+
+
+@pytest.mark.parametrize("where", sorted(AFTER))
+def test_a_rank_that_returns_after_wick_train_while_another_goes_on_ends_the_run_at_once_named(tmp_path, where):
+    (tmp_path / "l.lua").write_text(AFTER[where])
+    t0 = time.monotonic()
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", tmp_path / "l.lua"], capture_output=True, text=True,
+                       timeout=300, env={**ENV, "WICK_DIST_TIMEOUT": "240"})
+    took = time.monotonic() - t0
+    assert p.returncode == 1, p.stderr
+    assert took < 60, (took, p.stderr)  # not the 240 s of WICK_DIST_TIMEOUT
+    # rank 0 says which rank it waited for, and the launcher blames that one
+    assert "rank 0 of 2: " in p.stderr and ("rank 1 ended (exit code 0) while this rank waited for it" in p.stderr
+                                            or "rank 1 had ended (exit code 0)" in p.stderr), p.stderr
+    assert "wick launch: rank 1 ended with code 0 while the others still ran" in p.stderr, p.stderr
+    assert "rank 0 then exited with code 1" in p.stderr, p.stderr
+    assert "wick launch: rank 0 exited" not in p.stderr, p.stderr

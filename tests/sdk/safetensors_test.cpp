@@ -158,6 +158,38 @@ TEST(Safetensors, WritesAtomicallyLeavingNoTemporaryFiles) {
   EXPECT_EQ(files, 1);
 }
 
+// Lazily made tensors (a model's dequantized or merged layers, written by
+// save_pretrained) are made one at a time: each is gone before the next is made.
+TEST(Safetensors, LazyTensorsAreMadeOneAtATime) {
+  test::TempDir dir;
+  const auto p = dir.path / "w.safetensors";
+  int live = 0, most = 0;
+  std::vector<LazyTensor> tensors;
+  for (int i = 0; i < 4; ++i)
+    tensors.push_back({"t" + std::to_string(i), at::kFloat, {2, 3}, [&live, &most, i] {
+                         auto* buf = new float[6];
+                         for (int k = 0; k < 6; ++k) buf[k] = static_cast<float>(10 * i + k);
+                         most = std::max(most, ++live);
+                         return at::from_blob(buf, {2, 3}, [&live](void* q) { delete[] static_cast<float*>(q); --live; },
+                                              at::kFloat);
+                       }});
+  write_safetensors(p, tensors);
+  EXPECT_EQ(most, 1);
+  EXPECT_EQ(live, 0);
+  const auto f = read_safetensors(p);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(f.get("t" + std::to_string(i))->flatten()[5].item<float>(), 10.0f * i + 5);
+  // a tensor made otherwise than declared: named, and no file is left
+  const auto q = dir.path / "bad.safetensors";
+  std::vector<LazyTensor> bad{{"w", at::kBFloat16, {2}, [] { return at::ones({2}); }}};
+  try {
+    write_safetensors(q, bad);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("w was made F32 [2], declared BF16 [2]"));
+  }
+  EXPECT_FALSE(fs::exists(q));
+}
+
 TEST(Safetensors, AnUnwritableFolderIsAnErrorNotACrash) {
   auto msg = test::error_of([] { write_safetensors("/proc/wick-no/w.safetensors", {{"a", at::ones({1})}}); });
   EXPECT_THAT(msg, HasSubstr("cannot write"));

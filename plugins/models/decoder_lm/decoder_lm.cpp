@@ -115,7 +115,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     const auto& c = dec_->config();
     return {{"vocab_size", c.vocab}, {"hidden_size", c.hidden}, {"layers", c.layers}, {"family", c.family},
             {"tie_embeddings", c.tie}, {"hf_config", dec::hf_config(c).dump(2)},
-            {"nf4_layers", dec_->nf4_layers()},  // save_pretrained refuses them
+            {"nf4_layers", dec_->nf4_layers()},  // 4-bit layers (save_pretrained writes them dequantized)
             // the folder it was read from ("" when made from options): save_pretrained copies its
             // tokenizer files, chat template and generation_config.json
             {"source_path", source_}};

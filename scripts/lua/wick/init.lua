@@ -114,8 +114,10 @@ wick.tokenizer = core.tokenizer
 -- the folder the model came from (or the tokenizer folder given)
 local TOKENIZER_FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                           "chat_template.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt" }
--- Files an earlier save may have left that describe another model: removed when this save writes none
-local SAVED_FILES = { "generation_config.json", "model.safetensors.index.json" }
+-- Files an earlier save may have left that describe another model: removed when a whole model's save
+-- writes none (an adapter folder beside the weights would make transformers load the adapter's base)
+local SAVED_FILES = { "generation_config.json", "model.safetensors.index.json", "adapter_config.json",
+                      "adapter_model.safetensors" }
 
 local read_all = require("wick.runlog").read_file  -- a file's bytes, or nil
 
@@ -141,22 +143,52 @@ end
 -- generation_config.json (the source folder's, else the config's ids), and
 -- the tokenizer files and chat template of the source folder (TOKENIZER_FILES).
 -- `tokenizer` replaces those: a tokenizer folder (its files), or a
--- tokenizer.json (that file alone). Everything is read and checked first and
--- written into a folder beside `dir`, renamed into place when whole: an error
--- leaves no half-written folder. Called from every rank, rank 0 writes the
--- folder and the others go on (after the same checks, so a model that cannot
--- be saved fails on every rank).
-function wick.save_pretrained(model, dir, tokenizer)
+-- tokenizer.json (that file alone). The options (a table, fourth argument or
+-- in place of the tokenizer): tokenizer, merge. 4-bit NF4 layers (quantize =
+-- "nf4", qlora) are written dequantized to the model's dtype. A model
+-- carrying LoRA adapters needs merge: true writes the whole model with the
+-- adapters folded in (the model in memory keeps them), as PEFT's
+-- merge_and_unload() then save_pretrained; false writes the adapters alone as
+-- PEFT's save_pretrained does (adapter_config.json, whose
+-- base_model_name_or_path is the folder the model was read from, and
+-- adapter_model.safetensors) with the tokenizer files, for
+-- peft.PeftModel.from_pretrained(base, dir). Everything is read and checked
+-- first and written into a folder beside `dir`, renamed into place when
+-- whole: an error leaves no half-written folder. Called from every rank, rank
+-- 0 writes the folder and the others go on (after the same checks, so a
+-- model that cannot be saved fails on every rank).
+function wick.save_pretrained(model, dir, tokenizer, opts)
+  if type(tokenizer) == "table" and opts == nil then opts, tokenizer = tokenizer, tokenizer.tokenizer end
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error(core.where() .. "save_pretrained: expected a table of options (tokenizer, merge) after the tokenizer, got a "
+          .. type(opts), 0)
+  end
+  for k in pairs(opts) do
+    if k ~= "tokenizer" and k ~= "merge" then
+      error(core.where() .. "save_pretrained: unknown option '" .. tostring(k) .. "', expected tokenizer or merge", 0)
+    end
+  end
+  local merge = opts.merge
+  if merge ~= nil and type(merge) ~= "boolean" then
+    error(core.where() .. "save_pretrained: merge is " .. tostring(merge) .. ", expected true (the adapters folded "
+          .. "into the weights) or false (the adapters alone, as PEFT saves them)", 0)
+  end
+  local adapters, adapted = core.adapters_of(model)
+  if adapted > 0 and merge == nil then
+    error(core.where() .. "save_pretrained: " .. adapted .. " linear layers of the model carry LoRA adapters, "
+          .. "expected merge = true (one model with the adapters folded into its weights, which transformers loads "
+          .. "alone) or merge = false (the adapters alone, adapter_config.json and adapter_model.safetensors, which "
+          .. "peft.PeftModel.from_pretrained loads over the base model)", 0)
+  end
+  if merge == false and (adapted == 0 or not adapters) then
+    error(core.where() .. "save_pretrained: merge = false saves a model's LoRA adapters alone, but the model "
+          .. "carries none, expected merge left out (the whole model is saved)", 0)
+  end
+  local adapters_only = merge == false
   local cfg = model.hf_config
-  if not cfg then error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0) end
-  -- 4-bit layers would be written as nf4.* tensors, which neither
-  -- transformers nor a model without quantize loads as weights
-  local nf4 = model.nf4_layers or 0
-  if nf4 > 0 then
-    error(core.where() .. "save_pretrained: " .. nf4 .. " linear layers of the model are 4-bit NF4 (quantize = \"nf4\"), "
-      .. "which transformers does not load, expected float layers: merge the adapters first "
-      .. "(qlora:merge(model) turns the layers it adapted back into float weights), or save the adapters alone "
-      .. "(qlora:save(model, dir)), or load the model without quantize to save it whole", 0)
+  if not cfg and not adapters_only then
+    error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0)
   end
   dir = tostring(dir):gsub("(.)/+$", "%1")
   local there = io.open(dir, "rb")
@@ -168,7 +200,7 @@ function wick.save_pretrained(model, dir, tokenizer)
     end
   end
   -- what the folder will hold besides the weights: { name, bytes }
-  local files = { { "config.json", cfg .. "\n" } }
+  local files = adapters_only and {} or { { "config.json", cfg .. "\n" } }
   local source = model.source_path
   if source == "" then source = nil end
   local tok_dir
@@ -198,7 +230,7 @@ function wick.save_pretrained(model, dir, tokenizer)
   -- a model made from options, saved with a tokenizer folder: the special
   -- token ids its config lacks, from the tokenizer's (transformers' generate
   -- stops at eos_token_id); a model read from a folder keeps that folder's
-  if not source and tok_dir then
+  if not source and tok_dir and not adapters_only then
     local tok = core.tokenizer(tok_dir)
     local have, add = core.json_decode(cfg), {}
     for _, k in ipairs({ "bos", "eos", "pad" }) do
@@ -210,7 +242,7 @@ function wick.save_pretrained(model, dir, tokenizer)
       files[1] = { "config.json", cfg .. "\n" }
     end
   end
-  local gen = source and read_all(source .. "/generation_config.json")
+  local gen = not adapters_only and source and read_all(source .. "/generation_config.json")
   if gen then
     local ok, err = pcall(core.json_decode, gen, source .. "/generation_config.json")
     if not ok then
@@ -218,7 +250,7 @@ function wick.save_pretrained(model, dir, tokenizer)
       if err:sub(1, #where) == where then err = err:sub(#where + 1) end
       error(where .. "save_pretrained: " .. err, 0)
     end
-  else
+  elseif not adapters_only then
     gen = generation_config(cfg)
   end
   if gen then files[#files + 1] = { "generation_config.json", gen } end
@@ -237,7 +269,18 @@ function wick.save_pretrained(model, dir, tokenizer)
   core.mkdirs(stage)
   local ok, err = pcall(function()
     for _, f in ipairs(files) do core.write_file(stage .. "/" .. f[1], f[2]) end
-    model:save(stage .. "/model.safetensors")
+    if adapters_only then
+      adapters:save(model, stage)
+      -- PEFT names the base the adapters go over: the folder the model was read from
+      if source then
+        local path = stage .. "/adapter_config.json"
+        local text = read_all(path):gsub('"base_model_name_or_path": null',
+                                         function() return '"base_model_name_or_path": ' .. core.json(source) end, 1)
+        core.write_file(path, text)
+      end
+    else
+      core.save_pretrained_weights(model, stage .. "/model.safetensors", merge)
+    end
   end)
   if not ok then
     clear_stage()
@@ -255,7 +298,7 @@ function wick.save_pretrained(model, dir, tokenizer)
   -- rename atomic); a generation config or shard index an earlier save left
   -- and this one does not write is removed (another model's ids, shards)
   local written = {}
-  for _, f in ipairs(files) do written[f[1]] = true end
+  for _, f in ipairs(core.list_dir(stage)) do written[f.name] = true end
   for _, name in ipairs(core.list_dir(stage)) do
     local renamed, why = os.rename(stage .. "/" .. name.name, dir .. "/" .. name.name)
     if not renamed then
@@ -264,6 +307,7 @@ function wick.save_pretrained(model, dir, tokenizer)
     end
   end
   os.remove(stage)
+  if adapters_only then return end  -- the folder may hold the base model, which stays
   for _, name in ipairs(SAVED_FILES) do
     if not written[name] then os.remove(dir .. "/" .. name) end
   end

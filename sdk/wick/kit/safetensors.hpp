@@ -68,6 +68,21 @@ inline void write_safetensors(const std::filesystem::path& file,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+/// A tensor write_safetensors makes only when its turn comes: its name,
+/// dtype and shape (for the header), and what gives its values. Tensors
+/// derived from a model (dequantized, merged) then exist one at a time.
+struct LazyTensor {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<std::int64_t> shape;
+  std::function<at::Tensor()> make;
+};
+
+/// The same from lazily made tensors; a made tensor of another dtype or
+/// shape than declared is an error naming it.
+inline void write_safetensors(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+
 /// Writes `bytes` to `file` atomically (temporary file, fsync, rename).
 inline void write_file_atomic(const std::filesystem::path& file, const std::string& bytes);
 
@@ -250,16 +265,15 @@ inline TensorFile read_safetensors(const std::filesystem::path& file) {
   return out;
 }
 
-inline void write_safetensors(const std::filesystem::path& file, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+inline void write_safetensors(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    const std::uint64_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", detail::dtype_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& t : tensors) {
+    std::uint64_t bytes = c10::elementSize(t.dtype);
+    for (auto d : t.shape) bytes *= static_cast<std::uint64_t>(d);
+    header[t.name] = {{"dtype", detail::dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string h = header.dump();
@@ -269,13 +283,25 @@ inline void write_safetensors(const std::filesystem::path& file, const std::vect
     for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
     out.write(len, 8);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    // one tensor at a time: only it is copied to the CPU or made contiguous
-    for (const auto& [name, t0] : tensors) {
-      const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    // one tensor at a time: only it is made, copied to the CPU or made contiguous
+    for (const auto& lazy : tensors) {
+      const at::Tensor t = lazy.make().detach().to(at::kCPU).contiguous();
+      if (t.scalar_type() != lazy.dtype || t.sizes() != at::IntArrayRef(lazy.shape))
+        throw std::logic_error("write_safetensors: " + lazy.name + " was made " + detail::dtype_name(t.scalar_type()) +
+                               " " + c10::str(t.sizes()) + ", declared " + detail::dtype_name(lazy.dtype) + " " +
+                               c10::str(at::IntArrayRef(lazy.shape)));
       out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
       if (!out) return;  // the caller reports the failed stream
     }
   });
+}
+
+inline void write_safetensors(const std::filesystem::path& file, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<LazyTensor> lazy;
+  lazy.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) lazy.push_back({name, t.scalar_type(), t.sizes().vec(), [&t] { return t; }});
+  write_safetensors(file, lazy, metadata);
 }
 
 inline std::vector<std::pair<std::string, at::Tensor>> read_safetensors_folder(const std::filesystem::path& dir,

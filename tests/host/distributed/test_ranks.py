@@ -422,3 +422,22 @@ def test_callbacks_run_on_rank_0_and_a_stop_stops_every_rank(tmp_path, run_wick,
     p = run_wick("launch", "--nproc-per-node", 2, recipe, f"every={every}")
     assert f"rank 0 steps {steps} calls {calls0} status stopped" in p.stdout, p.stdout + p.stderr
     assert f"[rank 1] rank 1 steps {steps} calls {calls1} status stopped" in p.stdout, p.stdout + p.stderr
+
+
+# Ranks on one machine share its cores: a rank with every core's worth of
+# intra-op threads fights the others (on 2 cores a busy second core made
+# PyTorch's products 15 times slower). The launcher gives each rank its share
+# of the cores when OMP_NUM_THREADS is not set, and keeps a value given.
+@pytest.mark.parametrize("given", [None, "1", "3"])
+def test_the_launcher_gives_each_rank_its_share_of_the_cores(tmp_path, given):
+    (tmp_path / "t.lua").write_text('local wick = require "wick"\n'
+                                    'print("rank " .. wick.rank .. " threads " .. tostring(os.getenv("OMP_NUM_THREADS")))\n')
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if given:
+        env["OMP_NUM_THREADS"] = given
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", tmp_path / "t.lua"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    want = given or str(max(1, os.cpu_count() // 2))
+    lines = sorted(line.replace("[rank 1] ", "") for line in p.stdout.splitlines() if "threads" in line)
+    assert lines == [f"rank 0 threads {want}", f"rank 1 threads {want}"], p.stdout

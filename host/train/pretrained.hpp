@@ -1,0 +1,28 @@
+#pragma once
+// A model's weights as a Hugging Face folder holds them (wick.save_pretrained):
+// float linear layers under their own names, whatever the model carries in
+// memory (4-bit NF4 base weights, LoRA adapters beside them).
+
+#include <cstdint>
+
+#include "wick/kit/safetensors.hpp"
+#include "wick/kit/weights.hpp"
+#include "wick/model.hpp"
+
+namespace wick {
+
+/// The model's state with each NF4 layer's weight dequantized (to the
+/// model's float dtype) and, with `merge`, each LoRA adapter folded into its
+/// layer's weight (alpha / r * B A, summed in fp32): the model computes what
+/// the in-memory one does, and the adapters are not left beside it. Without
+/// `merge`, a layer carrying an adapter is an error (the caller writes the
+/// adapters as PEFT does). Those weights are made as write_safetensors comes
+/// to them, one at a time (a 7B QLoRA model never holds its float weights all
+/// at once); the model itself is left as it is.
+std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge);
+
+/// The linear layers of the model (Model's AdapterTargets) carrying a LoRA
+/// adapter now.
+std::int64_t adapted_layers(Model& model);
+
+}  // namespace wick
