@@ -53,7 +53,7 @@ local run = wick.train {
   model = model, data = train, optim = wick.optim("adamw", { lr = tonumber(a.lr) or 1e-3, weight_decay = 0.05 }),
   schedule = "cosine", warmup_steps = 5,
   micro_batch = 4, accumulate = 4, epochs = tonumber(a.epochs) or 40,
-  precision = a.precision or (wick.device() == "cuda" and "bf16-mixed" or "fp32"), checkpointing = true, clip_grad_norm = 1.0,
+  precision = a.precision or (wick.device():find("^cuda") and "bf16-mixed" or "fp32"), checkpointing = true, clip_grad_norm = 1.0,
   eval_data = held_out, eval_every = 0, workers = 2,
   out = out, seed = 1,
 }

@@ -23,7 +23,7 @@ local out = a.out or "runs/vlm"
 local epochs = tonumber(a.epochs or 12)
 -- bf16 autocast where the hardware has bf16 arithmetic (CUDA); CPUs without it
 -- run bf16 several times slower than fp32, so there fp32 unless precision=bf16-mixed
-local precision = a.precision or (wick.device() == "cuda" and "bf16-mixed" or "fp32")
+local precision = a.precision or (wick.device():find("^cuda") and "bf16-mixed" or "fp32")
 
 -- held-out images: every 8th row of the manifest
 local f = io.open(root .. "/images/manifest.csv")

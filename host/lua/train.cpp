@@ -19,21 +19,33 @@
 namespace wick::lua {
 namespace {
 
+// wick.loader(data, {...}): its options checked by wick.train's declarations
+// (train/run_options.hpp), so micro_batch = 2.5 is refused as wick.train
+// refuses it, not truncated.
 int make_loader(lua_State* L) {
   auto d = check_data(L, 1, "loader");
   check_table(L, 2, "loader");
+  std::map<std::string, Value> given;
+  lua_pushnil(L);
+  while (lua_next(L, 2)) {
+    if (lua_type(L, -2) != LUA_TSTRING) throw Error("wick.loader: option names must be strings");
+    const std::string key = lua_tostring(L, -2);
+    given[key] = to_value(L, lua_gettop(L), "wick.loader: option '" + key + "'");
+    lua_pop(L, 1);
+  }
+  const Options o = validate_loader_options("wick.loader", given);
   LoaderConfig c;
-  c.micro_batch = field<std::int64_t>(L, 2, "micro_batch", 1);
-  c.accumulate = field<std::int64_t>(L, 2, "accumulate", 1);
-  c.shuffle = field<bool>(L, 2, "shuffle", true);
-  c.seed = field<std::uint64_t>(L, 2, "seed", 0);
-  c.drop_last = field<bool>(L, 2, "drop_last", false);
-  c.workers = field<int>(L, 2, "workers", 0);
-  c.prefetch = field<int>(L, 2, "prefetch", 2);
+  c.micro_batch = o.get_int("micro_batch");
+  c.accumulate = o.get_int("accumulate");
+  c.shuffle = o.get_bool("shuffle");
+  c.seed = static_cast<std::uint64_t>(o.get_int("seed"));
+  c.drop_last = o.get_bool("drop_last");
+  c.workers = static_cast<int>(o.get_int("workers"));
+  c.prefetch = static_cast<int>(o.get_int("prefetch"));
   const DistEnv env = dist_env();  // this process's shard unless told otherwise
-  c.rank = field<int>(L, 2, "rank", env.rank);
-  c.world_size = field<int>(L, 2, "world_size", env.world_size);
-  c.pin_memory = field<bool>(L, 2, "pin_memory", false);
+  c.rank = o.has("rank") ? static_cast<int>(o.get_int("rank")) : env.rank;
+  c.world_size = o.has("world_size") ? static_cast<int>(o.get_int("world_size")) : env.world_size;
+  c.pin_memory = o.get_bool("pin_memory");
   push_box<Loader>(L, std::make_shared<Loader>(d, c), kLoaderMt);
   return 1;
 }
@@ -252,14 +264,7 @@ int make_trainer(lua_State* L) {
         registry().create("schedule", PluginKind::Optim, {{"type", it->second}}));
   }
   TrainerConfig c = trainer_config(o);
-  {
-    const DistEnv env = dist_env();
-    try {
-      c.device = resolve_device(c.device, env.local_rank, env.local_world_size, env.world_size);
-    } catch (const Error& e) {
-      throw Error(std::string("wick.trainer: option ") + e.what());
-    }
-  }
+  c.device = resolve_device_option("wick.trainer", c.device, dist_env());
   c.group = Group::world(c.device);
   push_box<Trainer>(L, std::make_shared<Trainer>(obj.model, std::static_pointer_cast<Optimizer>(obj.optim), schedule, c),
                     kTrainerMt);
@@ -616,6 +621,16 @@ int core_set_memory_limit(lua_State* L) {
   return 0;
 }
 
+// core.resolve_device([name [, label]]): the device option as wick.train
+// resolves it for this process ("auto" or nil: this rank's GPU, or the CPU)
+int core_resolve_device(lua_State* L) {
+  const std::string name = lua_isnoneornil(L, 1) ? "auto" : check_string(L, 1, "resolve_device");
+  const std::string label = lua_isnoneornil(L, 2) ? "wick.device" : check_string(L, 2, "resolve_device");
+  const std::string d = resolve_device_option(label, name, dist_env());
+  lua_pushlstring(L, d.data(), d.size());
+  return 1;
+}
+
 int core_cuda_available(lua_State* L) {
   lua_pushboolean(L, cuda_available());
   return 1;
@@ -666,6 +681,7 @@ void open_train(lua_State* L) {
                                  {"set_memory_limit", G(core_set_memory_limit)},
                                  {"reset_peak", G(core_reset_peak)},
                                  {"device_memory", G(core_device_memory)},
+                                 {"resolve_device", G(core_resolve_device)},
                                  {nullptr, nullptr}};
   luaL_register(L, nullptr, fns);
 }

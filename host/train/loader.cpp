@@ -1,5 +1,7 @@
 #include "train/loader.hpp"
 
+#include "train/run_options.hpp"
+
 #include <algorithm>
 #include <random>
 
@@ -26,11 +28,8 @@ std::vector<std::int64_t> epoch_order(std::int64_t size, const LoaderConfig& cfg
 }
 
 Loader::Loader(std::shared_ptr<const Dataset> data, LoaderConfig cfg) : data_(std::move(data)), cfg_(cfg) {
-  if (cfg_.micro_batch < 1) throw Error("micro_batch must be >= 1, got " + std::to_string(cfg_.micro_batch));
-  if (cfg_.accumulate < 1) throw Error("accumulate must be >= 1, got " + std::to_string(cfg_.accumulate));
-  if (cfg_.workers < 0) throw Error("workers must be >= 0, got " + std::to_string(cfg_.workers));
-  if (cfg_.prefetch < 1) throw Error("prefetch must be >= 1, got " + std::to_string(cfg_.prefetch));
-  if (cfg_.world_size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.world_size)
+  check_loader_config(cfg_);  // wick.train's declarations, as wick.loader checks them
+  if (cfg_.rank >= cfg_.world_size)
     throw Error("rank " + std::to_string(cfg_.rank) + " is outside the world of " + std::to_string(cfg_.world_size));
   if (data_->size() <= 0) throw Error("the data set is empty");
   start_epoch(0);

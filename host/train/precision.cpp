@@ -70,14 +70,6 @@ void to_half_precision(Model& model, Precision p) {
     if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
 }
 
-void check_loss_scale(const LossScaleConfig& ls) {
-  if (!(ls.init > 0) || !std::isfinite(ls.init)) throw Error("loss_scale: init must be > 0, got " + std::to_string(ls.init));
-  if (ls.dynamic && !(ls.growth > 1)) throw Error("loss_scale: growth must be > 1, got " + std::to_string(ls.growth));
-  if (ls.dynamic && !(ls.backoff > 0 && ls.backoff < 1))
-    throw Error("loss_scale: backoff must be in (0, 1), got " + std::to_string(ls.backoff));
-  if (ls.dynamic && ls.interval < 1) throw Error("loss_scale: interval must be >= 1, got " + std::to_string(ls.interval));
-}
-
 at::Tensor unscale_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params, const at::Tensor& scale) {
   at::Tensor found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(scale.device()));
   const at::Tensor inv_scale = scale.to(at::kDouble).reciprocal().to(at::kFloat);

@@ -63,9 +63,6 @@ bool true_half(Precision p);  ///< bf16-true or fp16-true: the weights themselve
 /// unlike Module::to.
 void to_half_precision(Model& model, Precision p);
 
-/// Throws Error naming the field of `c` out of its range.
-void check_loss_scale(const LossScaleConfig& c);
-
 /// fp16: each gradient of `params` divided by `scale` in place; returns a
 /// one-element float tensor, > 0 when some gradient holds inf or nan.
 at::Tensor unscale_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params, const at::Tensor& scale);

@@ -7,8 +7,11 @@
 #include <limits>
 #include <sstream>
 
+#include "distributed/group.hpp"
+#include "distributed/reducer.hpp"
 #include "plugin/registry.hpp"
 #include "util/args.hpp"
+#include "util/system.hpp"
 
 namespace wick {
 namespace {
@@ -37,6 +40,16 @@ OptionSpec with_choices(OptionSpec s, std::vector<std::string> c) {
 RunOption option(std::string name, std::vector<OptionSpec> forms, Value def, std::string doc, bool trainer = false,
                  bool per_rank = false) {
   return RunOption{std::move(name), std::move(forms), std::move(def), std::move(doc), trainer, per_rank, true};
+}
+
+// the forms' min or max excluded from the range
+RunOption above_min(RunOption o) {
+  o.open_min = true;
+  return o;
+}
+RunOption below_max(RunOption o) {
+  o.open_max = true;
+  return o;
 }
 
 bool takes(const RunOption& o, bool trainer_only) { return trainer_only ? o.trainer : o.run; }
@@ -70,14 +83,24 @@ bool type_fits(OptionType t, const Value& v) {
   return scalar(v);
 }
 
-std::string form_text(const OptionSpec& f) {
+// "[0, 1]", "(0, 1)", ">= 1", "> 0": a form's range as the option declares it
+std::string range_text(const OptionSpec& f, bool open_min, bool open_max) {
+  if (f.min && f.max)
+    return (open_min ? "(" : "[") + Value(*f.min).repr() + ", " + Value(*f.max).repr() + (open_max ? ")" : "]");
+  if (f.min) return (open_min ? "> " : ">= ") + Value(*f.min).repr();
+  if (f.max) return (open_max ? "< " : "<= ") + Value(*f.max).repr();
+  return "";
+}
+
+std::string form_text(const OptionSpec& f, bool open_min = false, bool open_max = false) {
   std::string s = to_string(f.type);
-  if (f.min && f.max) s += " in [" + Value(*f.min).repr() + ", " + Value(*f.max).repr() + "]";
-  else if (f.min) s += " >= " + Value(*f.min).repr();
-  else if (f.max) s += " <= " + Value(*f.max).repr();
+  if (f.min && f.max) s += " in " + range_text(f, open_min, open_max);
+  else if (f.min || f.max) s += " " + range_text(f, open_min, open_max);
   if (!f.choices.empty()) s += " (" + join(f.choices, " | ") + ")";
   return s;
 }
+
+std::string form_text(const RunOption& o, const OptionSpec& f) { return form_text(f, o.open_min, o.open_max); }
 
 }  // namespace
 
@@ -118,25 +141,25 @@ const std::vector<RunOption>& run_options() {
              "gradients, summed over the window (6 bytes more per trainable parameter than plain bf16-true: 18 "
              "with AdamW against 12, and 2 more during each backward)",
              true),
-      option("ema", {with_range(form("ema", T::Float), 0, 1)}, Value(0.0),
+      below_max(option("ema", {with_range(form("ema", T::Float), 0, 1)}, Value(0.0),
              "an exponential moving average of the trainable weights with this decay (0.999; 0: none), in fp32 "
              "beside the weights (4 bytes per trainable parameter), in checkpoints, written to out/ema.safetensors",
-             true),
+             true)),
       option("ema_start", {with_min(form("ema_start", T::Int), 0)}, Value(0),
              "the average copies the weights until this step, and averages from it on", true),
       option("eval_ema", {form("eval_ema", T::Bool)}, Value(false),
              "each evaluation also runs with the averaged weights: ema_loss and ema_<metric> in its record "
              "(monitor = \"eval_ema_loss\" keeps the best averaged checkpoints)"),
-      option("loss_scale", {with_range(form("loss_scale", T::Float), 1e-30, 1e30)}, Value(),
+      above_min(option("loss_scale", {with_range(form("loss_scale", T::Float), 0, 1e30)}, Value(),
              "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
              "backoff, interval}, the loss_scale_* options)",
-             true),
-      option("loss_scale_init", {with_range(form("loss_scale_init", T::Float), 1e-30, 1e30)}, Value(65536.0),
-             "fp16, dynamic scaling: the first scale", true),
-      option("loss_scale_growth", {with_range(form("loss_scale_growth", T::Float), 1.000001, 1e6)}, Value(2.0),
-             "fp16, dynamic scaling: the factor after `interval` clean steps", true),
-      option("loss_scale_backoff", {with_range(form("loss_scale_backoff", T::Float), 1e-6, 0.999999)}, Value(0.5),
-             "fp16, dynamic scaling: the factor after an overflow", true),
+             true)),
+      above_min(option("loss_scale_init", {with_range(form("loss_scale_init", T::Float), 0, 1e30)}, Value(65536.0),
+                       "fp16, dynamic scaling: the first scale", true)),
+      above_min(option("loss_scale_growth", {with_range(form("loss_scale_growth", T::Float), 1, 1e6)}, Value(2.0),
+                       "fp16, dynamic scaling: the factor after `interval` clean steps", true)),
+      above_min(below_max(option("loss_scale_backoff", {with_range(form("loss_scale_backoff", T::Float), 0, 1)},
+                                 Value(0.5), "fp16, dynamic scaling: the factor after an overflow", true))),
       option("loss_scale_interval", {with_min(form("loss_scale_interval", T::Int), 1)}, Value(2000),
              "fp16, dynamic scaling: clean steps before the scale grows", true),
       option("checkpointing",
@@ -238,108 +261,198 @@ const std::vector<RunObjectSpec>& run_objects() {
   return objs;
 }
 
-Options validate_run_options(const std::string& label, const std::map<std::string, Value>& given,
-                             const std::vector<std::string>& objects, bool trainer_only) {
+namespace {
+
+// One form's check: the bounds an option excludes (the plugins' ranges are
+// inclusive), then the plugins' validation (type, finiteness, range,
+// choices). Returns the value converted as the form declares it.
+Value check_form(const std::string& label, const RunOption& o, const OptionSpec& f, const Value& v) {
+  if ((o.open_min || o.open_max) && v.is_number() && std::isfinite(v.as_double())) {
+    const double d = v.as_double();
+    const bool below = f.min && (o.open_min ? d <= *f.min : d < *f.min);
+    const bool above = f.max && (o.open_max ? d >= *f.max : d > *f.max);
+    if (below || above)
+      throw Error(label + ": option '" + o.name + "': expected a value " + (f.min && f.max ? "in " : "") +
+                  range_text(f, o.open_min, o.open_max) + ", got " + v.type_name() + " " + v.repr());
+  }
+  return validate_options(label, {f}, {{o.name, v}}).at(o.name);
+}
+
+// The first form whose type fits `v` decides; none: the forms' types named.
+Value check_value(const std::string& label, const RunOption& o, const Value& v) {
+  for (const auto& f : o.forms)
+    if (type_fits(f.type, v)) return check_form(label, o, f, v);
+  std::vector<std::string> types;
+  for (const auto& f : o.forms) types.push_back(to_string(f.type));
+  throw Error(label + ": option '" + o.name + "': expected " + join(types, " or ") + ", got " + v.type_name() + " " +
+              v.repr() + v.not_exact_note());
+}
+
+Error unknown_option(const std::string& label, const std::string& key, const std::vector<std::string>& known) {
+  return Error(label + ": unknown option '" + key + "' (known options: " + join(known) + ")");
+}
+
+bool is_run_object(const std::string& key) {
+  return std::any_of(run_objects().begin(), run_objects().end(), [&](const auto& o) { return o.name == key; });
+}
+bool is_run_option(const std::string& key) {
+  return std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == key; });
+}
+
+// Every key known (an object or an option this call takes); a key naming an
+// object holds one (or, for schedule, a name).
+void check_keys(const std::string& label, const std::map<std::string, Value>& given,
+                const std::vector<std::string>& objects, bool trainer_only) {
   std::vector<std::string> known;
   for (const auto& o : run_objects())
     if (!trainer_only || o.trainer) known.push_back(o.name);
   for (const auto& o : run_options())
     if (takes(o, trainer_only)) known.push_back(o.name);
+  auto is_known = [&](const std::string& k) { return std::find(known.begin(), known.end(), k) != known.end(); };
   for (const auto& n : objects)
-    if (std::find(known.begin(), known.end(), n) == known.end())
-      throw Error(label + ": unknown option '" + n + "' (known options: " + join(known) + ")");
-  std::map<std::string, Value> out;
+    if (!is_known(n)) throw unknown_option(label, n, known);
   for (const auto& [key, v] : given) {
-    if (std::find(known.begin(), known.end(), key) == known.end())
-      throw Error(label + ": unknown option '" + key + "' (known options: " + join(known) + ")");
-    const bool is_object =
-        std::any_of(run_objects().begin(), run_objects().end(), [&](const auto& o) { return o.name == key; });
-    const bool is_option =
-        std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == key; });
-    if (is_object && !is_option && !(key == "schedule" && v.is_string()) && !v.is_nil())
+    if (!is_known(key)) throw unknown_option(label, key, known);
+    if (is_run_object(key) && !is_run_option(key) && !(key == "schedule" && v.is_string()) && !v.is_nil())
       throw Error(label + ": option '" + key + "': expected a wick object, got " + v.type_name() + " " + v.repr());
   }
-  for (const auto& o : run_options()) {
-    if (!takes(o, trainer_only)) {
-      out[o.name] = o.default_value;  // every option readable, as its default
-      continue;
-    }
-    auto it = given.find(o.name);
-    if (it == given.end() || it->second.is_nil()) {
-      out[o.name] = o.default_value;
-      continue;
-    }
-    const Value& v = it->second;
-    // The first form whose type fits decides; its validation is the plugins'.
-    const OptionSpec* fitting = nullptr;
-    for (const auto& f : o.forms)
-      if (type_fits(f.type, v)) {
-        fitting = &f;
-        break;
-      }
-    if (!fitting) {
-      std::vector<std::string> types;
-      for (const auto& f : o.forms) types.push_back(to_string(f.type));
-      throw Error(label + ": option '" + o.name + "': expected " + join(types, " or ") + ", got " + v.type_name() +
-                  " " + v.repr() + v.not_exact_note());
-    }
-    out[o.name] = validate_options(label, {*fitting}, {{o.name, v}}).at(o.name);
-  }
-  // wick.train's own rules between options
-  auto has = [&](const char* k) { return !out[k].is_nil(); };
-  if (!trainer_only) {
-    const Value& mb = out["micro_batch"];
-    if (mb.is_string()) {
-      if (!has("batch_size"))
-        throw Error(label + ": option 'micro_batch': 'auto' needs batch_size, the effective batch to keep "
-                    "(micro_batch x accumulate x ranks)");
-    } else if (has("batch_size")) {
-      throw Error(label + ": option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate");
-    }
-    if (has("out") && out["out"].as_string().empty())
-      throw Error(label + ": option 'out': expected a run folder's path, got \"\" (leave out unset to write nothing)");
-    if (out["ema_start"].as_int() > 0 && !(out["ema"].as_double() > 0))
-      throw Error(label + ": option 'ema_start' needs 'ema', the average's decay (0.999, ...)");
-    if (mb.is_string() && out["accumulate"].as_int() != 1)
-      throw Error(label + ": option 'accumulate' goes with a micro_batch given: micro_batch = 'auto' finds accumulate "
-                  "itself from batch_size (micro_batch x accumulate x ranks)");
-    if (out["resume"].as_bool() && out["overwrite"].as_bool())
-      throw Error(label + ": options 'resume' and 'overwrite' exclude each other: continue the run in out, or replace it");
-    if (out["overwrite"].as_bool() && !has("out"))
-      throw Error(label + ": option 'overwrite' needs 'out', the run folder to replace");
-    if (out["resume"].as_bool() && !has("out"))
-      throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
-    if (out["save_every"].as_int() > 0 && !has("out"))
-      throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
-    const bool eval_data = std::find(objects.begin(), objects.end(), "eval_data") != objects.end();
-    if (has("monitor")) {
-      if (out["monitor"].as_string().empty())
-        throw Error(label + ": option 'monitor': expected a metric's name such as \"eval_loss\", got \"\"");
-      if (!eval_data)
-        throw Error(label + ": option 'monitor' needs 'eval_data': it watches an evaluation metric");
-      if (!has("out"))
-        throw Error(label + ": option 'monitor' needs 'out', the run folder that keeps the best checkpoints");
-    }
+}
+
+using Checked = std::map<std::string, Value>;
+bool has(const Checked& out, const char* k) { return !out.at(k).is_nil(); }
+
+// micro_batch = "auto" with batch_size, or micro_batch and accumulate given
+void check_batch_rules(const std::string& label, const Checked& out) {
+  const bool automatic = out.at("micro_batch").is_string();
+  if (automatic && !has(out, "batch_size"))
+    throw Error(label + ": option 'micro_batch': 'auto' needs batch_size, the effective batch to keep "
+                "(micro_batch x accumulate x ranks)");
+  if (!automatic && has(out, "batch_size"))
+    throw Error(label + ": option 'batch_size' goes with micro_batch = 'auto'; with micro_batch given, set accumulate");
+  if (automatic && out.at("accumulate").as_int() != 1)
+    throw Error(label + ": option 'accumulate' goes with a micro_batch given: micro_batch = 'auto' finds accumulate "
+                "itself from batch_size (micro_batch x accumulate x ranks)");
+}
+
+// out: a path; resume, overwrite and save_every need it
+void check_folder_rules(const std::string& label, const Checked& out) {
+  if (has(out, "out") && out.at("out").as_string().empty())
+    throw Error(label + ": option 'out': expected a run folder's path, got \"\" (leave out unset to write nothing)");
+  if (out.at("resume").as_bool() && out.at("overwrite").as_bool())
+    throw Error(label + ": options 'resume' and 'overwrite' exclude each other: continue the run in out, or replace it");
+  if (out.at("overwrite").as_bool() && !has(out, "out"))
+    throw Error(label + ": option 'overwrite' needs 'out', the run folder to replace");
+  if (out.at("resume").as_bool() && !has(out, "out"))
+    throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
+  if (out.at("save_every").as_int() > 0 && !has(out, "out"))
+    throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
+}
+
+// monitor needs eval_data and out; its companions need monitor
+void check_monitor_rules(const std::string& label, const Checked& out, bool eval_data) {
+  if (has(out, "monitor")) {
+    if (out.at("monitor").as_string().empty())
+      throw Error(label + ": option 'monitor': expected a metric's name such as \"eval_loss\", got \"\"");
+    if (!eval_data) throw Error(label + ": option 'monitor' needs 'eval_data': it watches an evaluation metric");
+    if (!has(out, "out"))
+      throw Error(label + ": option 'monitor' needs 'out', the run folder that keeps the best checkpoints");
+  } else {
     // (a resolved table, as wick plan passes, holds their defaults: only a setting that acts is refused)
-    if (!has("monitor"))
-      for (const char* k : {"monitor_mode", "patience", "min_delta", "keep_best"}) {
-        const Value& v = out[k];
-        const bool acts = std::string(k) == "monitor_mode" ? !v.is_nil()
-                          : std::string(k) == "keep_best"  ? v.as_int() != 1
-                          : std::string(k) == "patience"   ? v.as_int() > 0
-                                                           : v.as_double() > 0;
-        if (acts) throw Error(label + ": option '" + std::string(k) + "' needs 'monitor', the evaluation metric it is about");
-      }
-    if (out["eval_ema"].as_bool() && !(out["ema"].as_double() > 0))
-      throw Error(label + ": option 'eval_ema' needs 'ema', the average's decay (0.999, ...)");
-    if (out["patience"].as_int() > 0 && out["eval_every"].as_int() == 0)
-      throw Error(label + ": option 'patience' needs eval_every > 0: without it there is one evaluation, at the end");
+    const bool acts[] = {has(out, "monitor_mode"), out.at("patience").as_int() > 0,
+                         out.at("min_delta").as_double() > 0, out.at("keep_best").as_int() != 1};
+    const char* names[] = {"monitor_mode", "patience", "min_delta", "keep_best"};
+    for (int i = 0; i < 4; ++i)
+      if (acts[i]) throw Error(label + ": option '" + names[i] + "' needs 'monitor', the evaluation metric it is about");
   }
-  if (has("loss_scale"))
+  if (out.at("patience").as_int() > 0 && out.at("eval_every").as_int() == 0)
+    throw Error(label + ": option 'patience' needs eval_every > 0: without it there is one evaluation, at the end");
+}
+
+// ema_start and eval_ema need ema
+void check_ema_rules(const std::string& label, const Checked& out) {
+  const bool ema = out.at("ema").as_double() > 0;
+  if (out.at("ema_start").as_int() > 0 && !ema)
+    throw Error(label + ": option 'ema_start' needs 'ema', the average's decay (0.999, ...)");
+  if (out.at("eval_ema").as_bool() && !ema)
+    throw Error(label + ": option 'eval_ema' needs 'ema', the average's decay (0.999, ...)");
+}
+
+// The rules between a trainer's options (wick.train's, wick.trainer's and a
+// TrainerConfig's): a fixed loss scale or dynamic scaling; master weights
+// with a half-precision model only; one gradient exchange per window under
+// shard and with master weights; offloading what checkpointing keeps.
+void check_trainer_rules(const std::string& label, const Checked& out, const std::map<std::string, Value>& given) {
+  if (has(out, "loss_scale"))
     for (const char* k : {"loss_scale_init", "loss_scale_growth", "loss_scale_backoff", "loss_scale_interval"})
       if (auto g = given.find(k); g != given.end() && !g->second.is_nil())
         throw Error(label + ": option 'loss_scale': a fixed scale and " + std::string(k) +
                     " (dynamic scaling) exclude each other");
+  const std::string precision = out.at("precision").as_string();
+  const bool master = out.at("master_weights").as_bool();
+  const bool per_micro_batch = out.at("sync").as_string() == "micro_batch";
+  if (master && precision != "bf16-true" && precision != "fp16-true")
+    throw Error(label + ": option 'master_weights': only with precision = \"bf16-true\" or \"fp16-true\" (" +
+                precision + (precision == "fp32" ? " weights are fp32 already)" : " keeps fp32 weights already)"));
+  if (const std::string shard = out.at("shard").as_string(); shard != "none" && per_micro_batch)
+    throw Error(label + ": option 'sync': shard = \"" + shard + "\": gradients are reduce-scattered once per window, "
+                "with the last backward; sync = \"micro_batch\" cannot be used with it");
+  const Value& ck = out.at("checkpointing");
+  if (out.at("offload_activations").as_bool() && ck.is_bool() && !ck.as_bool())
+    throw Error(label + ": option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, and "
+                "checkpointing is false; set checkpointing = true (or k, or block names) too");
+  if (master && per_micro_batch)
+    throw Error(label + ": option 'sync': master_weights: gradients are summed in fp32 over the window and cross "
+                "ranks once, at its end; sync = \"micro_batch\" cannot be used with it");
+}
+
+}  // namespace
+
+Options validate_run_options(const std::string& label, const std::map<std::string, Value>& given,
+                             const std::vector<std::string>& objects, bool trainer_only) {
+  check_keys(label, given, objects, trainer_only);
+  Checked out;
+  for (const auto& o : run_options()) {
+    auto it = given.find(o.name);
+    const bool present = takes(o, trainer_only) && it != given.end() && !it->second.is_nil();
+    // an option this call does not take is readable too, as its default
+    out[o.name] = present ? check_value(label, o, it->second) : o.default_value;
+  }
+  if (!trainer_only) {
+    check_batch_rules(label, out);
+    check_folder_rules(label, out);
+    check_monitor_rules(label, out, std::find(objects.begin(), objects.end(), "eval_data") != objects.end());
+    check_ema_rules(label, out);
+  }
+  check_trainer_rules(label, out, given);
+  return Options(std::move(out));
+}
+
+Options validate_loader_options(const std::string& label, const std::map<std::string, Value>& given) {
+  // the run's own declarations; micro_batch's whole-number form alone ("auto" is wick.train's)
+  static const std::vector<RunOption> opts = [] {
+    std::vector<RunOption> v;
+    for (const char* name : {"micro_batch", "accumulate", "shuffle", "seed", "drop_last", "workers", "prefetch"})
+      for (const auto& o : run_options())
+        if (o.name == name) v.push_back(o);
+    auto& mb = v.front().forms;
+    mb.erase(std::remove_if(mb.begin(), mb.end(), [](const auto& f) { return f.type == OptionType::String; }), mb.end());
+    using T = OptionType;
+    v.push_back(option("rank", {with_range(form("rank", T::Int), 0, 1 << 20)}, Value(), "this loader's rank (default: the process's)"));
+    v.push_back(option("world_size", {with_range(form("world_size", T::Int), 1, 1 << 20)}, Value(),
+                       "the ranks the data is divided among (default: the process's world)"));
+    v.push_back(option("pin_memory", {form("pin_memory", T::Bool)}, Value(false),
+                       "page-lock batches for fast, asynchronous copies to a GPU"));
+    return v;
+  }();
+  std::vector<std::string> known;
+  for (const auto& o : opts) known.push_back(o.name);
+  for (const auto& [key, v] : given)
+    if (std::find(known.begin(), known.end(), key) == known.end()) throw unknown_option(label, key, known);
+  Checked out;
+  for (const auto& o : opts) {
+    auto it = given.find(o.name);
+    out[o.name] = it != given.end() && !it->second.is_nil() ? check_value(label, o, it->second) : o.default_value;
+  }
   return Options(std::move(out));
 }
 
@@ -365,7 +478,7 @@ Value parse_run_option(const std::string& name, const std::string& text) {
   // failing all, to the error below that names every form with its range
   auto in_range = [&](const OptionSpec& f, const Value& v) {
     try {
-      validate_options(name, {f}, {{name, v}});
+      check_form(name, *opt, f, v);
       return true;
     } catch (const Error&) {
       return false;
@@ -404,7 +517,7 @@ Value parse_run_option(const std::string& name, const std::string& text) {
     }
   }
   std::vector<std::string> forms;
-  for (const auto& f : opt->forms) forms.push_back(form_text(f));
+  for (const auto& f : opt->forms) forms.push_back(form_text(*opt, f));
   throw Error("command line: " + name + "=" + text + ": expected " + join(forms, " or "));
 }
 
@@ -447,6 +560,67 @@ TrainerConfig trainer_config(const Options& o) {
   return c;
 }
 
+void check_loader_config(const LoaderConfig& c) {
+  validate_loader_options("LoaderConfig", {{"micro_batch", Value(c.micro_batch)},
+                                           {"accumulate", Value(c.accumulate)},
+                                           {"workers", Value(c.workers)},
+                                           {"prefetch", Value(c.prefetch)},
+                                           {"rank", Value(c.rank)},
+                                           {"world_size", Value(c.world_size)}});
+}
+
+void check_trainer_config(const TrainerConfig& c) {
+  std::map<std::string, Value> given = {
+      {"clip_grad_norm", Value(c.clip_grad_norm)},
+      {"clip_grad_value", Value(c.clip_grad_value)},
+      {"precision", Value(to_string(c.precision))},
+      {"master_weights", Value(c.master_weights)},
+      {"ema", Value(c.ema)},
+      {"ema_start", Value(c.ema_start)},
+      {"offload_activations", Value(c.checkpointing.offload)},
+      {"on_oom", Value(c.split_on_oom ? "split" : "fail")},
+      {"empty_cache_every", Value(c.empty_cache_every)},
+      {"memory_fraction", Value(c.memory_fraction)},
+      {"total_steps", Value(c.total_steps)},
+      {"device", Value(c.device)},
+      {"bucket_mb", Value(c.bucket_mb)},
+      {"sync", Value(c.sync_every_micro_batch ? "micro_batch" : "window")},
+      {"shard", Value(to_string(c.shard))},
+  };
+  if (c.loss_scale.dynamic) {
+    given["loss_scale_init"] = Value(c.loss_scale.init);
+    given["loss_scale_growth"] = Value(c.loss_scale.growth);
+    given["loss_scale_backoff"] = Value(c.loss_scale.backoff);
+    given["loss_scale_interval"] = Value(c.loss_scale.interval);
+  } else {
+    given["loss_scale"] = Value(c.loss_scale.init);
+  }
+  using Mode = CheckpointingConfig::Mode;
+  switch (c.checkpointing.mode) {
+    case Mode::None: given["checkpointing"] = Value(false); break;
+    case Mode::All: given["checkpointing"] = Value(true); break;
+    case Mode::EveryK: given["checkpointing"] = Value(c.checkpointing.k); break;
+    case Mode::Names: {
+      List names;
+      for (const auto& n : c.checkpointing.names) names.push_back(Value(n));
+      given["checkpointing"] = Value(names);
+      break;
+    }
+  }
+  validate_run_options("TrainerConfig", given, {}, /*trainer_only=*/true);
+}
+
+std::string resolve_device_option(const std::string& label, const std::string& device, const DistEnv& env) {
+  // (a rank's device: LOCAL_RANK modulo the devices it sees; srun --gpus-per-task=1 shows each one)
+  try {
+    const std::string d = resolve_device(device, env.local_rank, env.local_world_size, env.world_size);
+    (void)dist_backend(d);  // WICK_DIST_BACKEND checked before anything is touched
+    return d;
+  } catch (const Error& e) {
+    throw Error(label + ": option " + e.what());
+  }
+}
+
 std::string describe_run_options() {
   std::ostringstream s;
   s << "wick.train options (wick.trainer takes those marked [trainer]); every option can be given on the command\n"
@@ -461,7 +635,7 @@ std::string describe_run_options() {
   s << "\noptions:\n";
   for (const auto& o : run_options()) {
     std::vector<std::string> forms;
-    for (const auto& f : o.forms) forms.push_back(form_text(f));
+    for (const auto& f : o.forms) forms.push_back(form_text(o, f));
     const std::string def = o.default_value.is_nil() ? "(none)" : o.default_value.repr();
     char line[512];
     std::snprintf(line, sizeof line, "  %-20s %-30s default %s%s\n      %s\n", o.name.c_str(), join(forms, " or ").c_str(),

@@ -152,21 +152,24 @@ std::vector<std::string> taken_overrides(const RunRequest& req) {
   return out;
 }
 
-Resolved resolve(const RunRequest& req) {
-  Resolved r;
-  r.label = req.label;
-  r.obj = req.objects;
-  const std::string& L = r.label;
-  std::map<std::string, Value> given = req.options;
+namespace {
+
+// The objects given, by their option names.
+std::vector<std::string> object_names(const RunObjects& obj) {
   std::vector<std::string> objects;
-  if (r.obj.model) objects.push_back("model");
-  if (r.obj.data) objects.push_back("data");
-  if (r.obj.optim) objects.push_back("optim");
-  if (r.obj.schedule) objects.push_back("schedule");
-  if (r.obj.eval_data) objects.push_back("eval_data");
-  // command-line overrides: key=value naming an option, read as it declares
+  if (obj.model) objects.push_back("model");
+  if (obj.data) objects.push_back("data");
+  if (obj.optim) objects.push_back("optim");
+  if (obj.schedule) objects.push_back("schedule");
+  if (obj.eval_data) objects.push_back("eval_data");
+  return objects;
+}
+
+// Command-line key=value pairs naming an option, read as it declares, over
+// the recipe's values; returns those that changed a value ("k=v").
+std::vector<std::string> apply_overrides(const RunRequest& req, const std::vector<std::string>& taken,
+                                         std::map<std::string, Value>& given) {
   std::vector<std::string> overridden;
-  const auto taken = taken_overrides(req);
   for (const auto& [k, text] : req.overrides) {
     if (std::find(taken.begin(), taken.end(), k) == taken.end()) continue;
     Value v = parse_run_option(k, text);
@@ -175,7 +178,13 @@ Resolved resolve(const RunRequest& req) {
     given[k] = v;
     overridden.push_back(k + "=" + text);
   }
-  r.o = validate_run_options(L, given, objects);
+  return overridden;
+}
+
+// model, data and optim present; optim an optimizer, schedule a schedule
+// (or a name, made here with warmup_steps).
+void type_objects(Resolved& r, const std::map<std::string, Value>& given) {
+  const std::string& L = r.label;
   for (const auto& [name, obj] : std::vector<std::pair<const char*, bool>>{
            {"model", bool(r.obj.model)}, {"data", bool(r.obj.data)}, {"optim", bool(r.obj.optim)}})
     if (!obj) throw Error(L + ": option '" + name + "' is required");
@@ -194,33 +203,37 @@ Resolved resolve(const RunRequest& req) {
       throw Error(L + ": option 'schedule': " + e.what());
     }
   }
-  r.quiet = r.o.get_bool("quiet");
-  r.dist = dist_env();
-  r.rank0 = r.dist.rank == 0;
-  if (!r.rank0) r.quiet = true;
-  // keys that no option takes and the recipe has not read (yet): a typo such
-  // as epoch=3 is named before a long run, not after it
-  if (r.rank0) {
-    std::string unused;
-    int n = 0;
-    for (const auto& [k, text] : req.overrides)
-      if (std::find(taken.begin(), taken.end(), k) == taken.end() && !req.args_read.count(k)) {
-        unused += (unused.empty() ? "" : " ") + k + "=" + text;
-        ++n;
-      }
-    if (n)
-      err_line("wick: warning: " + L + ": command-line " + (n == 1 ? "key " : "keys ") + unused +
-               (n == 1 ? " is" : " are") + " not used so far: no wick.train option has " +
-               (n == 1 ? "its name" : "their names") + " and the recipe has not read " + (n == 1 ? "it" : "them") +
-               " from wick.args (`wick describe train` lists the options)");
-  }
-  if (!overridden.empty() && !r.quiet) {
-    std::sort(overridden.begin(), overridden.end());
-    std::string s;
-    for (const auto& x : overridden) s += (s.empty() ? "" : " ") + x;
-    err_line(L + ": from the command line: " + s);
-  }
-  // checkpointing by name: every name a block of the model
+}
+
+// Keys that no option takes and the recipe has not read (yet): a typo such
+// as epoch=3 is named before a long run, not after it.
+void warn_unused_keys(const RunRequest& req, const std::vector<std::string>& taken, const std::string& L) {
+  std::string unused;
+  int n = 0;
+  for (const auto& [k, text] : req.overrides)
+    if (std::find(taken.begin(), taken.end(), k) == taken.end() && !req.args_read.count(k)) {
+      unused += (unused.empty() ? "" : " ") + k + "=" + text;
+      ++n;
+    }
+  if (n)
+    err_line("wick: warning: " + L + ": command-line " + (n == 1 ? "key " : "keys ") + unused +
+             (n == 1 ? " is" : " are") + " not used so far: no wick.train option has " +
+             (n == 1 ? "its name" : "their names") + " and the recipe has not read " + (n == 1 ? "it" : "them") +
+             " from wick.args (`wick describe train` lists the options)");
+}
+
+void say_overrides(std::vector<std::string> overridden, const std::string& L) {
+  if (overridden.empty()) return;
+  std::sort(overridden.begin(), overridden.end());
+  std::string s;
+  for (const auto& x : overridden) s += (s.empty() ? "" : " ") + x;
+  err_line(L + ": from the command line: " + s);
+}
+
+// Checkpointing against the model: every name a block of it, some block to
+// checkpoint at all. (The rule between the options, offload_activations
+// needing checkpointing, is the schema's.)
+void check_checkpointing(const Resolved& r) {
   const auto blocks = r.obj.model->blocks();
   const Value& ck = r.o.at("checkpointing");
   if (ck.is_list()) {
@@ -228,28 +241,42 @@ Resolved resolve(const RunRequest& req) {
       if (std::find(blocks.begin(), blocks.end(), n.as_string()) == blocks.end()) {
         std::string known;
         for (const auto& b : blocks) known += (known.empty() ? "" : ", ") + b;
-        throw Error(L + ": option 'checkpointing': the model has no block '" + n.as_string() + "' (its blocks: " +
+        throw Error(r.label + ": option 'checkpointing': the model has no block '" + n.as_string() + "' (its blocks: " +
                     (known.empty() ? "none" : known) + ")");
       }
   }
   if (!(ck.is_bool() && !ck.as_bool()) && blocks.empty())
-    throw Error(L + ": option 'checkpointing': the model declares no blocks to checkpoint");
-  if (r.o.get_bool("offload_activations") && ck.is_bool() && !ck.as_bool())
-    throw Error(L + ": option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, and "
-                "checkpointing is false; set checkpointing = true (or k, or block names) too");
+    throw Error(r.label + ": option 'checkpointing': the model declares no blocks to checkpoint");
+}
+
+void warn_loss_scale(const Resolved& r, const std::map<std::string, Value>& given) {
   const std::string precision = r.o.get_string("precision");
   const bool scale_given = std::any_of(given.begin(), given.end(), [](const auto& kv) {
     return kv.first.rfind("loss_scale", 0) == 0 && !kv.second.is_nil();
   });
   if (scale_given && precision != "fp16-mixed" && precision != "fp16-true" && r.rank0)
-    err_line(L + ": loss_scale applies to fp16 precisions only; with " + precision + " it has no effect");
-  // (a rank's device: LOCAL_RANK modulo the devices it sees; srun --gpus-per-task=1 shows each one)
-  try {
-    r.device = resolve_device(r.o.get_string("device"), r.dist.local_rank, r.dist.local_world_size, r.dist.world_size);
-    (void)dist_backend(r.device);  // WICK_DIST_BACKEND checked before anything is touched
-  } catch (const Error& e) {
-    throw Error(L + ": option " + e.what());
-  }
+    err_line(r.label + ": loss_scale applies to fp16 precisions only; with " + precision + " it has no effect");
+}
+
+}  // namespace
+
+Resolved resolve(const RunRequest& req) {
+  Resolved r;
+  r.label = req.label;
+  r.obj = req.objects;
+  std::map<std::string, Value> given = req.options;
+  const auto taken = taken_overrides(req);
+  const auto overridden = apply_overrides(req, taken, given);
+  r.o = validate_run_options(r.label, given, object_names(r.obj));
+  type_objects(r, given);
+  r.dist = dist_env();
+  r.rank0 = r.dist.rank == 0;
+  r.quiet = r.o.get_bool("quiet") || !r.rank0;
+  if (r.rank0) warn_unused_keys(req, taken, r.label);
+  if (!r.quiet) say_overrides(overridden, r.label);
+  check_checkpointing(r);
+  warn_loss_scale(r, given);
+  r.device = resolve_device_option(r.label, r.o.get_string("device"), r.dist);
   r.micro_auto = r.o.at("micro_batch").is_string();
   r.micro_batch = r.micro_auto ? 0 : r.o.get_int("micro_batch");
   r.accumulate = r.o.get_int("accumulate");

@@ -19,6 +19,7 @@
 #include "train/activation_checkpoint.hpp"
 #include "train/device_feed.hpp"
 #include "train/param_groups.hpp"
+#include "train/run_options.hpp"
 #include "train/trainer_internal.hpp"
 #include "util/system.hpp"
 #include "wick/kit/safetensors.hpp"
@@ -176,31 +177,16 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   }
 }
 
-// What the engine's schema does not check for a trainer made in C++ (the
-// tests' and custom loops' configurations).
+// The objects, then the configuration through wick.train's schema (one
+// implementation of its ranges and rules): wick.train and wick.trainer checked
+// their options already, a TrainerConfig built in C++ (the tests', a custom
+// host's) is checked here.
 void Trainer::check_config() const {
   if (!model_) throw Error("wick.train: 'model' is required");
   if (!optim_) throw Error("wick.train: 'optim' is required");
   if (const std::string why = weights_partitioned(*model_); !why.empty())
     throw Error("wick.train: the model cannot be trained: " + why);
-  if (cfg_.clip_grad_norm < 0) throw Error("clip_grad_norm must be >= 0, got " + std::to_string(cfg_.clip_grad_norm));
-  if (cfg_.clip_grad_value < 0) throw Error("clip_grad_value must be >= 0, got " + std::to_string(cfg_.clip_grad_value));
-  if (cfg_.empty_cache_every < 0)
-    throw Error("empty_cache_every must be >= 0 steps, got " + std::to_string(cfg_.empty_cache_every));
-  if (cfg_.memory_fraction < 0 || cfg_.memory_fraction > 1)
-    throw Error("memory_fraction must be in (0, 1] (0: no cap), got " + std::to_string(cfg_.memory_fraction));
-  check_loss_scale(cfg_.loss_scale);
-  if (cfg_.master_weights && !true_half(cfg_.precision))
-    throw Error("master_weights: only with precision = \"bf16-true\" or \"fp16-true\" (" + to_string(cfg_.precision) +
-                (cfg_.precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
-  if (cfg_.shard != ShardMode::None && cfg_.sync_every_micro_batch)
-    throw Error("shard = \"" + to_string(cfg_.shard) + "\": gradients are reduce-scattered once per window, with the "
-                "last backward; sync = \"micro_batch\" cannot be used with it");
-  if (cfg_.master_weights && cfg_.sync_every_micro_batch)
-    throw Error("master_weights: gradients are summed in fp32 over the window and cross ranks once, at its end; "
-                "sync = \"micro_batch\" cannot be used with it");
-  if (!(cfg_.ema >= 0 && cfg_.ema < 1))
-    throw Error("ema: expected a decay in [0, 1) (0.999; 0: no average), got " + std::to_string(cfg_.ema));
+  check_trainer_config(cfg_);
 }
 
 // Activation checkpointing of the blocks the model declares.

@@ -91,7 +91,7 @@ CASES = [
     Case("launch: pair before the recipe", ["launch", "--nproc-per-node", "1", "lr=1", "args.lua"],
          r"'lr=1' is not a recipe file", rc=2, setup=files(**{"args.lua": "print(1)\n"})),
     Case("master_weights=true without a true precision", ["run", "recipe.lua", "master_weights=true"],
-         r"recipe\.lua:5: master_weights: only with precision = \"bf16-true\" or \"fp16-true\" \(fp32 weights are fp32 already\)",
+         r"recipe\.lua:5: wick\.train: option 'master_weights': only with precision = \"bf16-true\" or \"fp16-true\" \(fp32 weights are fp32 already\)",
          setup=recipe(TRAIN)),
     Case("master_weights=yes", ["run", "recipe.lua", "precision=bf16-true", "master_weights=yes"],
          r"command line: master_weights=yes: expected", setup=recipe(TRAIN)),

@@ -48,4 +48,18 @@ CASES = [
                       "local trainer = wick.trainer { model = model, optim = wick.optim('sgd', { lr = 0.1 }) }\n"
                       f"trainer:evaluate(data, {bad})\n"))
     for bad, shown in [("0", "0"), ("1.5", r"1\.5"), ("-2", "-2"), ("1/0", "inf")]
+] + [
+    # wick.loader's options go through wick.train's declarations (2.5 was truncated to 2 before)
+    Case(f"wick.loader {name}", ["run", "recipe.lua"], r"recipe\.lua:3: wick\.loader: " + shown,
+         setup=recipe("local wick = require 'wick'\n"
+                      "local data = wick.data('synthetic', { size = 8, inputs = 4, classes = 2 })\n"
+                      f"local loader = wick.loader(data, {{ {given} }})\n"))
+    for name, given, shown in [
+        ("micro_batch 2.5", "micro_batch = 2.5", r"option 'micro_batch': expected integer, got number 2\.5"),
+        ("micro_batch 0", "micro_batch = 0", r"option 'micro_batch': expected a value >= 1, got integer 0"),
+        ("micro_batch a string", "micro_batch = 'x'", r"option 'micro_batch': expected integer, got string \"x\""),
+        ("accumulate -1", "accumulate = -1", r"option 'accumulate': expected a value >= 1, got integer -1"),
+        ("workers 1.5", "workers = 1.5", r"option 'workers': expected integer, got number 1\.5"),
+        ("unknown key", "micro_bach = 2", r"unknown option 'micro_bach' \(known options: micro_batch, "),
+    ]
 ]

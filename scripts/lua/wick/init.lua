@@ -88,17 +88,16 @@ end
 --- true (and the signal number) once SIGINT or SIGTERM arrived.
 function wick.interrupted() return core.interrupted() end
 
---- The device "auto" stands for: cuda when usable, else cpu.
-function wick.device(name)
-  if name == nil or name == "auto" then return core.cuda_available() and "cuda" or "cpu" end
-  return name
-end
+--- The device a name stands for, resolved as wick.train resolves its device
+-- option: "auto" (or nil) is this rank's GPU (cuda, or cuda:N with several
+-- ranks) when CUDA is usable, else cpu; another name is checked and returned.
+function wick.device(name) return core.resolve_device(name) end
 
 --- Loss and metrics over a whole data set, without gradients.
 -- opts: micro_batch (default 32), device (default "auto").
 function wick.evaluate(model, data, opts)
   opts = opts or {}
-  return core.evaluate(model, data, opts.micro_batch or 32, wick.device(opts.device))
+  return core.evaluate(model, data, opts.micro_batch or 32, core.resolve_device(opts.device, "wick.evaluate"))
 end
 
 --- A Hugging Face tokenizer: wick.tokenizer(path) with path a model folder

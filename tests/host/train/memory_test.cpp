@@ -260,7 +260,8 @@ TEST(Checkpointing, AnUnknownBlockNameIsAnErrorListingTheBlocks) {
 }
 
 TEST(Checkpointing, EveryKBelowOneIsRefused) {
-  EXPECT_THAT(test::error_of([] { chosen_blocks({.mode = CkMode::EveryK, .k = 0}); }), HasSubstr("k >= 1"));
+  EXPECT_THAT(test::error_of([] { chosen_blocks({.mode = CkMode::EveryK, .k = 0}); }),
+              HasSubstr("option 'checkpointing': expected a value >= 1, got integer 0"));
 }
 
 TEST(Checkpointing, AModelWithoutBlocksIsRefused) {
@@ -466,7 +467,7 @@ TEST(TrainerConfig, ALossScaleBackoffOutsideZeroToOneIsRefused) {
                 Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr,
                           {.precision = Precision::FP16Mixed, .loss_scale = {.backoff = 2}});
               }),
-              HasSubstr("backoff must be in (0, 1)"));
+              HasSubstr("TrainerConfig: option 'loss_scale_backoff': expected a value in (0, 1), got number 2"));
 }
 
 // ---- the decoder language model ----
@@ -639,7 +640,7 @@ TEST(Precision, MasterWeightsOnTwoRanksEqualOneRankWithTheWholeWindow) {
 
 TEST(Precision, MasterWeightsAreAnOptionOfTheTrueModesOnly) {
   EXPECT_THAT(test::error_of([] { Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr, {.master_weights = true}); }),
-              HasSubstr("master_weights: only with precision = \"bf16-true\" or \"fp16-true\""));
+              HasSubstr("option 'master_weights': only with precision = \"bf16-true\" or \"fp16-true\""));
   EXPECT_THAT(test::error_of([] {
                 Trainer t(mlp(4, {4}, 2), sgd(0.1), nullptr,
                           {.precision = Precision::BF16True, .sync_every_micro_batch = true, .master_weights = true});
