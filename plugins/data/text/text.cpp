@@ -155,6 +155,37 @@ class Text : public wick::Dataset {
         assistant_only_loss_(o.get_bool("assistant_only_loss")),
         completion_only_loss_(o.get_bool("completion_only_loss")) {
     const std::string tok = tokenizer_file(o.get_string("tokenizer"));
+    const std::string eos = read_tokenizer(o, tok);
+    if (!o.has("files") && !o.has("file")) {  // the tokenizer alone (wick.tokenizer)
+      check_tokenizer_alone(o);
+      return;
+    }
+    check_source_options(o);
+    // the sources: `files` (each a file or a glob pattern, expanded sorted;
+    // a file named *.jsonl is JSONL, any other plain text, one document) and
+    // `file` (JSONL); the held-out half (split = "eval") reads eval_files
+    // instead, and the training half leaves them out
+    const std::string split = o.get_string("split");
+    const double fraction = o.get_double("eval_fraction");
+    const std::vector<Source> sources = select_sources(o, split);
+    std::vector<std::string> paths;
+    for (const auto& src : sources) paths.push_back(src.path);
+    std::vector<Doc> docs = read_documents(o, sources, paths, tok, eos);
+    if (fraction > 0) docs = split_documents(std::move(docs), fraction, o.get_int("split_seed"), split == "eval");
+    documents_ = static_cast<std::int64_t>(docs.size());
+    std::string first_skip;
+    if (o.get_bool("pack")) {
+      pack_samples(docs, first_skip);
+    } else {
+      truncate_samples(docs, paths, first_skip);
+    }
+    check_samples(first_skip);
+  }
+
+ private:
+  // The tokenizer (its folder kept for the chat template) and its
+  // end-of-text token; the token's text.
+  std::string read_tokenizer(const wick::Options& o, const std::string& tok) {
     if (tok != "bytes") folder_ = fs::path(tok).parent_path().string();
     if (folder_.empty() && tok != "bytes") folder_ = ".";
     tokenizer_ = tok == "bytes" ? wick::text::byte_tokenizer() : wick::text::bpe_tokenizer(tok);
@@ -167,20 +198,21 @@ class Text : public wick::Dataset {
     if (eos_ < 0 && (o.has("files") || o.has("file")))
       throw wick::Error("data 'text': the tokenizer has no end-of-text token '" + eos + "' (set eos_token)");
     vocab_ = tokenizer_->vocab_size();
-    if (!o.has("files") && !o.has("file")) {  // the tokenizer alone (wick.tokenizer)
-      for (const char* k : {"eval_files", "eval_fraction", "pack_attention"})
-        if (o.has(k) && !(std::string(k) == "eval_fraction" && o.get_double(k) == 0))
-          throw wick::Error(std::string("data 'text': ") + k + " is given without files or file, expected the sources it applies to");
-      return;
-    }
+    return eos;
+  }
+
+  static void check_tokenizer_alone(const wick::Options& o) {
+    for (const char* k : {"eval_files", "eval_fraction", "pack_attention"})
+      if (o.has(k) && !(std::string(k) == "eval_fraction" && o.get_double(k) == 0))
+        throw wick::Error(std::string("data 'text': ") + k + " is given without files or file, expected the sources it applies to");
+  }
+
+  // pack_attention and the held-out documents' options, and how they meet.
+  void check_source_options(const wick::Options& o) {
     pack_document_ = o.has("pack_attention") && o.get_string("pack_attention") == "document";
     if (o.has("pack_attention") && !o.get_bool("pack"))
       throw wick::Error("data 'text': pack_attention = '" + o.get_string("pack_attention") +
                         "' without pack = true, expected pack = true (it says how packed documents attend)");
-    // the sources: `files` (each a file or a glob pattern, expanded sorted;
-    // a file named *.jsonl is JSONL, any other plain text, one document) and
-    // `file` (JSONL); the held-out half (split = "eval") reads eval_files
-    // instead, and the training half leaves them out
     const std::string split = o.get_string("split");
     const double fraction = o.get_double("eval_fraction");
     if (fraction >= 1)
@@ -192,101 +224,112 @@ class Text : public wick::Dataset {
     if (split == "eval" && fraction == 0 && !o.has("eval_files"))
       throw wick::Error("data 'text': split = 'eval' without eval_fraction or eval_files, expected one of them to say "
                         "which documents are held out");
+  }
+
+  static std::vector<Source> select_sources(const wick::Options& o, const std::string& split) {
     std::vector<Source> sources;
     if (o.has("files")) sources = expand(o.at("files").as_list(), "files");
     if (o.has("file")) sources.push_back({o.get_string("file"), true});
-    if (o.has("eval_files")) {
-      auto held = expand(o.at("eval_files").as_list(), "eval_files");
-      if (split == "eval") {
-        sources = std::move(held);
-      } else {  // the training half: every source but the held-out files
-        std::vector<std::string> out;
-        for (const auto& h : held) out.push_back(same_file_key(h.path));
-        std::erase_if(sources, [&](const Source& s) {
-          return std::find(out.begin(), out.end(), same_file_key(s.path)) != out.end();
-        });
-        if (sources.empty())
-          throw wick::Error("data 'text': every file is among eval_files, expected files to train on beside them");
-      }
-    }
-    std::vector<std::string> paths;
-    for (const auto& src : sources) paths.push_back(src.path);
-    // Tokenized documents are cached on disk, keyed by the sources (path,
-    // size, modification time), the tokenizer and the end-of-text token: a
-    // second run reads them instead of tokenizing again.
+    if (!o.has("eval_files")) return sources;
+    auto held = expand(o.at("eval_files").as_list(), "eval_files");
+    if (split == "eval") return held;
+    // the training half: every source but the held-out files
+    std::vector<std::string> out;
+    for (const auto& h : held) out.push_back(same_file_key(h.path));
+    std::erase_if(sources, [&](const Source& s) {
+      return std::find(out.begin(), out.end(), same_file_key(s.path)) != out.end();
+    });
+    if (sources.empty())
+      throw wick::Error("data 'text': every file is among eval_files, expected files to train on beside them");
+    return sources;
+  }
+
+  // Tokenized documents are cached on disk, keyed by the sources (path,
+  // size, modification time), the tokenizer and the end-of-text token: a
+  // second run reads them instead of tokenizing again.
+  std::vector<Doc> read_documents(const wick::Options& o, const std::vector<Source>& sources,
+                                  const std::vector<std::string>& paths, const std::string& tok, const std::string& eos) {
     const fs::path cache = cache_file(o, paths, tok, eos);
     std::vector<Doc> docs;
     if (!cache.empty() && read_cache(cache, docs)) {
       cached_ = true;
-    } else {
-      for (std::size_t k = 0; k < sources.size(); ++k) {
-        const auto& src = sources[k];
-        if (src.jsonl) {
-          read_jsonl(src.path, static_cast<std::int64_t>(k), docs);
-        } else {
-          docs.push_back(text_doc(read_file(src.path), "", src.path));
-          docs.back().source = static_cast<std::int64_t>(k);
-        }
-      }
-      if (!cache.empty()) write_cache(cache, docs);
+      return docs;
     }
-    if (fraction > 0) docs = split_documents(std::move(docs), fraction, o.get_int("split_seed"), split == "eval");
-    documents_ = static_cast<std::int64_t>(docs.size());
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      const auto& src = sources[k];
+      if (src.jsonl) {
+        read_jsonl(src.path, static_cast<std::int64_t>(k), docs);
+      } else {
+        docs.push_back(text_doc(read_file(src.path), "", src.path));
+        docs.back().source = static_cast<std::int64_t>(k);
+      }
+    }
+    if (!cache.empty()) write_cache(cache, docs);
+    return docs;
+  }
+
+  // A sample with nothing to learn from, told of (the first ten) and counted.
+  void skip(const std::string& what, const std::string& why, std::string& first_skip) {
+    if (skipped_ < 10) std::fprintf(stderr, "wick: data 'text': skipping %s: %s\n", what.c_str(), why.c_str());
+    if (first_skip.empty()) first_skip = what + ": " + why;
+    ++skipped_;
+  }
+
+  // pack = true: the documents end to end, cut into max_length chunks.
+  // pack_attention = "document": each token's position within its
+  // document (restarting at 0 at each document's first token, and at
+  // each chunk's first), from which the model masks attention across
+  // documents; a document's first token is not predicted from the one
+  // before it, which belongs to another document
+  void pack_samples(const std::vector<Doc>& docs, std::string& first_skip) {
+    Doc all;
+    for (auto& d : docs) {
+      all.ids.insert(all.ids.end(), d.ids.begin(), d.ids.end());
+      all.labels.insert(all.labels.end(), d.labels.begin(), d.labels.end());
+      if (pack_document_) {
+        for (std::size_t t = 0; t < d.ids.size(); ++t) all.pos.push_back(static_cast<std::int64_t>(t));
+        if (!d.ids.empty()) all.labels[all.labels.size() - d.ids.size()] = kIgnore;
+      }
+    }
+    for (std::size_t i = 0; i < all.ids.size(); i += static_cast<std::size_t>(max_length_)) {
+      const auto end = std::min(all.ids.size(), i + static_cast<std::size_t>(max_length_));
+      if (end - i < 2) break;  // a chunk needs a target
+      Doc chunk{{all.ids.begin() + i, all.ids.begin() + end}, {all.labels.begin() + i, all.labels.begin() + end}};
+      if (pack_document_) {  // a document cut by the chunk's start begins anew: it sees nothing before
+        chunk.pos.assign(all.pos.begin() + i, all.pos.begin() + end);
+        for (std::size_t t = 0; t < chunk.pos.size() && chunk.pos[t] != 0; ++t) chunk.pos[t] = static_cast<std::int64_t>(t);
+      }
+      if (const auto why = nothing_to_learn(chunk); !why.empty()) {
+        skip("packed chunk " + std::to_string(i / static_cast<std::size_t>(max_length_) + 1) + " (tokens " +
+                 std::to_string(i) + " to " + std::to_string(end - 1) + ")",
+             why, first_skip);
+        continue;
+      }
+      samples_.push_back(std::move(chunk));
+    }
+  }
+
+  // pack = false: a sample a document, cut to max_length.
+  void truncate_samples(std::vector<Doc>& docs, const std::vector<std::string>& paths, std::string& first_skip) {
     auto where = [&](const Doc& d) {
       const auto i = static_cast<std::size_t>(d.source);
       const std::string src = i < paths.size() ? paths[i] : "?";
       return d.line > 0 ? src + ":" + std::to_string(d.line) : src;
     };
-    std::string first_skip;
-    auto skip = [&](const std::string& what, const std::string& why) {
-      if (skipped_ < 10) std::fprintf(stderr, "wick: data 'text': skipping %s: %s\n", what.c_str(), why.c_str());
-      if (first_skip.empty()) first_skip = what + ": " + why;
-      ++skipped_;
-    };
-    if (o.get_bool("pack")) {
-      // pack_attention = "document": each token's position within its
-      // document (restarting at 0 at each document's first token, and at
-      // each chunk's first), from which the model masks attention across
-      // documents; a document's first token is not predicted from the one
-      // before it, which belongs to another document
-      Doc all;
-      for (auto& d : docs) {
-        all.ids.insert(all.ids.end(), d.ids.begin(), d.ids.end());
-        all.labels.insert(all.labels.end(), d.labels.begin(), d.labels.end());
-        if (pack_document_) {
-          for (std::size_t t = 0; t < d.ids.size(); ++t) all.pos.push_back(static_cast<std::int64_t>(t));
-          if (!d.ids.empty()) all.labels[all.labels.size() - d.ids.size()] = kIgnore;
-        }
+    for (auto& d : docs) {
+      if (static_cast<std::int64_t>(d.ids.size()) > max_length_) {
+        d.ids.resize(max_length_);
+        d.labels.resize(max_length_);
       }
-      for (std::size_t i = 0; i < all.ids.size(); i += static_cast<std::size_t>(max_length_)) {
-        const auto end = std::min(all.ids.size(), i + static_cast<std::size_t>(max_length_));
-        if (end - i < 2) break;  // a chunk needs a target
-        Doc chunk{{all.ids.begin() + i, all.ids.begin() + end}, {all.labels.begin() + i, all.labels.begin() + end}};
-        if (pack_document_) {  // a document cut by the chunk's start begins anew: it sees nothing before
-          chunk.pos.assign(all.pos.begin() + i, all.pos.begin() + end);
-          for (std::size_t t = 0; t < chunk.pos.size() && chunk.pos[t] != 0; ++t) chunk.pos[t] = static_cast<std::int64_t>(t);
-        }
-        if (const auto why = nothing_to_learn(chunk); !why.empty()) {
-          skip("packed chunk " + std::to_string(i / static_cast<std::size_t>(max_length_) + 1) + " (tokens " +
-                   std::to_string(i) + " to " + std::to_string(end - 1) + ")",
-               why);
-          continue;
-        }
-        samples_.push_back(std::move(chunk));
+      if (const auto why = nothing_to_learn(d); !why.empty()) {
+        skip(where(d), why, first_skip);
+        continue;
       }
-    } else {
-      for (auto& d : docs) {
-        if (static_cast<std::int64_t>(d.ids.size()) > max_length_) {
-          d.ids.resize(max_length_);
-          d.labels.resize(max_length_);
-        }
-        if (const auto why = nothing_to_learn(d); !why.empty()) {
-          skip(where(d), why);
-          continue;
-        }
-        samples_.push_back(std::move(d));
-      }
+      samples_.push_back(std::move(d));
     }
+  }
+
+  void check_samples(const std::string& first_skip) const {
     if (skipped_ > 10)
       std::fprintf(stderr, "wick: data 'text': skipping %lld more with nothing to learn from (%lld in all)\n",
                    static_cast<long long>(skipped_ - 10), static_cast<long long>(skipped_));
@@ -295,6 +338,8 @@ class Text : public wick::Dataset {
                         " skipped; the first: " + first_skip + ")");
     if (samples_.empty()) throw wick::Error("data 'text': the sources hold no text");
   }
+
+ public:
 
   using wick::Dataset::decode, wick::Dataset::encode;
   std::vector<std::int64_t> encode(const std::string& s, bool add_special_tokens) const override {

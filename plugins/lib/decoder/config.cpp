@@ -247,6 +247,16 @@ void read_dtype(const wick::JsonFields& j, Config& c) {
   }
 }
 
+// The sizes every family's config names alike (kv_heads: the heads when absent).
+void read_sizes(const wick::JsonFields& j, Config& c) {
+  c.vocab = j.integer("vocab_size", 1);
+  c.hidden = j.integer("hidden_size", 1);
+  c.intermediate = j.integer("intermediate_size", 1);
+  c.layers = j.integer("num_hidden_layers", 1);
+  c.heads = j.integer("num_attention_heads", 1);
+  c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
+}
+
 // A softcapping field: absent, the family's default; null, none.
 double softcap(const wick::JsonFields& j, const std::string& key, double fallback) {
   const auto& json = j.json();
@@ -263,12 +273,7 @@ Config gemma_from_hf(const wick::JsonFields& j) {
   const bool g3 = j.string("model_type") == "gemma3_text";
   c.family = j.string("model_type");
   c.gemma = true;
-  c.vocab = j.integer("vocab_size", 1);
-  c.hidden = j.integer("hidden_size", 1);
-  c.intermediate = j.integer("intermediate_size", 1);
-  c.layers = j.integer("num_hidden_layers", 1);
-  c.heads = j.integer("num_attention_heads", 1);
-  c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
+  read_sizes(j, c);
   c.head_dim = j.integer("head_dim", 256, 2, kMax);
   c.eps = j.number("rms_norm_eps", 1e-6, 0);
   c.init_range = j.number("initializer_range", 0.02, 0);
@@ -339,12 +344,7 @@ Config config_from_hf(const nlohmann::json& json, const std::string& where, cons
     j.bad("model_type", std::string(kFamilies) + " (the decoders wick reads)");
   const bool qwen = type == "qwen2" || type == "qwen3";
   c.family = type;
-  c.vocab = j.integer("vocab_size", 1);
-  c.hidden = j.integer("hidden_size", 1);
-  c.intermediate = j.integer("intermediate_size", 1);
-  c.layers = j.integer("num_hidden_layers", 1);
-  c.heads = j.integer("num_attention_heads", 1);
-  c.kv_heads = j.integer("num_key_value_heads", c.heads, 1, kMax);
+  read_sizes(j, c);
   // absent: transformers' default (Qwen3Config's is 128; the others' the width over the heads)
   c.head_dim = j.integer("head_dim", type == "qwen3" ? 128 : 0, 2, kMax);
   if (j.flag("mlp_bias", false)) j.bad("mlp_bias", "false (MLP biases are not supported)");

@@ -226,68 +226,89 @@ class Lexer {
         }
       }
       if (std::isalpha((unsigned char)c) || c == '_') {
-        std::size_t k = pos;
-        while (k < src_.size() && (std::isalnum((unsigned char)src_[k]) || src_[k] == '_')) ++k;
-        out_.push_back({Tok::kName, src_.substr(pos, k - pos), line_, {}});
-        pos = k;
+        pos = lex_name(pos);
       } else if (std::isdigit((unsigned char)c)) {
-        std::size_t k = pos;
-        bool is_float = false;
-        while (k < src_.size() && (std::isdigit((unsigned char)src_[k]) || src_[k] == '_')) ++k;
-        if (k + 1 < src_.size() && src_[k] == '.' && std::isdigit((unsigned char)src_[k + 1])) {
-          is_float = true;
-          ++k;
-          while (k < src_.size() && (std::isdigit((unsigned char)src_[k]) || src_[k] == '_')) ++k;
-        }
-        if (k < src_.size() && (src_[k] == 'e' || src_[k] == 'E')) {
-          std::size_t j = k + 1;
-          if (j < src_.size() && (src_[j] == '+' || src_[j] == '-')) ++j;
-          if (j < src_.size() && std::isdigit((unsigned char)src_[j])) {
-            is_float = true;
-            k = j;
-            while (k < src_.size() && std::isdigit((unsigned char)src_[k])) ++k;
-          }
-        }
-        std::string text;
-        for (std::size_t j = pos; j < k; ++j)
-          if (src_[j] != '_') text += src_[j];
-        Token t{is_float ? Tok::kFloat : Tok::kInt, text, line_, {}};
-        t.value = is_float ? Value::real(std::strtod(text.c_str(), nullptr))
-                           : Value::integer(std::strtoll(text.c_str(), nullptr, 10));
-        out_.push_back(std::move(t));
-        pos = k;
+        pos = lex_number(pos);
       } else if (c == '\'' || c == '"') {
-        std::size_t k = pos + 1;
-        while (k < src_.size() && src_[k] != c) k += src_[k] == '\\' ? 2 : 1;
-        if (k >= src_.size()) fail("unexpected end of string", line_);
-        std::string raw = src_.substr(pos + 1, k - pos - 1);
-        Token t{Tok::kString, raw, line_, {}};
-        t.value = Value::string(unescape(raw, line_));
-        out_.push_back(std::move(t));
-        line_ += count_newlines(raw);
-        pos = k + 1;
+        pos = lex_string(pos);
       } else {
-        static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
-                                     "=", ".", ",", ":", "|", "(", ")", "[", "]", "{", "}"};
-        std::string op;
-        for (const char* o : kOps)
-          if (src_.compare(pos, std::char_traits<char>::length(o), o) == 0) {
-            op = o;
-            break;
-          }
-        if (op.empty()) fail(std::string("unexpected char '") + c + "'", line_);
-        if (op == "(" || op == "[" || op == "{") {
-          balance.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
-        } else if (op == ")" || op == "]" || op == "}") {
-          if (balance.empty()) fail("unexpected '" + op + "'", line_);
-          if (balance.back() != op[0])
-            fail("unexpected '" + op + "', expected '" + std::string(1, balance.back()) + "'", line_);
-          balance.pop_back();
-        }
-        out_.push_back({Tok::kOp, op, line_, {}});
-        pos += op.size();
+        pos = lex_operator(pos, balance);
       }
     }
+  }
+
+  // The token at pos, each returning the position after it.
+  std::size_t lex_name(std::size_t pos) {
+    std::size_t k = pos;
+    while (k < src_.size() && (std::isalnum((unsigned char)src_[k]) || src_[k] == '_')) ++k;
+    out_.push_back({Tok::kName, src_.substr(pos, k - pos), line_, {}});
+    return k;
+  }
+
+  std::size_t skip_digits(std::size_t k, bool underscores) const {
+    while (k < src_.size() && (std::isdigit((unsigned char)src_[k]) || (underscores && src_[k] == '_'))) ++k;
+    return k;
+  }
+
+  std::size_t lex_number(std::size_t pos) {
+    bool is_float = false;
+    std::size_t k = skip_digits(pos, /*underscores=*/true);
+    if (k + 1 < src_.size() && src_[k] == '.' && std::isdigit((unsigned char)src_[k + 1])) {
+      is_float = true;
+      k = skip_digits(k + 1, /*underscores=*/true);
+    }
+    if (k < src_.size() && (src_[k] == 'e' || src_[k] == 'E')) {
+      std::size_t j = k + 1;
+      if (j < src_.size() && (src_[j] == '+' || src_[j] == '-')) ++j;
+      if (j < src_.size() && std::isdigit((unsigned char)src_[j])) {
+        is_float = true;
+        k = skip_digits(j, /*underscores=*/false);
+      }
+    }
+    std::string text;
+    for (std::size_t j = pos; j < k; ++j)
+      if (src_[j] != '_') text += src_[j];
+    Token t{is_float ? Tok::kFloat : Tok::kInt, text, line_, {}};
+    t.value = is_float ? Value::real(std::strtod(text.c_str(), nullptr))
+                       : Value::integer(std::strtoll(text.c_str(), nullptr, 10));
+    out_.push_back(std::move(t));
+    return k;
+  }
+
+  std::size_t lex_string(std::size_t pos) {
+    const char quote = src_[pos];
+    std::size_t k = pos + 1;
+    while (k < src_.size() && src_[k] != quote) k += src_[k] == '\\' ? 2 : 1;
+    if (k >= src_.size()) fail("unexpected end of string", line_);
+    std::string raw = src_.substr(pos + 1, k - pos - 1);
+    Token t{Tok::kString, raw, line_, {}};
+    t.value = Value::string(unescape(raw, line_));
+    out_.push_back(std::move(t));
+    line_ += count_newlines(raw);
+    return k + 1;
+  }
+
+  // An operator; brackets must pair (`balance`: the closing ones awaited).
+  std::size_t lex_operator(std::size_t pos, std::vector<char>& balance) {
+    static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<", ">",
+                                 "=", ".", ",", ":", "|", "(", ")", "[", "]", "{", "}"};
+    std::string op;
+    for (const char* o : kOps)
+      if (src_.compare(pos, std::char_traits<char>::length(o), o) == 0) {
+        op = o;
+        break;
+      }
+    if (op.empty()) fail(std::string("unexpected char '") + src_[pos] + "'", line_);
+    if (op == "(" || op == "[" || op == "{") {
+      balance.push_back(op == "(" ? ')' : op == "[" ? ']' : '}');
+    } else if (op == ")" || op == "]" || op == "}") {
+      if (balance.empty()) fail("unexpected '" + op + "'", line_);
+      if (balance.back() != op[0])
+        fail("unexpected '" + op + "', expected '" + std::string(1, balance.back()) + "'", line_);
+      balance.pop_back();
+    }
+    out_.push_back({Tok::kOp, op, line_, {}});
+    return pos + op.size();
   }
 
   std::string src_;

@@ -9,155 +9,193 @@
 namespace wick::jinja::detail {
 namespace {
 
+// The methods of str: each called with the string, the method's name (one
+// function serves strip, lstrip and rstrip, ...) and the call's arguments.
+using StringMethod = Value (*)(const std::string& s, const std::string& name, Args& a);
+
+Value str_strip(const std::string& s, const std::string& name, Args& a) {
+  return Value::string(strip(s, a.take(0, "chars"), name != "rstrip", name != "lstrip"));
+}
+Value str_upper(const std::string& s, const std::string&, Args&) { return Value::string(upper(s)); }
+Value str_lower(const std::string& s, const std::string&, Args&) { return Value::string(lower(s)); }
+Value str_title(const std::string& s, const std::string&, Args&) { return Value::string(title(s)); }
+Value str_capitalize(const std::string& s, const std::string&, Args&) { return Value::string(capitalize(s)); }
+
+Value str_startswith(const std::string& s, const std::string& name, Args& a) {
+  auto p = a.take(0, "prefix");
+  if (!p) error("startswith() takes at least 1 argument (0 given)");
+  return Value::boolean(affix(s, *p, name == "startswith"));
+}
+
+Value str_split(const std::string& s, const std::string&, Args& a) {
+  auto sep = a.take(0, "sep");
+  return Value::of_list(split(s, sep, int_arg(a.take(1, "maxsplit"), -1)));
+}
+
+Value str_rsplit(const std::string& s, const std::string&, Args& a) {
+  auto sep = a.take(0, "sep");
+  std::int64_t maxsplit = int_arg(a.take(1, "maxsplit"), -1);
+  List all = split(s, sep, -1);
+  if (maxsplit < 0 || std::int64_t(all.size()) <= maxsplit + 1) return Value::of_list(all);
+  // join the leading pieces back
+  std::size_t keep = all.size() - maxsplit;
+  std::string joiner = sep && sep->is_string() ? sep->s : " ";
+  std::string head;
+  for (std::size_t k = 0; k < keep; ++k) head += (k ? joiner : "") + all[k].s;
+  List out{Value::string(head)};
+  for (std::size_t k = keep; k < all.size(); ++k) out.push_back(all[k]);
+  return Value::of_list(out);
+}
+
+Value str_splitlines(const std::string& s, const std::string&, Args&) {
+  List out;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t f = s.find_first_of("\n\r", pos);
+    if (f == std::string::npos) {
+      out.push_back(Value::string(s.substr(pos)));
+      break;
+    }
+    out.push_back(Value::string(s.substr(pos, f - pos)));
+    pos = f + ((s[f] == '\r' && f + 1 < s.size() && s[f + 1] == '\n') ? 2 : 1);
+  }
+  return Value::of_list(out);
+}
+
+Value str_replace(const std::string& s, const std::string&, Args& a) {
+  std::string from = str_arg(a.take(0, "old"), "old"), to = str_arg(a.take(1, "new"), "new");
+  return Value::string(replace(s, from, to, int_arg(a.take(2, "count"), -1)));
+}
+
+// find, rfind, index and rindex: a code point index
+Value str_find(const std::string& s, const std::string& name, Args& a) {
+  std::string sub = str_arg(a.take(0, "sub"), "sub");
+  std::size_t f = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
+  if (f == std::string::npos) {
+    if (name.find("index") != std::string::npos) error("substring not found");
+    return Value::integer(-1);
+  }
+  auto starts = code_point_starts(s);
+  return Value::integer(std::lower_bound(starts.begin(), starts.end(), f) - starts.begin());
+}
+
+Value str_count(const std::string& s, const std::string&, Args& a) {
+  std::string sub = str_arg(a.take(0, "sub"), "sub");
+  if (sub.empty()) return Value::integer(code_point_starts(s).size());
+  std::int64_t n = 0;
+  for (std::size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
+  return Value::integer(n);
+}
+
+Value str_join(const std::string& s, const std::string&, Args& a) {
+  auto items = a.take(0, "iterable");
+  std::string out;
+  if (items && items->is_list())
+    for (std::size_t k = 0; k < items->list->size(); ++k) {
+      const Value& v = (*items->list)[k];
+      if (!v.is_string()) error("sequence item " + std::to_string(k) + ": expected str instance, " + type_name(v) + " found");
+      out += (k ? s : "") + v.s;
+    }
+  return Value::string(out);
+}
+
+// str.format's replacement field `field` (an index, empty for the next one,
+// or a keyword's name)
+const Value& format_argument(const std::string& field, std::size_t& auto_index, const Args& a) {
+  if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit((unsigned char)d); })) {
+    std::size_t index = field.empty() ? auto_index++ : std::stoul(field);
+    if (index >= a.positional.size()) error("Replacement index " + std::to_string(index) + " out of range for positional args tuple");
+    return a.positional[index];
+  }
+  const Value* v = nullptr;
+  for (auto& [key, x] : a.keyword)
+    if (key == field) v = &x;
+  if (!v) error("'" + field + "'");
+  return *v;
+}
+
+// str.format with {}, {0} and {name} fields, !s and !r, and {{ }}; no format specs
+Value str_format(const std::string& s, const std::string&, Args& a) {
+  std::string out;
+  std::size_t auto_index = 0;
+  for (std::size_t k = 0; k < s.size(); ++k) {
+    char c = s[k];
+    if ((c == '{' || c == '}') && k + 1 < s.size() && s[k + 1] == c) {
+      out += c;
+      ++k;
+      continue;
+    }
+    if (c == '}') error("Single '}' encountered in format string");
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    std::size_t close = s.find('}', k);
+    if (close == std::string::npos) error("Single '{' encountered in format string");
+    std::string field = s.substr(k + 1, close - k - 1);
+    k = close;
+    char conversion = 's';
+    if (auto bang = field.find('!'); bang != std::string::npos) {
+      conversion = bang + 1 < field.size() ? field[bang + 1] : 's';
+      field.resize(bang);
+    }
+    if (field.find(':') != std::string::npos) error("format specs are not supported in str.format");
+    const Value& v = format_argument(field, auto_index, a);
+    out += conversion == 'r' ? repr(v) : str(v);
+  }
+  return Value::string(out);
+}
+
+bool is_digit(char32_t c) { return c >= '0' && c <= '9'; }
+bool is_alnum(char32_t c) { return is_alpha(c) || is_digit(c); }
+
+// isdigit, isalpha, ...: a nonempty string all of whose code points pass
+template <bool (*pred)(char32_t)>
+Value str_all_of(const std::string& s, const std::string&, Args&) {
+  auto cps = decode(s);
+  if (cps.empty()) return Value::boolean(false);
+  for (char32_t c : cps)
+    if (!pred(c)) return Value::boolean(false);
+  return Value::boolean(true);
+}
+
+Value str_islower(const std::string& s, const std::string&, Args&) { return Value::boolean(lower(s) == s && upper(s) != s); }
+Value str_isupper(const std::string& s, const std::string&, Args&) { return Value::boolean(upper(s) == s && lower(s) != s); }
+
 Value string_method(const std::string& s, const std::string& name) {
-  auto m = [](auto f) { return Value::function(f); };
-  if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    bool l = name != "rstrip", r = name != "lstrip";
-    return m([s, l, r](Args& a) { return Value::string(strip(s, a.take(0, "chars"), l, r)); });
-  }
-  if (name == "upper") return m([s](Args&) { return Value::string(upper(s)); });
-  if (name == "lower") return m([s](Args&) { return Value::string(lower(s)); });
-  if (name == "title") return m([s](Args&) { return Value::string(title(s)); });
-  if (name == "capitalize") return m([s](Args&) { return Value::string(capitalize(s)); });
-  if (name == "startswith" || name == "endswith") {
-    bool start = name == "startswith";
-    return m([s, start](Args& a) {
-      auto p = a.take(0, "prefix");
-      if (!p) error("startswith() takes at least 1 argument (0 given)");
-      return Value::boolean(affix(s, *p, start));
-    });
-  }
-  if (name == "split")
-    return m([s](Args& a) {
-      auto sep = a.take(0, "sep");
-      return Value::of_list(split(s, sep, int_arg(a.take(1, "maxsplit"), -1)));
-    });
-  if (name == "rsplit")
-    return m([s](Args& a) {
-      auto sep = a.take(0, "sep");
-      std::int64_t maxsplit = int_arg(a.take(1, "maxsplit"), -1);
-      List all = split(s, sep, -1);
-      if (maxsplit < 0 || std::int64_t(all.size()) <= maxsplit + 1) return Value::of_list(all);
-      // join the leading pieces back
-      std::size_t keep = all.size() - maxsplit;
-      std::string joiner = sep && sep->is_string() ? sep->s : " ";
-      std::string head;
-      for (std::size_t k = 0; k < keep; ++k) head += (k ? joiner : "") + all[k].s;
-      List out{Value::string(head)};
-      for (std::size_t k = keep; k < all.size(); ++k) out.push_back(all[k]);
-      return Value::of_list(out);
-    });
-  if (name == "splitlines")
-    return m([s](Args&) {
-      List out;
-      std::size_t pos = 0;
-      while (pos < s.size()) {
-        std::size_t f = s.find_first_of("\n\r", pos);
-        if (f == std::string::npos) {
-          out.push_back(Value::string(s.substr(pos)));
-          break;
-        }
-        out.push_back(Value::string(s.substr(pos, f - pos)));
-        pos = f + ((s[f] == '\r' && f + 1 < s.size() && s[f + 1] == '\n') ? 2 : 1);
-      }
-      return Value::of_list(out);
-    });
-  if (name == "replace")
-    return m([s](Args& a) {
-      std::string from = str_arg(a.take(0, "old"), "old"), to = str_arg(a.take(1, "new"), "new");
-      return Value::string(replace(s, from, to, int_arg(a.take(2, "count"), -1)));
-    });
-  if (name == "find" || name == "rfind" || name == "index" || name == "rindex")
-    return m([s, name](Args& a) {
-      std::string sub = str_arg(a.take(0, "sub"), "sub");
-      std::size_t f = name[0] == 'r' ? s.rfind(sub) : s.find(sub);
-      if (f == std::string::npos) {
-        if (name.find("index") != std::string::npos) error("substring not found");
-        return Value::integer(-1);
-      }
-      auto starts = code_point_starts(s);
-      return Value::integer(std::lower_bound(starts.begin(), starts.end(), f) - starts.begin());
-    });
-  if (name == "count")
-    return m([s](Args& a) {
-      std::string sub = str_arg(a.take(0, "sub"), "sub");
-      if (sub.empty()) return Value::integer(code_point_starts(s).size());
-      std::int64_t n = 0;
-      for (std::size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
-      return Value::integer(n);
-    });
-  if (name == "join")
-    return m([s](Args& a) {
-      auto items = a.take(0, "iterable");
-      std::string out;
-      if (items && items->is_list())
-        for (std::size_t k = 0; k < items->list->size(); ++k) {
-          const Value& v = (*items->list)[k];
-          if (!v.is_string()) error("sequence item " + std::to_string(k) + ": expected str instance, " + type_name(v) + " found");
-          out += (k ? s : "") + v.s;
-        }
-      return Value::string(out);
-    });
-  if (name == "format")
-    return m([s](Args& a) {
-      // str.format with {}, {0} and {name} fields, !s and !r, and {{ }}; no format specs
-      std::string out;
-      std::size_t auto_index = 0;
-      for (std::size_t k = 0; k < s.size(); ++k) {
-        char c = s[k];
-        if ((c == '{' || c == '}') && k + 1 < s.size() && s[k + 1] == c) {
-          out += c;
-          ++k;
-          continue;
-        }
-        if (c == '}') error("Single '}' encountered in format string");
-        if (c != '{') {
-          out += c;
-          continue;
-        }
-        std::size_t close = s.find('}', k);
-        if (close == std::string::npos) error("Single '{' encountered in format string");
-        std::string field = s.substr(k + 1, close - k - 1);
-        k = close;
-        char conversion = 's';
-        if (auto bang = field.find('!'); bang != std::string::npos) {
-          conversion = bang + 1 < field.size() ? field[bang + 1] : 's';
-          field.resize(bang);
-        }
-        if (field.find(':') != std::string::npos) error("format specs are not supported in str.format");
-        const Value* v = nullptr;
-        if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit((unsigned char)d); })) {
-          std::size_t index = field.empty() ? auto_index++ : std::stoul(field);
-          if (index >= a.positional.size()) error("Replacement index " + std::to_string(index) + " out of range for positional args tuple");
-          v = &a.positional[index];
-        } else {
-          for (auto& [key, x] : a.keyword)
-            if (key == field) v = &x;
-          if (!v) error("'" + field + "'");
-        }
-        out += conversion == 'r' ? repr(*v) : str(*v);
-      }
-      return Value::string(out);
-    });
-  auto all_of = [&](auto pred) {
-    return m([s, pred](Args&) {
-      auto cps = decode(s);
-      if (cps.empty()) return Value::boolean(false);
-      for (char32_t c : cps)
-        if (!pred(c)) return Value::boolean(false);
-      return Value::boolean(true);
-    });
+  static const std::unordered_map<std::string, StringMethod> methods = {
+      {"strip", str_strip},
+      {"lstrip", str_strip},
+      {"rstrip", str_strip},
+      {"upper", str_upper},
+      {"lower", str_lower},
+      {"title", str_title},
+      {"capitalize", str_capitalize},
+      {"startswith", str_startswith},
+      {"endswith", str_startswith},
+      {"split", str_split},
+      {"rsplit", str_rsplit},
+      {"splitlines", str_splitlines},
+      {"replace", str_replace},
+      {"find", str_find},
+      {"rfind", str_find},
+      {"index", str_find},
+      {"rindex", str_find},
+      {"count", str_count},
+      {"join", str_join},
+      {"format", str_format},
+      {"isdigit", str_all_of<is_digit>},
+      {"isnumeric", str_all_of<is_digit>},
+      {"isdecimal", str_all_of<is_digit>},
+      {"isalpha", str_all_of<is_alpha>},
+      {"isalnum", str_all_of<is_alnum>},
+      {"isspace", str_all_of<is_space>},
+      {"islower", str_islower},
+      {"isupper", str_isupper},
   };
-  auto digit = [](char32_t c) { return c >= '0' && c <= '9'; };
-  if (name == "isdigit" || name == "isnumeric" || name == "isdecimal") return all_of(digit);
-  if (name == "isalpha") return all_of([](char32_t c) { return is_alpha(c); });
-  if (name == "isalnum") return all_of([digit](char32_t c) { return is_alpha(c) || digit(c); });
-  if (name == "isspace") return all_of([](char32_t c) { return is_space(c); });
-  if (name == "islower")
-    return m([s](Args&) { return Value::boolean(lower(s) == s && upper(s) != s); });
-  if (name == "isupper")
-    return m([s](Args&) { return Value::boolean(upper(s) == s && lower(s) != s); });
-  return Value::undefined("'str object' has no attribute '" + name + "'");
+  auto it = methods.find(name);
+  if (it == methods.end()) return Value::undefined("'str object' has no attribute '" + name + "'");
+  return Value::function([s, name, method = it->second](Args& a) { return method(s, name, a); });
 }
 
 Value dict_method(const Value& d, const std::string& name) {

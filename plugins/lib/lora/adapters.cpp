@@ -204,6 +204,29 @@ class Lora : public wick::Transform {
     if (!fs::exists(cfg_file)) throw wick::Error(std::string(name_) + ": " + dir + " has no adapter_config.json");
     const nlohmann::json json = wick::read_json_file(cfg_file);
     const wick::JsonFields cfg(json, std::string(name_) + ": " + cfg_file.string());
+    check_supported(cfg, dir);
+    adopt_or_match(model, read_settings(cfg), cfg);
+    const std::string weights_file = (fs::path(dir) / "adapter_model.safetensors").string();
+    const std::map<std::string, at::Tensor> given = read_adapter_tensors(weights_file);
+    at::NoGradGuard no_grad;
+    std::size_t used = load_adapter_weights(model, given, dir, weights_file, cfg_file.string());
+    used += load_trained_tensors(model, given, dir);
+    if (used != given.size())
+      throw wick::Error(std::string(name_) + ": " + dir + " holds " + std::to_string(given.size() - used) +
+                        " tensors for layers the model has no adapter on");
+  }
+
+ private:
+  // An adapter_config.json's settings this adapter has fields for.
+  struct Settings {
+    std::int64_t r = 0;
+    double alpha = 0;
+    std::vector<std::string> targets, save_modules;
+    std::string bias;
+  };
+
+  // Refuses what wick's LoRA does not compute as PEFT would.
+  void check_supported(const wick::JsonFields& cfg, const std::string& dir) const {
     if (cfg.string("peft_type", "LORA") != "LORA")
       throw wick::Error(std::string(name_) + ": " + dir + " holds a " + cfg.string("peft_type") + " adapter, not LORA");
     if (cfg.flag("use_rslora", false) || cfg.flag("use_dora", false))
@@ -236,43 +259,58 @@ class Lora : public wick::Transform {
         continue;
       cfg.bad(key, std::string(v->is_boolean() ? "false" : "null") + " (" + what + ": not supported)");
     }
-    const std::int64_t r = cfg.integer("r", 1);
-    const double alpha = cfg.number("lora_alpha", 0.0, 0);
+  }
+
+  static Settings read_settings(const wick::JsonFields& cfg) {
+    const nlohmann::json& json = cfg.json();
+    Settings s;
+    s.r = cfg.integer("r", 1);
+    s.alpha = cfg.number("lora_alpha", 0.0, 0);
     if (!cfg.has("lora_alpha")) cfg.bad("lora_alpha", "a number");
-    std::vector<std::string> targets;
     // PEFT: a string is a regular expression over whole names, a list holds names
     if (cfg.has("target_modules") && json["target_modules"].is_string()) {
-      targets.push_back("re:" + json["target_modules"].get<std::string>());
+      s.targets.push_back("re:" + json["target_modules"].get<std::string>());
     } else {
       for (const auto& t : cfg.array("target_modules")) {
         if (!t.is_string()) cfg.bad("target_modules", "a list of module names or one regular expression");
-        targets.push_back(t.get<std::string>());
+        s.targets.push_back(t.get<std::string>());
       }
     }
-    std::vector<std::string> save_modules;
     if (cfg.has("modules_to_save"))
       for (const auto& m : cfg.array("modules_to_save")) {
         if (!m.is_string()) cfg.bad("modules_to_save", "a list of module names");
-        save_modules.push_back(m.get<std::string>());
+        s.save_modules.push_back(m.get<std::string>());
       }
-    const std::string bias = cfg.string("bias", "none");
-    if (bias != "none" && bias != "all" && bias != "lora_only") cfg.bad("bias", "none, all or lora_only");
-    if (applied_.empty()) {  // the adapter's own settings
-      r_ = r;
-      alpha_ = alpha;
-      targets_ = targets;
-      bias_ = bias;
-      save_modules_ = save_modules;
+    s.bias = cfg.string("bias", "none");
+    if (s.bias != "none" && s.bias != "all" && s.bias != "lora_only") cfg.bad("bias", "none, all or lora_only");
+    return s;
+  }
+
+  // A model without adapters takes the saved settings and gets its adapters;
+  // one with them must have been made with the same r and alpha (the
+  // adapters on the model scale by their own alpha / r).
+  void adopt_or_match(wick::Model& model, const Settings& s, const wick::JsonFields& cfg) {
+    if (applied_.empty()) {
+      r_ = s.r;
+      alpha_ = s.alpha;
+      targets_ = s.targets;
+      bias_ = s.bias;
+      save_modules_ = s.save_modules;
       compile_patterns();
       apply(model);
-    } else if (r != r_ || alpha != alpha_) {  // the adapters on the model scale by their own alpha / r
-      cfg.fail(r != r_ ? "r" : "lora_alpha",
-               "is " + (r != r_ ? std::to_string(r) : wick::json_brief(json["lora_alpha"])) +
+    } else if (s.r != r_ || s.alpha != alpha_) {
+      const bool r_differs = s.r != r_;
+      cfg.fail(r_differs ? "r" : "lora_alpha",
+               "is " + (r_differs ? std::to_string(s.r) : wick::json_brief(cfg.json()["lora_alpha"])) +
                    ", the adapters already on the model have " +
-                   (r != r_ ? "r " + std::to_string(r_) : "alpha " + wick::json_brief(nlohmann::json(alpha_))) +
+                   (r_differs ? "r " + std::to_string(r_) : "alpha " + wick::json_brief(nlohmann::json(alpha_))) +
                    ", expected the adapter saved with the same settings");
     }
-    const std::string weights_file = (fs::path(dir) / "adapter_model.safetensors").string();
+  }
+
+  // The file's tensors by the model's names: PEFT's prefix, ".default" and
+  // ".base_layer" taken out.
+  static std::map<std::string, at::Tensor> read_adapter_tensors(const std::string& weights_file) {
     auto file = wick::read_safetensors(weights_file);
     std::map<std::string, at::Tensor> given;
     for (auto& [name, t] : file.tensors) {
@@ -281,7 +319,13 @@ class Lora : public wick::Transform {
       if (auto d = n.find(".base_layer."); d != std::string::npos) n.erase(d, 11);
       given[n] = t;
     }
-    at::NoGradGuard no_grad;
+    return given;
+  }
+
+  // lora_A and lora_B of every adapted layer; the count copied.
+  std::size_t load_adapter_weights(wick::Model& model, const std::map<std::string, at::Tensor>& given,
+                                   const std::string& dir, const std::string& weights_file,
+                                   const std::string& cfg_file) {
     std::size_t used = 0;
     for (auto& [name, lin] : adapted(model)) {
       for (auto [suffix, w] : {std::pair<std::string, at::Tensor>{".lora_A.weight", lin->lora_A->weight},
@@ -294,7 +338,7 @@ class Lora : public wick::Transform {
         if (g.dim() == 2 && g.size(is_a ? 0 : 1) != r_ && g.size(is_a ? 1 : 0) == w.size(is_a ? 1 : 0))
           throw wick::Error(std::string(name_) + ": " + weights_file + ": " + kPrefix + name + suffix + " has rank " +
                             std::to_string(g.size(is_a ? 0 : 1)) + " (shape " + c10::str(g.sizes()) + "), but " +
-                            cfg_file.string() + " says r " + std::to_string(r_) +
+                            cfg_file + " says r " + std::to_string(r_) +
                             ", expected the adapter's weights and config to agree");
         if (g.sizes() != w.sizes())
           throw wick::Error(std::string(name_) + ": " + weights_file + ": " + kPrefix + name + suffix + " has shape " +
@@ -304,6 +348,13 @@ class Lora : public wick::Transform {
         ++used;
       }
     }
+    return used;
+  }
+
+  // The trained biases (bias = all or lora_only) and modules_to_save; the count copied.
+  std::size_t load_trained_tensors(wick::Model& model, const std::map<std::string, at::Tensor>& given,
+                                   const std::string& dir) {
+    std::size_t used = 0;
     for (auto& [n, b] : trained_biases(model)) {
       auto it = given.find(n);
       if (it == given.end()) throw wick::Error(std::string(name_) + ": " + dir + " lacks the trained bias " + kPrefix + n);
@@ -318,10 +369,10 @@ class Lora : public wick::Transform {
       t.copy_(it->second);
       ++used;
     }
-    if (used != given.size())
-      throw wick::Error(std::string(name_) + ": " + dir + " holds " + std::to_string(given.size() - used) +
-                        " tensors for layers the model has no adapter on");
+    return used;
   }
+
+ public:
 
   void merge(wick::Model& model) override {
     for (auto& [name, lin] : adapted(model)) lin->merge_adapter();

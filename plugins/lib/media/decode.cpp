@@ -482,22 +482,111 @@ std::vector<double> sample_times(const Request& req, double start, double durati
   return t;
 }
 
+namespace {
+
+using FramePtr = std::unique_ptr<AVFrame, void (*)(AVFrame*)>;
+FramePtr alloc_frame() { return FramePtr(av_frame_alloc(), [](AVFrame* f) { av_frame_free(&f); }); }
+
+// The two decoded frames around a target time: `have`, the latest at or
+// before it, and `next`, the first after it; a target's frame is `have`
+// once `next` is past it.
+class FrameWindow {
+ public:
+  FrameWindow(Source& s, const std::string& path) : s_(s), have_(alloc_frame()), next_(alloc_frame()) {
+    if (!have_ || !next_) fail(path, "out of memory");
+  }
+
+  // The frame held answers if the next one is past the target.
+  AVFrame* held_for(std::int64_t ts) const {
+    const bool held = has_have_ && frame_pts(have_.get()) <= ts && has_next_ && frame_pts(next_.get()) > ts;
+    return held ? have_.get() : nullptr;
+  }
+
+  // Seek when the keyframe before the target lies past the frame we hold
+  // (the frames between would be decoded for nothing), or when the target
+  // is behind us. Without an index: when the target is over 2 s ahead.
+  bool should_seek(std::int64_t ts, std::int64_t start_ts, AVRational tb) const {
+    const std::int64_t key = s_.keyframe_before(ts);
+    if (!has_have_ && !has_next_) return s_.decoded > 0 || (key != AV_NOPTS_VALUE && key > start_ts);
+    const std::int64_t held = has_next_ ? frame_pts(next_.get()) : frame_pts(have_.get());
+    if (has_have_ && ts < frame_pts(have_.get())) return true;
+    if (key != AV_NOPTS_VALUE) return key > held;
+    return to_seconds(ts - held, tb) > 2.0;
+  }
+
+  void seek(std::int64_t ts) {
+    s_.seek(ts);
+    has_have_ = has_next_ = false;
+  }
+
+  // Decodes up to the frame on screen at ts; at the end of the stream (or
+  // of a truncated file) the last frame stays on screen; nullptr when no
+  // frame was decoded at all.
+  AVFrame* advance_to(std::int64_t ts) {
+    for (;;) {
+      if (has_next_) {
+        if (frame_pts(next_.get()) <= ts) {
+          av_frame_unref(have_.get());
+          av_frame_move_ref(have_.get(), next_.get());
+          has_have_ = true;
+          has_next_ = false;
+          continue;
+        }
+        // next is past the target: `have` is the frame on screen at ts (or,
+        // before the first frame, the first frame itself)
+        return has_have_ ? have_.get() : next_.get();
+      }
+      // The frame held already covers the target when its duration (from
+      // the container) reaches past it: no need to decode the next frame to
+      // find out. Without a duration the next frame decides.
+      if (has_have_) {
+        const std::int64_t dur = frame_duration(have_.get());
+        if (dur > 0 && frame_pts(have_.get()) + dur > ts) return have_.get();
+      }
+      if (!s_.next(next_.get())) break;
+      if (frame_pts(next_.get()) == AV_NOPTS_VALUE) next_->best_effort_timestamp = has_have_ ? frame_pts(have_.get()) + 1 : 0;
+      has_next_ = true;
+    }
+    return has_have_ ? have_.get() : nullptr;
+  }
+
+ private:
+  Source& s_;
+  FramePtr have_, next_;
+  bool has_have_ = false, has_next_ = false;
+};
+
+// The video stream's clock: its time base, first timestamp and length.
+struct StreamClock {
+  AVRational tb;
+  std::int64_t start_ts;
+  double start, duration, rate;
+};
+
+StreamClock clock_of(const Source& s) {
+  StreamClock c;
+  c.tb = s.st->time_base;
+  c.start_ts = s.st->start_time != AV_NOPTS_VALUE ? s.st->start_time : 0;
+  c.duration = s.st->duration != AV_NOPTS_VALUE ? to_seconds(s.st->duration, c.tb)
+               : s.fmt->duration != AV_NOPTS_VALUE ? static_cast<double>(s.fmt->duration) / AV_TIME_BASE : 0;
+  AVRational fr = s.st->avg_frame_rate.num > 0 ? s.st->avg_frame_rate : s.st->r_frame_rate;
+  c.rate = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 25.0;
+  c.start = to_seconds(c.start_ts, c.tb);
+  return c;
+}
+
+}  // namespace
+
 Frames decode_video(const std::string& path, const Request& req, std::mt19937_64& rng) {
   if (req.max_frames < 0) fail(path, "max_frames must be >= 0");
   Source s;
   s.path = path;
   s.open(req);
-  const AVRational tb = s.st->time_base;
+  const StreamClock clock = clock_of(s);
   const int rotation = rotation_of(s.st);
-  std::int64_t start_ts = s.st->start_time != AV_NOPTS_VALUE ? s.st->start_time : 0;
-  double duration = s.st->duration != AV_NOPTS_VALUE ? to_seconds(s.st->duration, tb)
-                    : s.fmt->duration != AV_NOPTS_VALUE ? static_cast<double>(s.fmt->duration) / AV_TIME_BASE : 0;
-  AVRational fr = s.st->avg_frame_rate.num > 0 ? s.st->avg_frame_rate : s.st->r_frame_rate;
-  const double rate = fr.num > 0 && fr.den > 0 ? av_q2d(fr) : 25.0;
-  const double start = to_seconds(start_ts, tb);
   std::vector<double> want;
   try {
-    want = sample_times(req, start, duration, rate, rng);
+    want = sample_times(req, clock.start, clock.duration, clock.rate, rng);
   } catch (const std::runtime_error& e) {
     fail(path, e.what());
   }
@@ -506,14 +595,13 @@ Frames decode_video(const std::string& path, const Request& req, std::mt19937_64
   const int sw = s.st->codecpar->width, sh = s.st->codecpar->height;
   const bool quarter = rotation == 90 || rotation == 270;
   const Plan plan = plan_geometry(req, quarter ? sh : sw, quarter ? sw : sh, rng);
-  bool flip = req.flip;
 
   Frames out;
   out.t = static_cast<int>(want.size());
   out.h = plan.out_h;
   out.w = plan.out_w;
   out.rotation = rotation;
-  out.duration = duration;
+  out.duration = clock.duration;
   const std::size_t per = 3ULL * out.h * out.w;
   out.data.assign(per * out.t, 0);
   out.times.assign(out.t, 0.0);
@@ -523,95 +611,43 @@ Frames decode_video(const std::string& path, const Request& req, std::mt19937_64
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return want[a] < want[b]; });
 
-  std::unique_ptr<AVFrame, void (*)(AVFrame*)> have(av_frame_alloc(), [](AVFrame* f) { av_frame_free(&f); });
-  std::unique_ptr<AVFrame, void (*)(AVFrame*)> next(av_frame_alloc(), [](AVFrame* f) { av_frame_free(&f); });
-  std::unique_ptr<AVFrame, void (*)(AVFrame*)> work(av_frame_alloc(), [](AVFrame* f) { av_frame_free(&f); });
-  if (!have || !next || !work) fail(path, "out of memory");
-  bool has_have = false, has_next = false;
+  FrameWindow window(s, path);
+  FramePtr work = alloc_frame();
+  if (!work) fail(path, "out of memory");
   Converter conv;
   int last_slot = -1;
-
   auto emit = [&](int slot, AVFrame* f) {
     // convert from a reference: cropping moves the plane pointers
     av_frame_unref(work.get());
     if (av_frame_ref(work.get(), f) < 0) fail(path, "out of memory");
-    conv.convert(work.get(), plan, rotation, flip, out.data.data() + per * slot, path);
-    out.times[slot] = to_seconds(frame_pts(f), tb);
+    conv.convert(work.get(), plan, rotation, req.flip, out.data.data() + per * slot, path);
+    out.times[slot] = to_seconds(frame_pts(f), clock.tb);
     last_slot = slot;
+  };
+  auto repeat = [&](int slot, int from) {
+    std::memcpy(out.data.data() + per * slot, out.data.data() + per * from, per);
+    out.times[slot] = out.times[from];
   };
 
   for (std::size_t k = 0; k < order.size(); ++k) {
     const int slot = order[k];
     if (k > 0 && want[slot] == want[order[k - 1]] && last_slot >= 0) {  // the same time again
-      std::memcpy(out.data.data() + per * slot, out.data.data() + per * order[k - 1], per);
-      out.times[slot] = out.times[order[k - 1]];
+      repeat(slot, order[k - 1]);
       continue;
     }
-    const std::int64_t ts = start_ts + static_cast<std::int64_t>(std::floor((want[slot] - start) / av_q2d(tb) + 1e-6));
-    // the frame we hold answers if the next one is past the target
-    if (has_have && frame_pts(have.get()) <= ts && has_next && frame_pts(next.get()) > ts) {
-      emit(slot, have.get());
+    const std::int64_t ts =
+        clock.start_ts + static_cast<std::int64_t>(std::floor((want[slot] - clock.start) / av_q2d(clock.tb) + 1e-6));
+    if (AVFrame* f = window.held_for(ts)) {
+      emit(slot, f);
       continue;
     }
-    // Seek when the keyframe before the target lies past the frame we hold
-    // (the frames between would be decoded for nothing), or when the target
-    // is behind us. Without an index: when the target is over 2 s ahead.
-    const std::int64_t key = s.keyframe_before(ts);
-    bool do_seek;
-    if (!has_have && !has_next) {
-      do_seek = s.decoded > 0 || (key != AV_NOPTS_VALUE && key > start_ts);
+    if (window.should_seek(ts, clock.start_ts, clock.tb)) window.seek(ts);
+    if (AVFrame* f = window.advance_to(ts)) {
+      emit(slot, f);
+    } else if (last_slot >= 0) {
+      repeat(slot, last_slot);
     } else {
-      const std::int64_t held = has_next ? frame_pts(next.get()) : frame_pts(have.get());
-      if (has_have && ts < frame_pts(have.get())) do_seek = true;
-      else if (key != AV_NOPTS_VALUE) do_seek = key > held;
-      else do_seek = to_seconds(ts - held, tb) > 2.0;
-    }
-    if (do_seek) {
-      s.seek(ts);
-      has_have = has_next = false;
-    }
-    bool answered = false;
-    for (;;) {
-      if (has_next) {
-        if (frame_pts(next.get()) <= ts) {
-          av_frame_unref(have.get());
-          av_frame_move_ref(have.get(), next.get());
-          has_have = true;
-          has_next = false;
-          continue;
-        }
-        // next is past the target: `have` is the frame on screen at ts (or,
-        // before the first frame, the first frame itself)
-        emit(slot, has_have ? have.get() : next.get());
-        answered = true;
-        break;
-      }
-      // The frame held already covers the target when its duration (from
-      // the container) reaches past it: no need to decode the next frame to
-      // find out. Without a duration the next frame decides.
-      if (has_have) {
-        const std::int64_t dur = frame_duration(have.get());
-        if (dur > 0 && frame_pts(have.get()) + dur > ts) {
-          emit(slot, have.get());
-          answered = true;
-          break;
-        }
-      }
-      if (!s.next(next.get())) break;
-      if (frame_pts(next.get()) == AV_NOPTS_VALUE) next->best_effort_timestamp = has_have ? frame_pts(have.get()) + 1 : 0;
-      has_next = true;
-    }
-    if (!answered) {
-      // the end of the stream (or of a truncated file): the last frame stays on screen
-      if (!has_have) {
-        if (last_slot >= 0) {
-          std::memcpy(out.data.data() + per * slot, out.data.data() + per * last_slot, per);
-          out.times[slot] = out.times[last_slot];
-          continue;
-        }
-        fail(path, "no frame could be decoded");
-      }
-      emit(slot, have.get());
+      fail(path, "no frame could be decoded");
     }
   }
   out.frames_decoded = s.decoded;

@@ -10,6 +10,7 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -401,19 +402,38 @@ std::vector<wick::OptionSpec> vit_options() {
   };
 }
 
+std::string vit_option_key(const std::string& name, const std::string& prefix) {
+  const bool shared = name == "image_size" || name == "patch_size" || name == "interpolate_pos_encoding";
+  return shared ? name : prefix + name;
+}
+
+wick::OptionSpec vit_option_as(const std::string& name, const std::string& prefix, wick::Value def, std::string doc) {
+  for (wick::OptionSpec spec : vit_options()) {
+    if (spec.name != name) continue;
+    spec.name = vit_option_key(name, prefix);
+    spec.default_value = std::move(def);
+    spec.doc = std::move(doc);
+    auto d = std::find(spec.choices.begin(), spec.choices.end(), spec.default_value.is_string() ? spec.default_value.as_string() : "");
+    if (d != spec.choices.end()) std::rotate(spec.choices.begin(), d, d + 1);
+    return spec;
+  }
+  throw Error("vit_option_as: vit_options() declares no option " + name);
+}
+
 VitConfig config_from_options(const wick::Options& o, const std::string& prefix) {
+  auto key = [&](const char* name) { return vit_option_key(name, prefix); };
   VitConfig c;
-  c.style = o.get_string(prefix + "style");
-  c.image_size = o.get_int("image_size");
-  c.patch_size = o.get_int("patch_size");
-  c.hidden = o.get_int(prefix + "hidden_size");
-  c.intermediate = o.get_int(prefix + "intermediate_size");
-  c.layers = o.get_int(prefix + "layers");
-  c.heads = o.get_int(prefix + "heads");
-  c.eps = o.has(prefix + "layer_norm_eps") ? o.get_double(prefix + "layer_norm_eps") : (c.style == "clip" ? 1e-5 : 1e-12);
-  c.act = o.has(prefix + "act") ? o.get_string(prefix + "act") : (c.style == "clip" ? "quick_gelu" : "gelu");
-  if (o.has(prefix + "pool")) c.pool = o.get_string(prefix + "pool");
-  if (o.has("interpolate_pos_encoding")) c.interpolate = o.get_bool("interpolate_pos_encoding");
+  c.style = o.get_string(key("style"));
+  c.image_size = o.get_int(key("image_size"));
+  c.patch_size = o.get_int(key("patch_size"));
+  c.hidden = o.get_int(key("hidden_size"));
+  c.intermediate = o.get_int(key("intermediate_size"));
+  c.layers = o.get_int(key("layers"));
+  c.heads = o.get_int(key("heads"));
+  c.eps = o.has(key("layer_norm_eps")) ? o.get_double(key("layer_norm_eps")) : (c.style == "clip" ? 1e-5 : 1e-12);
+  c.act = o.has(key("act")) ? o.get_string(key("act")) : (c.style == "clip" ? "quick_gelu" : "gelu");
+  if (o.has(key("pool"))) c.pool = o.get_string(key("pool"));
+  if (o.has(key("interpolate_pos_encoding"))) c.interpolate = o.get_bool(key("interpolate_pos_encoding"));
   check_sizes(c, "vit options");
   return c;
 }

@@ -66,6 +66,14 @@ std::vector<wick::OptionSpec> vit_options();
 /// "vision_": vision_style, vision_hidden_size, ...; image_size and
 /// patch_size keep their names).
 VitConfig config_from_options(const wick::Options& o, const std::string& prefix = "");
+/// The key config_from_options(o, prefix) reads vit_options()' `name` under:
+/// prefix + name, but image_size, patch_size and interpolate_pos_encoding
+/// keep their names (a model has one picture size).
+std::string vit_option_key(const std::string& name, const std::string& prefix);
+/// vit_options()' `name` as a model with other parts declares it: under
+/// vit_option_key(name, prefix), of the tower's type and range, with the
+/// model's own default and doc (its choices list the default first).
+wick::OptionSpec vit_option_as(const std::string& name, const std::string& prefix, wick::Value def, std::string doc);
 
 /// One pre-norm transformer block, in either naming style:
 ///   vit:  ViTLayer (layernorm_before, attention.attention.{query,key,value},

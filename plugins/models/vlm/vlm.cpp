@@ -53,6 +53,8 @@ namespace vis = wick::vision;
 namespace {
 
 constexpr const char* kWho = "vlm";
+// The prefix of the tower's size options (vision_hidden_size, ...).
+constexpr const char* kTower = "vision_";
 
 class ProjectorImpl : public torch::nn::Module {
  public:
@@ -80,155 +82,190 @@ std::string str(std::int64_t v) { return std::to_string(v); }
 class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
  public:
   explicit Vlm(const wick::Options& o) {
+    Parts parts = read_parts(o);
+    read_frame_options(o, parts.vc);
+    check_image_token(parts.lc);
+    read_weights(parts);
+    build(o, parts);
+    load_weights(o, parts);
+    freeze(o);
+    if (o.get_bool("quantize_vision")) quantize_vision(o);
+    dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
+  }
+
+ private:
+  // What the constructor learns before it builds: the parts' configs, the
+  // folders they come from and, read ahead, the folders' weights.
+  struct Parts {
     vis::VitConfig vc;
     dec::Config lc;
-    std::string projector = o.get_string("projector");
+    std::string projector;
     bool projector_bias = true;
+    std::string llava, vision_dir, language_dir;
+    wick::NamedTensorList llava_weights, language_weights;
+  };
+
+  Parts read_parts(const wick::Options& o) {
+    Parts p;
+    p.projector = o.get_string("projector");
     image_token_id_ = o.get_int("image_token_id");
     layer_ = static_cast<int>(o.get_int("vision_feature_layer"));
     select_ = o.get_string("vision_feature_select");
-    std::string llava, vision_dir, language_dir;
-    if (o.has("path")) {  // a LLaVA folder: its config fixes the parts and how they meet
-      llava = o.get_string("path");
-      const auto file = (fs::path(llava) / "config.json").string();
-      const nlohmann::json json = vis::read_json_file(file);
-      const wick::JsonFields j(json, std::string(kWho) + ": " + file);
-      if (!j.has("vision_config") || !j.has("text_config"))
-        throw wick::Error(std::string(kWho) + ": " + file + " is not a LLaVA config (expected vision_config and text_config)");
-      vis::check_saved_dtype(j);  // the parts' own are checked as they are read
-      vc = vis::config_from_hf(j.object("vision_config").json(), std::string(kWho) + ": " + file);
-      lc = dec::config_from_hf(j.object("text_config").json(), std::string(kWho) + ": " + file, "text_config.");
-      projector = j.string("projector_hidden_act", "gelu") == "gelu" ? "mlp2x_gelu" : "";
-      if (projector.empty()) j.bad("projector_hidden_act", "gelu (the other projectors are not supported)");
-      projector_bias = j.flag("multimodal_projector_bias", true);
-      constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-      image_token_id_ = j.has("image_token_id") ? j.integer("image_token_id", 0, kMax)
-                                                : j.integer("image_token_index", image_token_id_, 0, kMax);
-      if (j.has("vision_feature_layer")) {
-        if (!j.json()["vision_feature_layer"].is_number_integer())
-          j.bad("vision_feature_layer", "one integer (a list of layers is not supported)");
-        layer_ = static_cast<int>(j.integer("vision_feature_layer", -1000, 1000));
-      }
-      select_ = j.string("vision_feature_select_strategy", "default");
+    if (o.has("path")) {
+      read_llava_config(o.get_string("path"), p);
     } else {
-      if (o.has("vision_path")) {
-        vision_dir = o.get_string("vision_path");
-        vc = vis::config_from_hf(vis::read_json_file((fs::path(vision_dir) / "config.json").string()),
-                                 std::string(kWho) + ": " + (fs::path(vision_dir) / "config.json").string());
-      } else {
-        vc = vis::config_from_options(o, "vision_");
-      }
-      if (o.has("language_path")) {
-        language_dir = o.get_string("language_path");
-        lc = dec::config_from_hf(dec::read_json(fs::path(language_dir) / "config.json"),
-                                 std::string(kWho) + ": " + (fs::path(language_dir) / "config.json").string());
-      } else {
-        lc = dec::config_from_options(o);
-        lc.dtype = o.get_string("dtype");  // built in it: the size check counts it
-        dec::finish_config(lc, kWho, /*hf=*/false, o.get_string("quantize") == "nf4");
-      }
+      read_vision_config(o, p);
+      read_language_config(o, p);
     }
-    const std::string dtype = o.get_string("dtype");
-    const at::ScalarType wdtype = dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+    return p;
+  }
+
+  // A LLaVA folder: its config fixes the parts and how they meet.
+  void read_llava_config(const std::string& llava, Parts& p) {
+    p.llava = llava;
+    const auto file = (fs::path(llava) / "config.json").string();
+    const nlohmann::json json = vis::read_json_file(file);
+    const wick::JsonFields j(json, std::string(kWho) + ": " + file);
+    if (!j.has("vision_config") || !j.has("text_config"))
+      throw wick::Error(std::string(kWho) + ": " + file + " is not a LLaVA config (expected vision_config and text_config)");
+    vis::check_saved_dtype(j);  // the parts' own are checked as they are read
+    p.vc = vis::config_from_hf(j.object("vision_config").json(), std::string(kWho) + ": " + file);
+    p.lc = dec::config_from_hf(j.object("text_config").json(), std::string(kWho) + ": " + file, "text_config.");
+    p.projector = j.string("projector_hidden_act", "gelu") == "gelu" ? "mlp2x_gelu" : "";
+    if (p.projector.empty()) j.bad("projector_hidden_act", "gelu (the other projectors are not supported)");
+    p.projector_bias = j.flag("multimodal_projector_bias", true);
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    image_token_id_ = j.has("image_token_id") ? j.integer("image_token_id", 0, kMax)
+                                              : j.integer("image_token_index", image_token_id_, 0, kMax);
+    if (j.has("vision_feature_layer")) {
+      if (!j.json()["vision_feature_layer"].is_number_integer())
+        j.bad("vision_feature_layer", "one integer (a list of layers is not supported)");
+      layer_ = static_cast<int>(j.integer("vision_feature_layer", -1000, 1000));
+    }
+    select_ = j.string("vision_feature_select_strategy", "default");
+  }
+
+  // The tower: a folder's config, else the vision_* sizes.
+  static void read_vision_config(const wick::Options& o, Parts& p) {
+    if (!o.has("vision_path")) {
+      p.vc = vis::config_from_options(o, kTower);
+      return;
+    }
+    p.vision_dir = o.get_string("vision_path");
+    const auto file = (fs::path(p.vision_dir) / "config.json").string();
+    p.vc = vis::config_from_hf(vis::read_json_file(file), std::string(kWho) + ": " + file);
+  }
+
+  // The language model: a folder's config, else the sizes.
+  static void read_language_config(const wick::Options& o, Parts& p) {
+    if (!o.has("language_path")) {
+      p.lc = dec::config_from_options(o);
+      p.lc.dtype = o.get_string("dtype");  // built in it: the size check counts it
+      dec::finish_config(p.lc, kWho, /*hf=*/false, o.get_string("quantize") == "nf4");
+      return;
+    }
+    p.language_dir = o.get_string("language_path");
+    const auto file = fs::path(p.language_dir) / "config.json";
+    p.lc = dec::config_from_hf(dec::read_json(file), std::string(kWho) + ": " + file.string());
+  }
+
+  // frame_tokens, frame_chunk and time_pool; frame_tokens a square grid the tower's patches pool to.
+  void read_frame_options(const wick::Options& o, const vis::VitConfig& vc) {
     frame_tokens_ = o.get_int("frame_tokens");
     frame_chunk_ = o.get_int("frame_chunk");
     time_pool_ = o.get_int("time_pool");
-    {
-      const std::int64_t grid = vc.image_size / vc.patch_size;
-      const auto g = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(frame_tokens_))));
-      if (frame_tokens_ != 0 && (g * g != frame_tokens_ || g > grid))
-        throw wick::Error(std::string(kWho) + ": frame_tokens " + str(frame_tokens_) +
-                          " is not a square grid of at most the tower's " + str(grid) + "x" + str(grid) +
-                          " patches, expected 0 (every patch) or one of 1, 4, 9, ..., " + str(grid * grid));
-      pool_grid_ = frame_tokens_ == 0 ? 0 : g;
-    }
+    const std::int64_t grid = vc.image_size / vc.patch_size;
+    const auto g = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(frame_tokens_))));
+    if (frame_tokens_ != 0 && (g * g != frame_tokens_ || g > grid))
+      throw wick::Error(std::string(kWho) + ": frame_tokens " + str(frame_tokens_) +
+                        " is not a square grid of at most the tower's " + str(grid) + "x" + str(grid) +
+                        " patches, expected 0 (every patch) or one of 1, 4, 9, ..., " + str(grid * grid));
+    pool_grid_ = frame_tokens_ == 0 ? 0 : g;
+  }
+
+  void check_image_token(const dec::Config& lc) const {
     if (select_ != "default" && select_ != "full")
       throw wick::Error(std::string(kWho) + ": vision_feature_select '" + select_ + "' is not default or full");
     if (image_token_id_ < 0 || image_token_id_ >= lc.vocab)
       throw wick::Error(std::string(kWho) + ": image_token_id " + str(image_token_id_) +
                         " is outside the language model's vocabulary of " + str(lc.vocab) +
                         " (give the data's image_token_id and vocab_size)");
+  }
 
-    // The weights, read before the language model is made: tie_word_embeddings
-    // with a separate head in the file that differs from the embedding leaves
-    // the head untied, as transformers does (dec::untie_if_distinct).
-    wick::NamedTensorList llava_weights, language_weights;
-    if (!llava.empty()) {
-      llava_weights = vis::read_hf_weights(llava, kWho);
-      const bool t5 = transformers5(llava_weights);
-      dec::untie_if_distinct(lc, llava_weights,
+  // The weights, read before the language model is made: tie_word_embeddings
+  // with a separate head in the file that differs from the embedding leaves
+  // the head untied, as transformers does (dec::untie_if_distinct).
+  static void read_weights(Parts& p) {
+    if (!p.llava.empty()) {
+      p.llava_weights = vis::read_hf_weights(p.llava, kWho);
+      const bool t5 = transformers5(p.llava_weights);
+      dec::untie_if_distinct(p.lc, p.llava_weights,
                              t5 ? "model.language_model.embed_tokens.weight" : "language_model.model.embed_tokens.weight",
-                             t5 ? "lm_head.weight" : "language_model.lm_head.weight", std::string(kWho) + ": " + llava);
+                             t5 ? "lm_head.weight" : "language_model.lm_head.weight", std::string(kWho) + ": " + p.llava);
     }
-    if (!language_dir.empty()) {
-      language_weights = dec::read_folder(language_dir, kWho);
-      dec::untie_if_distinct(lc, language_weights, "model.embed_tokens.weight", "lm_head.weight",
-                             std::string(kWho) + ": " + language_dir);
+    if (!p.language_dir.empty()) {
+      p.language_weights = dec::read_folder(p.language_dir, kWho);
+      dec::untie_if_distinct(p.lc, p.language_weights, "model.embed_tokens.weight", "lm_head.weight",
+                             std::string(kWho) + ": " + p.language_dir);
     }
+  }
 
-    // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
+  static at::ScalarType weight_dtype(const wick::Options& o) {
+    const std::string dtype = o.get_string("dtype");
+    return dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+  }
+
+  // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
+  void build(const wick::Options& o, const Parts& p) {
+    const at::ScalarType wdtype = weight_dtype(o);
     auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
-    vit_ = inner->register_module("vision_tower", vis::Vit(vc, wdtype));
+    vit_ = inner->register_module("vision_tower", vis::Vit(p.vc, wdtype));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
-                                        Projector(vc.hidden, lc.hidden, projector == "mlp2x_gelu", projector_bias,
-                                                  lc.init_range));
+                                        Projector(p.vc.hidden, p.lc.hidden, p.projector == "mlp2x_gelu",
+                                                  p.projector_bias, p.lc.init_range));
     vis::convert_module(*projector_, wdtype);
-    const bool from_folder = !llava.empty() || !language_dir.empty();
+    const bool from_folder = !p.llava.empty() || !p.language_dir.empty();
     const bool nf4 = o.get_string("quantize") == "nf4";
     const std::int64_t block = o.get_int("quantize_block");
-    if (nf4) dec::check_nf4_block(lc, block, "model.language_model", kWho);
+    if (nf4) dec::check_nf4_block(p.lc, block, "model.language_model", kWho);
     dec::Build build;
     build.dtype = wdtype;
     build.init = !from_folder;
     build.defer_linear = from_folder && nf4;     // a folder's weights arrive quantized, tensor by tensor
     build.quantize_block = nf4 ? block : 0;      // random ones are quantized layer by layer as they are made
     quantize_block_ = nf4 ? block : 0;
-    dec_ = std::make_unique<dec::Decoder>(lc, "model.language_model", build);
+    dec_ = std::make_unique<dec::Decoder>(p.lc, "model.language_model", build);
     dec_->register_with(*inner, "language_model", *this);
+  }
 
-    stats_ = vis::default_pixel_stats(vc.style);
-    if (!llava.empty()) {
-      stats_ = vis::pixel_stats_from_folder(llava, stats_);
-      load_llava(llava, llava_weights);
-      llava_weights.clear();
+  // The folders' weights (each list released once loaded) and the pixel statistics.
+  void load_weights(const wick::Options& o, Parts& p) {
+    stats_ = vis::default_pixel_stats(p.vc.style);
+    if (!p.llava.empty()) {
+      stats_ = vis::pixel_stats_from_folder(p.llava, stats_);
+      load_llava(p.llava, p.llava_weights);
+      p.llava_weights.clear();
     }
-    if (!vision_dir.empty()) {
-      stats_ = vis::pixel_stats_from_folder(vision_dir, stats_);
-      auto t = vis::read_hf_weights(vision_dir, kWho);
-      vis::load_vit_weights(*vit_, t, vis::find_vit_prefix(t, vc.style, vision_dir), vision_dir);
+    if (!p.vision_dir.empty()) {
+      stats_ = vis::pixel_stats_from_folder(p.vision_dir, stats_);
+      auto t = vis::read_hf_weights(p.vision_dir, kWho);
+      vis::load_vit_weights(*vit_, t, vis::find_vit_prefix(t, p.vc.style, p.vision_dir), p.vision_dir);
     }
-    if (!language_dir.empty()) {
-      load_language_tensors(language_weights, "model.", "lm_head.weight", language_dir);
-      language_weights.clear();
+    if (!p.language_dir.empty()) {
+      load_language_tensors(p.language_weights, "model.", "lm_head.weight", p.language_dir);
+      p.language_weights.clear();
     }
     if (o.has("image_mean")) stats_.mean = o.get_double_list("image_mean");
     if (o.has("image_std")) stats_.std = o.get_double_list("image_std");
     if (stats_.mean.size() != 3 || stats_.std.size() != 3)
       throw wick::Error(std::string(kWho) + ": image_mean and image_std need 3 numbers each");
+  }
 
+  void freeze(const wick::Options& o) {
     if (o.get_bool("freeze_vision"))
       for (auto& p : vit_->parameters()) p.set_requires_grad(false);
-    if (o.get_bool("quantize_vision")) {
-      // a frozen tower's linear weights as 4-bit NF4 too, as bitsandbytes'
-      // load_in_4bit quantizes every linear layer but the output head
-      if (!nf4)
-        throw wick::Error(std::string(kWho) + ": quantize_vision needs quantize = \"nf4\" (got quantize = \"" +
-                          o.get_string("quantize") + "\")");
-      if (!o.get_bool("freeze_vision"))
-        throw wick::Error(std::string(kWho) + ": quantize_vision needs freeze_vision = true (4-bit weights do not train)");
-      for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
-        const std::int64_t n = lin->in_features * lin->out_features;
-        if (n % block != 0 || n % 2 != 0)
-          throw wick::Error(std::string(kWho) + ": quantize_block " + str(block) + " does not divide layer " + name +
-                            "'s " + str(n) + " weights, expected a block size that divides every linear layer's "
-                            "weight count (an even count)");
-      }
-      for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
-        lin->quantize_nf4(/*compute=*/wdtype, block);
-      }
-    }
     if (o.get_bool("freeze_language")) {
       for (auto& p : dec_->body->parameters()) p.set_requires_grad(false);
       if (dec_->lm_head)
@@ -236,8 +273,30 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     }
     if (o.get_bool("freeze_projector"))
       for (auto& p : projector_->parameters()) p.set_requires_grad(false);
-    dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
   }
+
+  // A frozen tower's linear weights as 4-bit NF4 too, as bitsandbytes'
+  // load_in_4bit quantizes every linear layer but the output head.
+  void quantize_vision(const wick::Options& o) {
+    const std::int64_t block = o.get_int("quantize_block");
+    if (o.get_string("quantize") != "nf4")
+      throw wick::Error(std::string(kWho) + ": quantize_vision needs quantize = \"nf4\" (got quantize = \"" +
+                        o.get_string("quantize") + "\")");
+    if (!o.get_bool("freeze_vision"))
+      throw wick::Error(std::string(kWho) + ": quantize_vision needs freeze_vision = true (4-bit weights do not train)");
+    for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
+      const std::int64_t n = lin->in_features * lin->out_features;
+      if (n % block != 0 || n % 2 != 0)
+        throw wick::Error(std::string(kWho) + ": quantize_block " + str(block) + " does not divide layer " + name +
+                          "'s " + str(n) + " weights, expected a block size that divides every linear layer's "
+                          "weight count (an even count)");
+    }
+    for (auto& [name, lin] : vit_->linear_layers(vision_prefix_)) {
+      lin->quantize_nf4(/*compute=*/weight_dtype(o), block);
+    }
+  }
+
+ public:
 
   // A LLaMA / Qwen2 folder (model.* -> model.language_model.*, lm_head.weight)
   // or a LLaVA folder's language model: its tensors are taken out of `all`
@@ -548,6 +607,24 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   std::int64_t frame_tokens_ = 0, pool_grid_ = 0, frame_chunk_ = 0, time_pool_ = 1, quantize_block_ = 0;
 };
 
+// The tower's sizes where no folder gives it: vit_options()' own, named as
+// config_from_options(o, kTower) reads them, with a small CLIP tower's defaults.
+
+std::vector<wick::OptionSpec> tower_options() {
+  const std::string without = "vision tower without a folder: ";
+  wick::OptionSpec layers = vis::vit_option_as("layers", kTower, 4, without + "blocks");
+  layers.min = 1;  // the visual tokens are a block's (vision_feature_layer)
+  return {
+      vis::vit_option_as("style", kTower, "clip", without + "clip or vit names"),
+      vis::vit_option_as("image_size", kTower, 224, without + "image side"),
+      vis::vit_option_as("patch_size", kTower, 16, without + "patch side"),
+      vis::vit_option_as("hidden_size", kTower, 192, without + "width"),
+      vis::vit_option_as("intermediate_size", kTower, 768, without + "MLP width"),
+      layers,
+      vis::vit_option_as("heads", kTower, 3, without + "attention heads"),
+  };
+}
+
 wick::OptionSchema schema() {
   wick::OptionSchema s = {
       wick::opt_string("path", wick::Value(), "a LLaVA folder (config.json with vision_config and text_config, "
@@ -567,14 +644,8 @@ wick::OptionSchema schema() {
                 "per-channel mean of the 0..1 pixels (default: the folder's preprocessor_config.json, else CLIP's or 0.5)").optional(),
       wick::opt(std::string("image_std"), wick::OptionType::FloatList, wick::Value(),
                 "per-channel std of the 0..1 pixels (default: as image_mean)").optional(),
-      wick::opt_string("vision_style", "clip", "vision tower without a folder: clip or vit names").one_of({"clip", "vit"}),
-      wick::opt_int("image_size", 224, "vision tower without a folder: image side").at_least(1),
-      wick::opt_int("patch_size", 16, "vision tower without a folder: patch side").at_least(1),
-      wick::opt_int("vision_hidden_size", 192, "vision tower without a folder: width").at_least(1),
-      wick::opt_int("vision_intermediate_size", 768, "vision tower without a folder: MLP width").at_least(1),
-      wick::opt_int("vision_layers", 4, "vision tower without a folder: blocks").at_least(1),
-      wick::opt_int("vision_heads", 3, "vision tower without a folder: attention heads").at_least(1),
   };
+  for (auto& o : tower_options()) s.push_back(o);
   for (auto& o : dec::size_options()) s.push_back(o);
   s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
   s.push_back(wick::opt_int("frame_tokens", 0,

@@ -88,6 +88,22 @@ struct Nf4Weight {
   }
 };
 
+/// Double quantization: the absmax constants (float [blocks]) into q's
+/// absmax_offset (their mean), absmax_scale (the largest |absmax - offset|
+/// of each q.scale_block constants) and absmax_q (dynamic-map indices).
+inline void nf4_quantize_constants(Nf4Weight& q, const at::Tensor& absmax) {
+  q.absmax_offset = absmax.mean();
+  at::Tensor centred = absmax - q.absmax_offset;
+  const std::int64_t nb = absmax.numel(), scale_block = q.scale_block;
+  const std::int64_t groups = (nb + scale_block - 1) / scale_block;
+  at::Tensor padded = at::zeros({groups * scale_block}, absmax.options());
+  padded.slice(0, 0, nb).copy_(centred);
+  at::Tensor scale = padded.reshape({groups, scale_block}).abs().amax(1);
+  q.absmax_scale = scale;
+  at::Tensor per = scale.clamp_min(1e-12).repeat_interleave(scale_block).slice(0, 0, nb);
+  q.absmax_q = nearest(centred / per, nf4_table(1, absmax.device())).to(at::kByte);
+}
+
 /// Quantizes `w` (any float dtype; numel a multiple of `block`, and even).
 inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std::int64_t scale_block = 256) {
   if (w.numel() % 2 != 0)
@@ -102,24 +118,13 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   q.shape = w.sizes().vec();
   q.block = block;
   q.scale_block = scale_block;
-  const auto opts = at::TensorOptions().dtype(at::kFloat).device(w.device());
   at::Tensor blocks = w.detach().to(at::kFloat).reshape({-1, block});
   at::Tensor absmax = blocks.abs().amax(1);
   at::Tensor normed = blocks / absmax.clamp_min(1e-12).unsqueeze(1);
   at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte);
   idx = idx.reshape({-1, 2});
   q.packed = (idx.select(1, 0).bitwise_left_shift(4)).bitwise_or(idx.select(1, 1)).contiguous();
-  // double quantization of the constants
-  q.absmax_offset = absmax.mean();
-  at::Tensor centred = absmax - q.absmax_offset;
-  const std::int64_t nb = absmax.numel();
-  const std::int64_t groups = (nb + scale_block - 1) / scale_block;
-  at::Tensor padded = at::zeros({groups * scale_block}, opts);
-  padded.slice(0, 0, nb).copy_(centred);
-  at::Tensor scale = padded.reshape({groups, scale_block}).abs().amax(1);
-  q.absmax_scale = scale;
-  at::Tensor per = scale.clamp_min(1e-12).repeat_interleave(scale_block).slice(0, 0, nb);
-  q.absmax_q = nearest(centred / per, nf4_table(1, w.device())).to(at::kByte);
+  nf4_quantize_constants(q, absmax);
   return q;
 }
 
@@ -154,16 +159,7 @@ inline Nf4Weight nf4_quantize_chunked(const at::Tensor& w, std::int64_t block = 
     at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
     q.packed.narrow(0, s * block / 2, n * block / 2).copy_(idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1)));
   }
-  // double quantization of the constants, as nf4_quantize does it
-  q.absmax_offset = absmax.mean();
-  at::Tensor centred = absmax - q.absmax_offset;
-  const std::int64_t groups = (nb + scale_block - 1) / scale_block;
-  at::Tensor padded = at::zeros({groups * scale_block}, opts);
-  padded.slice(0, 0, nb).copy_(centred);
-  at::Tensor scale = padded.reshape({groups, scale_block}).abs().amax(1);
-  q.absmax_scale = scale;
-  at::Tensor per = scale.clamp_min(1e-12).repeat_interleave(scale_block).slice(0, 0, nb);
-  q.absmax_q = nearest(centred / per, nf4_table(1, w.device())).to(at::kByte);
+  nf4_quantize_constants(q, absmax);
   return q;
 }
 
@@ -343,22 +339,30 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(cons
   return s;
 }
 
+/// A product [rows, width] whose columns [a, b) are part(a, b) for each of
+/// `slices`: a single slice's part is the product itself.
+template <class Part>
+at::Tensor nf4_join_columns(const std::vector<std::pair<std::int64_t, std::int64_t>>& slices, std::int64_t rows,
+                            std::int64_t width, Part part) {
+  if (slices.size() == 1) return part(slices[0].first, slices[0].second);
+  at::Tensor y;
+  for (const auto& [a, b] : slices) {
+    at::Tensor p = part(a, b);
+    if (!y.defined()) y = at::empty({rows, width}, p.options());
+    y.slice(1, a, b).copy_(p);
+  }
+  return y;
+}
+
 /// x W^T, the weight decoded a slice of output rows at a time (nf4_row_slices);
 /// each slice's columns of the result are x times that slice, transposed.
 inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
-  at::Tensor x2 = x.reshape({-1, in}), y;
-  const auto slices = nf4_row_slices(q);
-  for (const auto& [r0, r1] : slices) {
-    at::Tensor part = at::mm(x2, nf4_decode_range(q, r0 * in, r1 * in, x.scalar_type()).view({r1 - r0, in}).t());
-    if (slices.size() == 1) {
-      y = part;
-    } else {
-      if (!y.defined()) y = at::empty({x2.size(0), out}, part.options());
-      y.slice(1, r0, r1).copy_(part);
-    }
-  }
+  const at::Tensor x2 = x.reshape({-1, in});
+  const at::Tensor y = nf4_join_columns(nf4_row_slices(q), x2.size(0), out, [&](std::int64_t r0, std::int64_t r1) {
+    return at::mm(x2, nf4_decode_range(q, r0 * in, r1 * in, x.scalar_type()).view({r1 - r0, in}).t());
+  });
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
@@ -369,19 +373,12 @@ inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
 inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
-  at::Tensor g2 = g.reshape({-1, out}), y;
-  at::Tensor absmax =
+  const at::Tensor g2 = g.reshape({-1, out});
+  const at::Tensor absmax =
       !nf4_kernel_applies(q, g.scalar_type()) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
-  const auto slices = nf4_column_slices(q);
-  for (const auto& [c0, c1] : slices) {
-    at::Tensor part = at::mm(g2, nf4_decode_columns(q, c0, c1, absmax, g.scalar_type()));
-    if (slices.size() == 1) {
-      y = part;
-    } else {
-      if (!y.defined()) y = at::empty({g2.size(0), in}, part.options());
-      y.slice(1, c0, c1).copy_(part);
-    }
-  }
+  const at::Tensor y = nf4_join_columns(nf4_column_slices(q), g2.size(0), in, [&](std::int64_t c0, std::int64_t c1) {
+    return at::mm(g2, nf4_decode_columns(q, c0, c1, absmax, g.scalar_type()));
+  });
   std::vector<std::int64_t> sizes = g.sizes().vec();
   sizes.back() = in;
   return y.view(sizes);

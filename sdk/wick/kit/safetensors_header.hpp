@@ -70,12 +70,15 @@ inline bool as_count(const nlohmann::json& v, std::uint64_t& out) {
   return false;
 }
 
-}  // namespace detail
+// The error for a header that breaks a rule, naming the file.
+struct Corrupt {
+  const std::string& file;
+  Error operator()(const std::string& why) const { return Error("corrupt safetensors file " + file + ": " + why); }
+};
 
-/// Parses and checks the header's JSON text; `data_size` is the number of
-/// bytes after the header. `file` names the file in errors.
-inline Header parse_header(std::string_view text, std::uint64_t data_size, const std::string& file) {
-  auto corrupt = [&](const std::string& why) { return Error("corrupt safetensors file " + file + ": " + why); };
+// The header's JSON object; a tensor named twice is refused (nlohmann would
+// silently keep one of the two).
+inline nlohmann::json parse_object(std::string_view text, const Corrupt& corrupt) {
   // JSON text ends at a NUL for nlohmann's parser but not for the reference's
   if (const auto nul = text.find('\0'); nul != std::string_view::npos)
     throw corrupt("header holds a NUL byte at offset " + std::to_string(nul) +
@@ -96,72 +99,81 @@ inline Header parse_header(std::string_view text, std::uint64_t data_size, const
   }
   if (!j.is_object()) throw corrupt("header is a JSON " + std::string(j.type_name()) + ", expected an object of tensors");
   if (!duplicate.empty()) throw corrupt("tensor '" + printable_utf8(duplicate) + "' is named twice in the header, expected unique names");
-  Header h;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (it->is_null()) continue;  // as the reference reads it
-      if (!it->is_object())
-        throw corrupt("__metadata__ is " + detail::json_text(*it) + ", expected an object of strings");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string())
-          throw corrupt("__metadata__ key '" + printable_utf8(m.key()) + "' is " + detail::json_text(*m) + ", expected a string");
-        h.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = "tensor '" + printable_utf8(it.key()) + "'";
-    const auto& t = *it;
-    if (!t.is_object())
-      throw corrupt(where + " is " + detail::json_text(t) + ", expected an object {dtype, shape, data_offsets}");
-    for (const char* key : {"dtype", "shape", "data_offsets"})
-      if (!t.contains(key)) throw corrupt(where + " lacks " + key + ", expected dtype, shape and data_offsets");
-    Entry e;
-    e.name = it.key();
-    if (!t["dtype"].is_string())
-      throw corrupt(where + ": dtype is " + detail::json_text(t["dtype"]) + ", expected a string such as \"F32\"");
-    e.dtype = t["dtype"].get<std::string>();
-    const std::uint64_t elem = dtype_size(e.dtype);
-    if (!elem)
-      throw corrupt(where + " has unsupported dtype " + e.dtype +
-                    ", expected F64, F32, F16, BF16, I64, I32, I16, I8, U8 or BOOL");
-    const auto& shape = t["shape"];
-    if (!shape.is_array()) throw corrupt(where + ": shape is " + detail::json_text(shape) + ", expected a list of integers");
-    // the element count, checked as the reference checks it (in order), and
-    // the product of the non-zero sizes, which LibTorch's strides must hold
-    std::uint64_t numel = 1, strides = 1;
-    bool overflow = false;
-    for (std::size_t i = 0; i < shape.size(); ++i) {
-      std::uint64_t d = 0;
-      if (!detail::as_count(shape[i], d) || d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        throw corrupt(where + ": shape[" + std::to_string(i) + "] is " + detail::json_text(shape[i]) +
-                      ", expected a non-negative integer");
-      e.shape.push_back(static_cast<std::int64_t>(d));
-      if (!overflow && __builtin_mul_overflow(numel, d, &numel)) overflow = true;
-      if (d && !overflow && __builtin_mul_overflow(strides, d, &strides)) overflow = true;
-    }
-    std::uint64_t bytes = 0;
-    if (overflow || __builtin_mul_overflow(numel, elem, &bytes) ||
-        strides > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / elem)
-      throw corrupt(where + ": shape " + detail::json_text(shape) + " of " + e.dtype +
-                    " holds more bytes than 64 bits can count, expected a shape that fits in memory");
-    const auto& offs = t["data_offsets"];
-    if (!offs.is_array() || offs.size() != 2 || !detail::as_count(offs[0], e.begin) || !detail::as_count(offs[1], e.end))
-      throw corrupt(where + ": data_offsets is " + detail::json_text(offs) +
-                    ", expected two non-negative integers [begin, end]");
-    if (e.end < e.begin)
-      throw corrupt(where + ": data_offsets " + detail::json_text(offs) + " end before they begin, expected begin <= end");
-    if (e.end - e.begin != bytes)
-      throw corrupt(where + " has " + std::to_string(e.end - e.begin) + " bytes (data_offsets " + detail::json_text(offs) +
-                    "), its shape " + detail::json_text(shape) + " and dtype " + e.dtype + " need " +
-                    std::to_string(bytes));
-    h.entries.push_back(std::move(e));
+  return j;
+}
+
+// "__metadata__": null, or an object of strings.
+inline void read_metadata(const nlohmann::json& m, Header& h, const Corrupt& corrupt) {
+  if (m.is_null()) return;  // as the reference reads it
+  if (!m.is_object()) throw corrupt("__metadata__ is " + json_text(m) + ", expected an object of strings");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    if (!it->is_string())
+      throw corrupt("__metadata__ key '" + printable_utf8(it.key()) + "' is " + json_text(*it) + ", expected a string");
+    h.metadata[it.key()] = it->get<std::string>();
   }
-  // back to back from byte 0: no gap, no overlap, nothing after the last
-  std::sort(h.entries.begin(), h.entries.end(),
+}
+
+// e's shape from `shape`, and the bytes it holds of `elem`-byte elements:
+// the element count checked as the reference checks it (in order), and the
+// product of the non-zero sizes, which LibTorch's strides must hold.
+inline std::uint64_t read_shape(const nlohmann::json& shape, std::uint64_t elem, Entry& e, const std::string& where,
+                                const Corrupt& corrupt) {
+  if (!shape.is_array()) throw corrupt(where + ": shape is " + json_text(shape) + ", expected a list of integers");
+  std::uint64_t numel = 1, strides = 1;
+  bool overflow = false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    std::uint64_t d = 0;
+    if (!as_count(shape[i], d) || d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      throw corrupt(where + ": shape[" + std::to_string(i) + "] is " + json_text(shape[i]) +
+                    ", expected a non-negative integer");
+    e.shape.push_back(static_cast<std::int64_t>(d));
+    if (!overflow && __builtin_mul_overflow(numel, d, &numel)) overflow = true;
+    if (d && !overflow && __builtin_mul_overflow(strides, d, &strides)) overflow = true;
+  }
+  std::uint64_t bytes = 0;
+  if (overflow || __builtin_mul_overflow(numel, elem, &bytes) ||
+      strides > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / elem)
+    throw corrupt(where + ": shape " + json_text(shape) + " of " + e.dtype +
+                  " holds more bytes than 64 bits can count, expected a shape that fits in memory");
+  return bytes;
+}
+
+// One tensor's {dtype, shape, data_offsets}.
+inline Entry read_entry(const std::string& name, const nlohmann::json& t, const Corrupt& corrupt) {
+  const std::string where = "tensor '" + printable_utf8(name) + "'";
+  if (!t.is_object()) throw corrupt(where + " is " + json_text(t) + ", expected an object {dtype, shape, data_offsets}");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!t.contains(key)) throw corrupt(where + " lacks " + key + ", expected dtype, shape and data_offsets");
+  Entry e;
+  e.name = name;
+  if (!t["dtype"].is_string())
+    throw corrupt(where + ": dtype is " + json_text(t["dtype"]) + ", expected a string such as \"F32\"");
+  e.dtype = t["dtype"].get<std::string>();
+  const std::uint64_t elem = dtype_size(e.dtype);
+  if (!elem)
+    throw corrupt(where + " has unsupported dtype " + e.dtype +
+                  ", expected F64, F32, F16, BF16, I64, I32, I16, I8, U8 or BOOL");
+  const auto& shape = t["shape"];
+  const std::uint64_t bytes = read_shape(shape, elem, e, where, corrupt);
+  const auto& offs = t["data_offsets"];
+  if (!offs.is_array() || offs.size() != 2 || !as_count(offs[0], e.begin) || !as_count(offs[1], e.end))
+    throw corrupt(where + ": data_offsets is " + json_text(offs) + ", expected two non-negative integers [begin, end]");
+  if (e.end < e.begin)
+    throw corrupt(where + ": data_offsets " + json_text(offs) + " end before they begin, expected begin <= end");
+  if (e.end - e.begin != bytes)
+    throw corrupt(where + " has " + std::to_string(e.end - e.begin) + " bytes (data_offsets " + json_text(offs) +
+                  "), its shape " + json_text(shape) + " and dtype " + e.dtype + " need " + std::to_string(bytes));
+  return e;
+}
+
+// Sorts the entries by offset and checks they lie back to back from byte 0:
+// no gap, no overlap, nothing after the last.
+inline void check_tiling(std::vector<Entry>& entries, std::uint64_t data_size, const Corrupt& corrupt) {
+  std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name); });
   std::uint64_t at = 0;
   const Entry* before = nullptr;
-  for (const auto& e : h.entries) {
+  for (const auto& e : entries) {
     if (e.begin != at)
       throw corrupt("tensor '" + printable_utf8(e.name) + "': data_offsets begin at byte " + std::to_string(e.begin) +
                     ", expected " + std::to_string(at) + (before ? " where '" + printable_utf8(before->name) + "' ends" : std::string(", the data's start")) +
@@ -175,6 +187,24 @@ inline Header parse_header(std::string_view text, std::uint64_t data_size, const
   if (at < data_size)
     throw corrupt("the tensors cover " + std::to_string(at) + " of the file's " + std::to_string(data_size) +
                   " data bytes, expected the data to end where the last tensor ends");
+}
+
+}  // namespace detail
+
+/// Parses and checks the header's JSON text; `data_size` is the number of
+/// bytes after the header. `file` names the file in errors.
+inline Header parse_header(std::string_view text, std::uint64_t data_size, const std::string& file) {
+  const detail::Corrupt corrupt{file};
+  const nlohmann::json j = detail::parse_object(text, corrupt);
+  Header h;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      detail::read_metadata(*it, h, corrupt);
+    } else {
+      h.entries.push_back(detail::read_entry(it.key(), *it, corrupt));
+    }
+  }
+  detail::check_tiling(h.entries, data_size, corrupt);
   return h;
 }
 
