@@ -49,4 +49,23 @@ function H.recipe(dir, name, text, args, env)
   return H.run("run " .. path .. " " .. (args or ""), env)
 end
 
+-- A character-level tokenizer.json: printable ASCII and "\n" (ids 0..95),
+-- one merge ("he", 96), <|im_start|> (97) and <|im_end|> (98) as special
+-- tokens: a chat model folder's tokenizer small enough to write in a test.
+function H.tokenizer_json()
+  local vocab, id = {}, 0
+  local function add(s)
+    vocab[#vocab + 1] = string.format("%q: %d", s, id):gsub("\\\n", "\\n")
+    id = id + 1
+  end
+  add("\n")
+  for c = 32, 126 do add(string.char(c)) end
+  add("he")
+  return '{"version": "1.0", "added_tokens": ['
+    .. '{"id": 97, "content": "<|im_start|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false},'
+    .. '{"id": 98, "content": "<|im_end|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false}],'
+    .. '"normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Fuse"},'
+    .. '"model": {"type": "BPE", "vocab": {' .. table.concat(vocab, ", ") .. '}, "merges": ["h e"]}}'
+end
+
 return H

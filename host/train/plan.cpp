@@ -40,6 +40,20 @@ struct Row {
   std::map<std::string, std::int64_t> breakdown;
 };
 
+// Runs `fn` for `row`; an error marks the row failed with the error's text.
+template <class F>
+void attempt(Row& row, F&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    row.ok = false;
+    row.err = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    row.ok = false;
+    row.err = e.what();
+  }
+}
+
 // state: weights, gradients and optimizer state held at the step (what shard divides)
 double state_of(const Row& row) {
   const auto& b = row.breakdown;
@@ -99,15 +113,7 @@ Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_
 Row& Planner::add_row(const std::string& name, Setting o) {
   rows_.push_back(Row{name, std::move(o)});
   Row& row = rows_.back();
-  try {
-    measure(row);
-  } catch (const c10::Error& e) {
-    row.ok = false;
-    row.err = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    row.ok = false;
-    row.err = e.what();
-  }
+  attempt(row, [&] { measure(row); });
   return row;
 }
 
@@ -144,16 +150,10 @@ void Planner::measure(Row& row) {
   std::vector<double> times;
   for (int k = 0; k < 3; ++k) {
     const double t0 = now_seconds();
-    try {
+    attempt(row, [&] {
       trainer.step(window);
       row.ok = true;
-    } catch (const c10::Error& e) {
-      row.ok = false;
-      row.err = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      row.ok = false;
-      row.err = e.what();
-    }
+    });
     times.push_back(now_seconds() - t0);
   }
   std::sort(times.begin(), times.end());

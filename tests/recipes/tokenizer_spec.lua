@@ -8,30 +8,12 @@ local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the sou
 local dir = H.tmpdir()
 teardown(function() os.execute("rm -rf " .. dir) end)
 
--- A character-level tokenizer.json: printable ASCII and "\n", one merge,
--- <|im_start|> and <|im_end|> added as special tokens.
-local function tokenizer_json()
-  local vocab, id = {}, 0
-  local function add(s)
-    vocab[#vocab + 1] = string.format("%q: %d", s, id):gsub("\\\n", "\\n")
-    id = id + 1
-  end
-  add("\n")
-  for c = 32, 126 do add(string.char(c)) end
-  add("he")
-  return '{"version": "1.0", "added_tokens": ['
-    .. '{"id": 97, "content": "<|im_start|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false},'
-    .. '{"id": 98, "content": "<|im_end|>", "special": true, "normalized": false, "lstrip": false, "rstrip": false, "single_word": false}],'
-    .. '"normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": {"type": "Fuse"},'
-    .. '"model": {"type": "BPE", "vocab": {' .. table.concat(vocab, ", ") .. '}, "merges": ["h e"]}}'
-end
-
 local TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\\n{% if m['role'] == 'assistant' %}"
   .. "{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{% else %}{{ m['content'] }}<|im_end|>{% endif %}"
   .. "\\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{{ greeting }}{% endif %}"
 
 os.execute("mkdir -p " .. dir .. "/m")
-H.write(dir .. "/m/tokenizer.json", tokenizer_json())
+H.write(dir .. "/m/tokenizer.json", H.tokenizer_json())
 H.write(dir .. "/m/tokenizer_config.json", '{"eos_token": "<|im_end|>", "chat_template": "' .. TEMPLATE .. '"}')
 
 local head = 'local wick = require "wick"\nlocal tok = wick.tokenizer("' .. dir .. '/m")\n'
