@@ -109,15 +109,92 @@ void signal_group(const Child& c, int sig) {
   if (c.pid > 0 && ::killpg(c.pid, sig) != 0 && errno == ESRCH && !c.done) ::kill(c.pid, sig);
 }
 
+// The child of a fork: rank `rank` (local `local_rank`) set up and exec'ed as
+// `wick <verb> <run_args>`; its output into the pipes unless it is rank 0.
+[[noreturn]] void exec_rank(const LaunchOptions& o, int rank, int local_rank, int port, const std::string& exe,
+                            const std::string& news_dir, pid_t launcher, const int out_pipe[2], const int err_pipe[2]) {
+  // the child: its own process group, so a terminal's Ctrl-C reaches it through us only,
+  // and stopping the rank stops what it started (a recipe's os.execute) with it
+  ::setpgid(0, 0);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  // a launcher killed outright (kill -9, the OOM killer) takes its ranks
+  // with it: none runs on alone writing the run folder or holding a device
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(1);  // it died before the line above
+  if (rank != 0) {
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    ::close(out_pipe[0]), ::close(err_pipe[0]), ::close(out_pipe[1]), ::close(err_pipe[1]);
+  }
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(o.nproc_per_node * o.nnodes).c_str(), 1);
+  ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node).c_str(), 1);
+  ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  if (!news_dir.empty()) ::setenv("WICK_LAUNCH_NEWS", news_dir.c_str(), 1);
+  // share the cores: N ranks each with every core's worth of threads would fight
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / o.nproc_per_node)).c_str(), 1);
+  }
+  std::vector<std::string> argv_s{"wick", o.verb};
+  argv_s.insert(argv_s.end(), o.run_args.begin(), o.run_args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execv(exe.c_str(), argv.data());
+  std::fprintf(stderr, "wick launch: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
+  ::_exit(127);
+}
+
+// Starts one rank; the launcher's side of its pipes in c.out and c.err.
+Child start_rank(const LaunchOptions& o, int local_rank, int port, const std::string& exe, const std::string& news_dir,
+                 pid_t launcher) {
+  Child c;
+  c.rank = o.node_rank * o.nproc_per_node + local_rank;
+  int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+  if (c.rank != 0 && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0))
+    throw Error("wick launch: cannot create pipes: " + std::string(std::strerror(errno)));
+  c.pid = ::fork();
+  if (c.pid < 0) throw Error("wick launch: cannot start rank " + std::to_string(c.rank) + ": " + std::strerror(errno));
+  if (c.pid == 0) exec_rank(o, c.rank, local_rank, port, exe, news_dir, launcher, out_pipe, err_pipe);
+  ::setpgid(c.pid, c.pid);  // as the child does: whichever runs first, the group exists before any signal
+  if (c.rank != 0) {
+    ::close(out_pipe[1]), ::close(err_pipe[1]);
+    c.out = out_pipe[0];
+    c.err = err_pipe[0];
+    ::fcntl(c.out, F_SETFL, O_NONBLOCK);
+    ::fcntl(c.err, F_SETFL, O_NONBLOCK);
+  }
+  return c;
+}
+
+// The launcher's last line when a rank failed: the ranks that had already
+// returned, which are the cause, named first.
+void report_failure(int failed_rank, int failed_status, const std::vector<int>& ended_early) {
+  std::string early;
+  for (int r : ended_early) early += (early.empty() ? "" : ", ") + std::to_string(r);
+  if (!early.empty()) {
+    // the rank that left first is the cause; the one that then failed waited for it
+    std::fprintf(stderr,
+                 "wick launch: rank%s %s ended with code 0 while the others still ran (its recipe returned where "
+                 "theirs went on: every rank must make the same wick.train calls); rank %d then %s and the other "
+                 "ranks were stopped\n",
+                 ended_early.size() > 1 ? "s" : "", early.c_str(), failed_rank, describe_status(failed_status).c_str());
+    return;
+  }
+  std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
+               describe_status(failed_status).c_str());
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& o) {
-  const int nproc = o.nproc_per_node, node_rank = o.node_rank;
-  const std::string& addr = o.master_addr;
+  const int nproc = o.nproc_per_node;
   const int port = o.master_port != 0 ? o.master_port : free_port();
-  const std::vector<std::string>& run_args = o.run_args;
   const std::string exe = boost::dll::program_location().string();
-  const int world = nproc * o.nnodes;
 
   struct sigaction sa{};
   sa.sa_handler = on_signal;
@@ -138,60 +215,8 @@ int launch(const LaunchOptions& o) {
       if (!dir.empty()) std::filesystem::remove_all(dir, ec);
     }
   } remove_news{news_dir};
-  std::vector<Child> children(static_cast<std::size_t>(nproc));
-  for (int r = 0; r < nproc; ++r) {
-    Child& c = children[static_cast<std::size_t>(r)];
-    c.rank = node_rank * nproc + r;
-    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-    if (c.rank != 0 && (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0))
-      throw Error("wick launch: cannot create pipes: " + std::string(std::strerror(errno)));
-    c.pid = ::fork();
-    if (c.pid < 0) throw Error("wick launch: cannot start rank " + std::to_string(c.rank) + ": " + std::strerror(errno));
-    if (c.pid == 0) {
-      // the child: its own process group, so a terminal's Ctrl-C reaches it through us only,
-      // and stopping the rank stops what it started (a recipe's os.execute) with it
-      ::setpgid(0, 0);
-      std::signal(SIGINT, SIG_DFL);
-      std::signal(SIGTERM, SIG_DFL);
-      // a launcher killed outright (kill -9, the OOM killer) takes its ranks
-      // with it: none runs on alone writing the run folder or holding a device
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) ::_exit(1);  // it died before the line above
-      if (c.rank != 0) {
-        ::dup2(out_pipe[1], 1);
-        ::dup2(err_pipe[1], 2);
-        ::close(out_pipe[0]), ::close(err_pipe[0]), ::close(out_pipe[1]), ::close(err_pipe[1]);
-      }
-      ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      if (!news_dir.empty()) ::setenv("WICK_LAUNCH_NEWS", news_dir.c_str(), 1);
-      // share the cores: N ranks each with every core's worth of threads would fight
-      if (!std::getenv("OMP_NUM_THREADS")) {
-        const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-        ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / nproc)).c_str(), 1);
-      }
-      std::vector<std::string> argv_s{"wick", o.verb};
-      argv_s.insert(argv_s.end(), run_args.begin(), run_args.end());
-      std::vector<char*> argv;
-      for (auto& s : argv_s) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      ::execv(exe.c_str(), argv.data());
-      std::fprintf(stderr, "wick launch: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
-      ::_exit(127);
-    }
-    ::setpgid(c.pid, c.pid);  // as the child does: whichever runs first, the group exists before any signal
-    if (c.rank != 0) {
-      ::close(out_pipe[1]), ::close(err_pipe[1]);
-      c.out = out_pipe[0];
-      c.err = err_pipe[0];
-      ::fcntl(c.out, F_SETFL, O_NONBLOCK);
-      ::fcntl(c.err, F_SETFL, O_NONBLOCK);
-    }
-  }
+  std::vector<Child> children;
+  for (int r = 0; r < nproc; ++r) children.push_back(start_rank(o, r, port, exe, news_dir, launcher));
 
   int failed_rank = -1, failed_status = 0, forwarded = 0;
   std::vector<int> ended_early;  // ranks that ended cleanly while others still ran
@@ -273,19 +298,7 @@ int launch(const LaunchOptions& o) {
   if (failed_rank >= 0 || forwarded)
     for (auto& c : children) signal_group(c, SIGKILL);
   if (failed_rank >= 0) {
-    std::string early;
-    for (int r : ended_early) early += (early.empty() ? "" : ", ") + std::to_string(r);
-    if (!early.empty()) {
-      // the rank that left first is the cause; the one that then failed waited for it
-      std::fprintf(stderr,
-                   "wick launch: rank%s %s ended with code 0 while the others still ran (its recipe returned where "
-                   "theirs went on: every rank must make the same wick.train calls); rank %d then %s and the other "
-                   "ranks were stopped\n",
-                   ended_early.size() > 1 ? "s" : "", early.c_str(), failed_rank, describe_status(failed_status).c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "wick launch: rank %d %s; the other ranks were stopped\n", failed_rank,
-                 describe_status(failed_status).c_str());
+    report_failure(failed_rank, failed_status, ended_early);
     return 1;
   }
   return 0;
