@@ -630,9 +630,18 @@ void Group::check_same(const std::string& what, const std::string& value) {
     std::vector<std::string> keys;
     for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
     wait_keys(keys, "comparing " + what);
-    const auto first = store_->get(keys[0]);
+    std::vector<std::vector<std::uint8_t>> values;
+    for (const auto& k : keys) values.push_back(store_->get(k));
+    // rank 0 holds the store: it goes on only once every rank has read what
+    // it needs, or a rank whose recipe then returns at once (a refusal that
+    // follows on every rank) would close the store under another's reads
+    std::vector<std::string> read;
+    for (int r = 0; r < env_.world_size; ++r) read.push_back(prefix + "read/" + std::to_string(r));
+    store_->set(read[static_cast<std::size_t>(env_.rank)], std::string("1"));
+    if (env_.rank == 0) wait_keys(read, "comparing " + what);
+    const auto& first = values[0];
     for (int r = 1; r < env_.world_size; ++r) {
-      const auto other = store_->get(keys[r]);
+      const auto& other = values[static_cast<std::size_t>(r)];
       if (other != first)
         throw Error("rank " + std::to_string(r) + "'s " + what + " differs from rank 0's: " +
                     differences(std::string(other.begin(), other.end()), std::string(first.begin(), first.end())) +
