@@ -24,5 +24,6 @@ local run = wick.train {
 }
 os.remove(file)
 local m = run.memory
-print(string.format("RESULT %d %d %d %d %d %d %.0f %.1f %.6f %d", wick.rank, m.peak, m.weights, m.gradients, m.optimizer,
-  m.activations, run.comm.sent / run.steps, run.seconds / run.steps * 1e3, run.final_loss, m.master_weights))
+print(string.format("RESULT %d %d %d %d %d %d %.0f %.1f %.6f %d %d", wick.rank, m.peak, m.weights, m.gradients,
+  m.optimizer, m.activations, run.comm.sent / run.steps, run.seconds / run.steps * 1e3, run.final_loss, m.master_weights,
+  m.run_peak))

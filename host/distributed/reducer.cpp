@@ -40,6 +40,12 @@ void free_storage(const at::Tensor& t) {
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
 }
+// A frozen tensor's place in its unit's byte buffer: its dtype and shape,
+// contiguous, at `offset` bytes (a multiple of kFrozenAlign).
+at::Tensor frozen_view(const at::Tensor& bytes, std::int64_t offset, const at::Tensor& t) {
+  const std::int64_t n = t.numel() * static_cast<std::int64_t>(t.element_size());
+  return bytes.narrow(0, offset, n).view(t.scalar_type()).view(t.sizes());
+}
 void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
   auto* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
@@ -49,7 +55,7 @@ void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
 
 GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
                          ShardMode shard, const std::vector<std::vector<std::size_t>>& units,
-                         at::ScalarType grad_dtype)
+                         at::ScalarType grad_dtype, const std::vector<std::vector<at::Tensor>>& frozen)
     : group_(std::move(group)), params_(std::move(params)), shard_(shard), grad_dtype_(grad_dtype),
       alive_(std::make_shared<std::atomic<bool>>(true)) {
   const std::int64_t align = sharded() ? kShardAlign : 1;
@@ -62,7 +68,9 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
   // fill buckets from the end so the first bucket is ready first.
   const std::int64_t cap = std::max<std::int64_t>(1, static_cast<std::int64_t>(bucket_mb * 1024 * 1024));
   bucket_of_.resize(params_.size());
-  if (partitioned()) lay_out_units(units);
+  if (!frozen.empty() && (!partitioned() || frozen.size() != units.size()))
+    throw Error("shard = \"parameters\": frozen tensors are divided with the units, one list per unit");
+  if (partitioned()) lay_out_units(units, frozen);
   for (std::size_t k = params_.size(); k-- > 0 && !partitioned();) {
     const auto& p = params_[k];
     const std::int64_t bytes = p.numel() * p.element_size();
@@ -88,16 +96,30 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
     at::NoGradGuard no_grad;
     const std::int64_t rank = group_->rank();
     for (auto& b : buckets_) {
-      b.whole = at::zeros({b.numel}, buffer_options(b));
-      for (std::size_t j = 0; j < b.params.size(); ++j) {
-        at::Tensor& p = params_[b.params[j]];
-        at::Tensor view = b.whole.narrow(0, b.offsets[j], p.numel());
-        view.copy_(p.detach().reshape({-1}));
-        p.set_data(view.view(p.sizes()));
-      }
-      const std::int64_t chunk = b.numel / world;
-      b.shard = b.whole.narrow(0, rank * chunk, chunk).clone();
       b.gathered = true;
+      if (!b.params.empty()) {
+        b.whole = at::zeros({b.numel}, buffer_options(b));
+        for (std::size_t j = 0; j < b.params.size(); ++j) {
+          at::Tensor& p = params_[b.params[j]];
+          at::Tensor view = b.whole.narrow(0, b.offsets[j], p.numel());
+          view.copy_(p.detach().reshape({-1}));
+          p.set_data(view.view(p.sizes()));
+        }
+        const std::int64_t chunk = b.numel / world;
+        b.shard = b.whole.narrow(0, rank * chunk, chunk).clone();
+      }
+      if (b.frozen.empty()) continue;
+      // the frozen tensors' bytes, whatever their dtypes (4-bit codes, their
+      // constants, a half-precision base): one gather of bytes per unit
+      b.frozen_whole = at::zeros({b.frozen_bytes}, b.frozen.front().options().dtype(at::kByte));
+      for (std::size_t j = 0; j < b.frozen.size(); ++j) {
+        at::Tensor& t = b.frozen[j];
+        at::Tensor view = frozen_view(b.frozen_whole, b.frozen_offsets[j], t);
+        view.copy_(t.detach());
+        t.set_data(view);
+      }
+      const std::int64_t chunk = b.frozen_bytes / world;
+      b.frozen_shard = b.frozen_whole.narrow(0, rank * chunk, chunk).clone();
     }
   }
   for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -115,11 +137,14 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
 
 GradReducer::~GradReducer() { *alive_ = false; }
 
-void GradReducer::lay_out_units(const std::vector<std::vector<std::size_t>>& units) {
+void GradReducer::lay_out_units(const std::vector<std::vector<std::size_t>>& units,
+                                const std::vector<std::vector<at::Tensor>>& frozen) {
   std::vector<bool> placed(params_.size(), false);
-  for (const auto& unit : units) {
-    if (unit.empty()) continue;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const auto& unit = units[u];
+    if (unit.empty() && (frozen.empty() || frozen[u].empty())) continue;
     Bucket& b = buckets_.emplace_back();
+    if (!frozen.empty()) lay_out_frozen(b, frozen[u]);
     for (auto k : unit) {
       if (k >= params_.size() || placed[k]) throw Error("shard = \"parameters\": a parameter in no unit or in two");
       if (params_[k].scalar_type() != params_[unit.front()].scalar_type())
@@ -138,15 +163,40 @@ void GradReducer::lay_out_units(const std::vector<std::vector<std::size_t>>& uni
     throw Error("shard = \"parameters\": a parameter in no unit");
 }
 
+void GradReducer::lay_out_frozen(Bucket& b, std::vector<at::Tensor> tensors) {
+  const std::int64_t world = group_->size();
+  for (auto& t : tensors) {
+    b.frozen_offsets.push_back(round_up(b.frozen_bytes, kFrozenAlign));
+    b.frozen_bytes = b.frozen_offsets.back() + static_cast<std::int64_t>(t.numel() * t.element_size());
+    b.frozen.push_back(std::move(t));
+  }
+  b.frozen_bytes = round_up(b.frozen_bytes, world * kFrozenAlign);
+}
+
+void GradReducer::allocate_whole(Bucket& b) {
+  if (b.whole.defined()) allocate_storage(b.whole, static_cast<std::size_t>(b.numel) * b.whole.element_size());
+  if (b.frozen_whole.defined()) allocate_storage(b.frozen_whole, static_cast<std::size_t>(b.frozen_bytes));
+  b.gathered = true;  // a failed gather leaves storage that a release frees
+}
+
 void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
   Bucket& b = buckets_[unit];
   if (b.gathered) return;
-  allocate_storage(b.whole, static_cast<std::size_t>(b.numel) * b.whole.element_size());
-  b.gathered = true;  // a failed gather leaves storage that a release frees
+  allocate_whole(b);
+  b.input_done = false;
   at::NoGradGuard no_grad;
-  group_->all_gather(b.whole, b.shard, what);
+  if (b.whole.defined()) group_->all_gather(b.whole, b.shard, what);
+  if (b.frozen_whole.defined()) group_->all_gather(b.frozen_whole, b.frozen_shard, what + " (its frozen weights)");
   trace_ = trace_ * 1000003u + unit + 1;
   record(true, unit);
+}
+
+void GradReducer::input_grad_ready(std::size_t unit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Bucket& b = buckets_[unit];
+  b.input_done = true;
+  // a block run several times in one forward (early_ false) has more backward to come
+  if (early_ && armed_ && b.pending == 0) release_unit(unit);
 }
 
 void GradReducer::record(bool gather, std::size_t unit) {
@@ -229,16 +279,18 @@ void GradReducer::issue_rest(std::size_t from, const std::string& what) {
 void GradReducer::make_unit(std::size_t unit) {
   Bucket& b = buckets_[unit];
   if (b.gathered) return;
-  allocate_storage(b.whole, static_cast<std::size_t>(b.numel) * b.whole.element_size());
-  b.gathered = true;
+  allocate_whole(b);
   at::NoGradGuard no_grad;
-  b.whole.zero_();  // the alignment's gaps
+  // the alignment's gaps
+  if (b.whole.defined()) b.whole.zero_();
+  if (b.frozen_whole.defined()) b.frozen_whole.zero_();
 }
 
 void GradReducer::release_unit(std::size_t unit) {
   Bucket& b = buckets_[unit];
   if (!b.gathered) return;
-  free_storage(b.whole);
+  if (b.whole.defined()) free_storage(b.whole);
+  if (b.frozen_whole.defined()) free_storage(b.frozen_whole);
   b.gathered = false;
 }
 
@@ -246,8 +298,11 @@ void GradReducer::gather_all(const std::string& what) {
   for (std::size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, what);
 }
 
-const c10::StorageImpl* GradReducer::unit_storage(std::size_t unit) const {
-  return buckets_[unit].whole.storage().unsafeGetStorageImpl();
+std::vector<const c10::StorageImpl*> GradReducer::unit_storages(std::size_t unit) const {
+  std::vector<const c10::StorageImpl*> out;
+  for (const at::Tensor* t : {&buckets_[unit].whole, &buckets_[unit].frozen_whole})
+    if (t->defined()) out.push_back(t->storage().unsafeGetStorageImpl());
+  return out;
 }
 
 void GradReducer::release_all() {
@@ -257,21 +312,28 @@ void GradReducer::release_all() {
 void GradReducer::keep_chunks_of_gathered() {
   at::NoGradGuard no_grad;
   const std::int64_t world = group_->size();
-  for (auto& b : buckets_)
-    if (b.gathered) b.shard.copy_(b.whole.narrow(0, group_->rank() * (b.numel / world), b.numel / world));
+  for (auto& b : buckets_) {
+    if (!b.gathered) continue;
+    if (b.whole.defined()) b.shard.copy_(b.whole.narrow(0, group_->rank() * (b.numel / world), b.numel / world));
+    if (b.frozen_whole.defined())
+      b.frozen_shard.copy_(b.frozen_whole.narrow(0, group_->rank() * (b.frozen_bytes / world), b.frozen_bytes / world));
+  }
 }
 
 std::int64_t GradReducer::held_weight_bytes() const {
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0; };
   std::int64_t n = 0;
   for (const auto& b : buckets_)
-    n += static_cast<std::int64_t>(b.shard.nbytes()) + (b.gathered ? static_cast<std::int64_t>(b.whole.nbytes()) : 0);
+    n += bytes(b.shard) + bytes(b.frozen_shard) + (b.gathered ? bytes(b.whole) + bytes(b.frozen_whole) : 0);
   return n;
 }
 
 std::int64_t GradReducer::whole_weight_bytes() const {
   std::int64_t n = 0;
-  for (const auto& b : buckets_)
+  for (const auto& b : buckets_) {
     for (auto k : b.params) n += params_[k].numel() * static_cast<std::int64_t>(params_[k].element_size());
+    for (const auto& t : b.frozen) n += t.numel() * static_cast<std::int64_t>(t.element_size());
+  }
   return n;
 }
 
@@ -314,6 +376,7 @@ void GradReducer::arm(bool early) {
   late_ = -1;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
+    b.input_done = false;
     b.launched = false;
     b.work.reset();
     b.flat = at::Tensor();
@@ -326,6 +389,7 @@ void GradReducer::arm(bool early) {
 
 void GradReducer::launch(Bucket& b) {
   b.launched = true;
+  if (b.params.empty()) return;  // a unit of frozen tensors: nothing to reduce
   if (!sharded()) {
     std::vector<at::Tensor> parts;
     parts.reserve(b.params.size());
@@ -363,7 +427,8 @@ void GradReducer::ready(std::size_t param) {
   if (!early_) return;
   // ZeRO-3: every gradient of the unit is in, so nothing in the backward
   // still reads its weights
-  if (partitioned() && b.pending == 0) release_unit(bucket_of_[param]);
+  // (a unit with frozen tensors: once its block's input gradient is in too)
+  if (partitioned() && b.pending == 0 && (b.frozen.empty() || b.input_done)) release_unit(bucket_of_[param]);
   // Buckets start strictly in index order, as on every other rank: collectives
   // must be issued in the same order everywhere.
   while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
@@ -381,6 +446,7 @@ void GradReducer::finish(std::int64_t step) {
   const std::string what = std::string("the gradient ") + (sharded() ? "reduce-scatter" : "all-reduce") + " of step " +
                            std::to_string(step);
   for (auto& b : buckets_) {
+    if (b.params.empty()) continue;
     group_->wait(b.work, what);
     b.work.reset();
     if (sharded()) {

@@ -13,6 +13,10 @@
 // whose storage is all-gathered before the unit computes and freed after
 // (gather_unit / release_unit). Every backward reduce-scatters, each unit as
 // soon as its gradients are complete, and the chunks add up over the window.
+// A unit's frozen tensors (frozen parameters such as a LoRA's base, and
+// buffers such as QLoRA's 4-bit codes and constants) are divided too, as the
+// bytes of a second flat buffer of their own: gathered and freed with the
+// unit, never reduced (FSDP-QLoRA's sharded quantized base).
 //
 // Sharded (ZeRO stages 1 and 2): the same buckets are reduce-scattered, not
 // all-reduced. Each bucket's flat layout places every parameter at a multiple
@@ -69,9 +73,13 @@ class GradReducer {
   /// `grad_dtype` (sharded; Undefined: the parameters' own): the dtype the
   /// gradients are summed in across ranks (fp32 for half-precision weights
   /// stepped through fp32 masters).
+  /// `frozen` (Parameters only; empty, or one list per unit): each unit's
+  /// tensors that take no gradient, divided with it; they become views of the
+  /// unit's frozen buffer. A unit may hold frozen tensors only.
   GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
               ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {},
-              at::ScalarType grad_dtype = at::ScalarType::Undefined);
+              at::ScalarType grad_dtype = at::ScalarType::Undefined,
+              const std::vector<std::vector<at::Tensor>>& frozen = {});
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
@@ -127,8 +135,17 @@ class GradReducer {
   /// The unit's whole buffer made, its contents undefined, with no collective
   /// (each rank about to fill it alike, from a file).
   void make_unit(std::size_t unit);
-  /// The storage unit `unit`'s parameters view (to tell which tensors are its).
-  const c10::StorageImpl* unit_storage(std::size_t unit) const;
+  /// The storages unit `unit`'s tensors view (its trainable parameters' and
+  /// its frozen tensors'; to tell which tensors are its).
+  std::vector<const c10::StorageImpl*> unit_storages(std::size_t unit) const;
+  /// The gradient with respect to the input of the unit's block has been
+  /// computed: nothing of the block's backward is left. A unit with frozen
+  /// tensors is freed then (and once its own gradients are in); its
+  /// gradients alone cannot say so (a frozen weight's product for the
+  /// input's gradient may come after the adapters' gradients).
+  void input_grad_ready(std::size_t unit);
+  /// Whether the unit holds frozen tensors.
+  bool has_frozen(std::size_t unit) const { return !buckets_[unit].frozen.empty(); }
   void release_all();
   /// After the whole weights were written (a checkpoint loaded into gathered
   /// units): this rank's chunks taken from them.
@@ -169,8 +186,21 @@ class GradReducer {
     // buffer the parameters view (its storage freed while not gathered)
     at::Tensor shard, whole;
     bool gathered = false;
+    // Parameters: the frozen tensors, their byte offsets in the frozen
+    // buffer (each at a multiple of kFrozenAlign), its length (a multiple of
+    // ranks x kFrozenAlign), and this rank's chunk of it and the whole
+    std::vector<at::Tensor> frozen;
+    std::vector<std::int64_t> frozen_offsets;
+    std::int64_t frozen_bytes = 0;
+    at::Tensor frozen_shard, frozen_whole;
+    bool input_done = false;  // the block's input gradient came in this backward
   };
-  void lay_out_units(const std::vector<std::vector<std::size_t>>& units);
+  void lay_out_frozen(Bucket& b, std::vector<at::Tensor> tensors);
+  void allocate_whole(Bucket& b);
+  void lay_out_units(const std::vector<std::vector<std::size_t>>& units,
+                     const std::vector<std::vector<at::Tensor>>& frozen);
+  // frozen tensors' offsets in bytes: a multiple of any element's size
+  static constexpr std::int64_t kFrozenAlign = 64;
   void ready(std::size_t param);
   void launch(Bucket& b);
   /// The bucket's buffers: its parameters' dtype on the group's device

@@ -21,47 +21,71 @@ std::vector<at::Tensor> PartitionRunner::run(const std::string& block, const Fn&
     return fn(in);
   };
   std::vector<at::Tensor> out = inner_ ? inner_->run(block, gathered, inputs) : fn(inputs);
-  if (at::GradMode::is_enabled())
+  if (at::GradMode::is_enabled()) {
+    bool backward = false;
     for (auto& o : out)  // the gradient reaching the block's output: its backward is next
-      if (o.defined() && o.requires_grad())
+      if (o.defined() && o.requires_grad()) {
         o.register_hook([r, u, what](const at::Tensor&) { r->gather_unit(u, what + " for its backward"); });
+        backward = true;
+      }
+    // frozen weights are read until the gradient of the block's input is
+    // made (the end of its backward); with several inputs taking gradients,
+    // the first of theirs is no such end, and the unit waits for the window's
+    std::vector<at::Tensor> taking;
+    for (const auto& i : inputs)
+      if (i.defined() && i.requires_grad()) taking.push_back(i);
+    if (backward && r->has_frozen(u) && taking.size() == 1)
+      taking.front().register_hook([r, u](const at::Tensor&) { r->input_grad_ready(u); });
+  }
   r->release_unit(u);
   return out;
 }
 
+namespace {
+// The declared block a tensor belongs to (the longest block name that
+// prefixes its name with a dot), or blocks.size() for the rest.
+std::size_t block_of(const std::string& name, const std::vector<std::string>& blocks) {
+  std::size_t best = blocks.size(), len = 0;
+  for (std::size_t b = 0; b < blocks.size(); ++b)
+    if (name.starts_with(blocks[b] + ".") && blocks[b].size() >= len) best = b, len = blocks[b].size();
+  return best;
+}
+}  // namespace
+
 Zero3Units zero3_units(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                       const std::vector<std::string>& blocks) {
+                       const std::vector<std::string>& blocks,
+                       const std::vector<std::pair<std::string, at::Tensor>>& frozen) {
   Zero3Units z;
-  std::vector<std::vector<std::size_t>> of_block(blocks.size());
-  std::vector<std::size_t> rest;
-  for (std::size_t k = 0; k < params.size(); ++k) {
-    std::size_t best = blocks.size(), len = 0;
-    for (std::size_t b = 0; b < blocks.size(); ++b)
-      if (params[k].first.starts_with(blocks[b] + ".") && blocks[b].size() >= len) best = b, len = blocks[b].size();
-    (best < blocks.size() ? of_block[best] : rest).push_back(k);
-  }
+  // per block (and the rest, last): the trainable parameters and the frozen tensors
+  std::vector<std::vector<std::size_t>> of_block(blocks.size() + 1), frozen_of(blocks.size() + 1);
+  for (std::size_t k = 0; k < params.size(); ++k) of_block[block_of(params[k].first, blocks)].push_back(k);
+  for (std::size_t k = 0; k < frozen.size(); ++k) frozen_of[block_of(frozen[k].first, blocks)].push_back(k);
+  auto add = [&](std::size_t b) {
+    z.units.push_back(of_block[b]);
+    z.frozen.push_back(frozen_of[b]);
+    return z.units.size() - 1;
+  };
   for (std::size_t b = blocks.size(); b-- > 0;)
-    if (!of_block[b].empty()) {
-      z.unit_of_block[blocks[b]] = z.units.size();
-      z.units.push_back(of_block[b]);
-    }
-  if (!rest.empty()) {
-    z.root = z.units.size();
-    z.units.push_back(rest);
-  }
+    if (!of_block[b].empty() || !frozen_of[b].empty()) z.unit_of_block[blocks[b]] = add(b);
+  if (!of_block[blocks.size()].empty() || !frozen_of[blocks.size()].empty()) z.root = add(blocks.size());
   return z;
 }
 
-void check_tied_units(const std::vector<std::pair<std::string, at::Tensor>>& params, const Zero3Units& z) {
+void check_tied_units(const std::vector<std::pair<std::string, at::Tensor>>& params, const Zero3Units& z,
+                      const std::vector<std::pair<std::string, at::Tensor>>& frozen) {
   std::map<const c10::TensorImpl*, std::pair<std::string, std::size_t>> seen;
-  for (std::size_t u = 0; u < z.units.size(); ++u)
-    for (auto k : z.units[u]) {
-      auto [it, fresh] = seen.emplace(params[k].second.unsafeGetTensorImpl(), std::make_pair(params[k].first, u));
-      if (!fresh && it->second.second != u)
-        throw Error("shard = \"parameters\": '" + params[k].first + "' and '" + it->second.first +
-                    "' are one tensor used in two blocks (or a block and the rest); its weights would be freed "
-                    "while the other reads them: use shard = \"gradients\"");
-    }
+  auto check = [&](const std::pair<std::string, at::Tensor>& t, std::size_t u) {
+    auto [it, fresh] = seen.emplace(t.second.unsafeGetTensorImpl(), std::make_pair(t.first, u));
+    if (!fresh && it->second.second != u)
+      throw Error("shard = \"parameters\": '" + t.first + "' and '" + it->second.first +
+                  "' are one tensor used in two blocks (or a block and the rest); its weights would be freed "
+                  "while the other reads them: use shard = \"gradients\"");
+  };
+  for (std::size_t u = 0; u < z.units.size(); ++u) {
+    for (auto k : z.units[u]) check(params[k], u);
+    if (u < z.frozen.size())
+      for (auto k : z.frozen[u]) check(frozen[k], u);
+  }
 }
 
 Batch one_sample(const Batch& b) {

@@ -36,20 +36,25 @@ class PartitionRunner : public BlockRunner {
 };
 
 /// The units of ZeRO-3: one per declared block (the trainable parameters
-/// named "<block>.", the longest block name winning), the last block first,
-/// and the parameters in no block last (the root unit): the order their
-/// gradients complete in backward.
+/// and the frozen tensors named "<block>.", the longest block name winning),
+/// the last block first, and the tensors in no block last (the root unit):
+/// the order their gradients complete in backward. `frozen`: the model's
+/// tensors that take no gradient (frozen parameters, buffers), divided with
+/// the unit they fall in; a block of frozen tensors only is a unit too.
 struct Zero3Units {
-  std::vector<std::vector<std::size_t>> units;  ///< indices into the parameters
+  std::vector<std::vector<std::size_t>> units;   ///< indices into the parameters
+  std::vector<std::vector<std::size_t>> frozen;  ///< indices into the frozen tensors, per unit
   std::map<std::string, std::size_t> unit_of_block;
   std::optional<std::size_t> root;
 };
 Zero3Units zero3_units(const std::vector<std::pair<std::string, at::Tensor>>& params,
-                       const std::vector<std::string>& blocks);
+                       const std::vector<std::string>& blocks,
+                       const std::vector<std::pair<std::string, at::Tensor>>& frozen = {});
 
 /// Throws Error when one tensor (tied weights, reached by two names) falls
 /// in two units: its weights would be freed while the other reads them.
-void check_tied_units(const std::vector<std::pair<std::string, at::Tensor>>& params, const Zero3Units& u);
+void check_tied_units(const std::vector<std::pair<std::string, at::Tensor>>& params, const Zero3Units& u,
+                      const std::vector<std::pair<std::string, at::Tensor>>& frozen = {});
 
 /// A ZeRO-3 stand-in runs in evaluation mode: its collectives are a training
 /// micro-batch's, but it moves no running statistics (batch norm) and draws

@@ -132,7 +132,12 @@ void ProgressObserver::on_end(const nlohmann::json& run) {
        (cuda ? " (data buffers in host memory: " + fmt_bytes(num(m, "data")) + ")"
              : " (other: data sets and tensors held before the first step)") +
        (num(m, "offloaded") > 0 ? "; block inputs offloaded to host memory: " + fmt_bytes(num(m, "offloaded")) + " at most"
-                                : ""));
+                                : "") +
+       // the steps' peak is not the run's: the start moves (and divides) the
+       // model, the end gathers it back
+       (m.contains("run_peak") ? "; the whole run's peak " + fmt_bytes(num(m, "run_peak")) + " (start " +
+                                     fmt_bytes(num(m, "start_peak")) + ", end " + fmt_bytes(num(m, "end_peak")) + ")"
+                               : ""));
   if (run.contains("skipped_files"))
     note(strf("wick: %lld data files could not be decoded and were skipped (named above)",
               static_cast<long long>(num(run, "skipped_files"))));

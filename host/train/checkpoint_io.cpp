@@ -59,12 +59,13 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
       reducer_->gather_unit(u, "gathering the weights of unit " + std::to_string(u) + " for checkpoint step " +
                                    std::to_string(step_));
       if (writer && error.empty())
-        if (auto it = of_storage.find(reducer_->unit_storage(u)); it != of_storage.end()) try {
-            for (auto j : it->second)
-              state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
-          } catch (const std::exception& e) {
-            error = "copying the weights to the host for checkpoint step " + std::to_string(step_) + ": " + e.what();
-          }
+        for (const auto* storage : reducer_->unit_storages(u))
+          if (auto it = of_storage.find(storage); it != of_storage.end() && error.empty()) try {
+              for (auto j : it->second)
+                state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+            } catch (const std::exception& e) {
+              error = "copying the weights to the host for checkpoint step " + std::to_string(step_) + ": " + e.what();
+            }
       reducer_->release_unit(u);
     }
     return save_gathered(checkpoints_dir, extra, keep, keep_best, writer ? &state : nullptr, error);
@@ -317,16 +318,16 @@ void Trainer::load_divided_weights(const fs::path& file) {
     src = at::Tensor();
   };
   for (std::size_t u = 0; u < reducer_->units(); ++u) {
-    auto it = of_storage.find(reducer_->unit_storage(u));
     reducer_->make_unit(u);
-    if (it != of_storage.end()) {
-      for (auto j : it->second) fill(j);
-      of_storage.erase(it);
-    }
+    for (const auto* storage : reducer_->unit_storages(u))
+      if (auto it = of_storage.find(storage); it != of_storage.end()) {
+        for (auto j : it->second) fill(j);
+        of_storage.erase(it);
+      }
     reducer_->keep_chunks_of_gathered();
     reducer_->release_unit(u);
   }
-  for (auto& [storage, entries] : of_storage)  // the tensors no unit divides (frozen weights, buffers)
+  for (auto& [storage, entries] : of_storage)  // the tensors no unit divides (a block without weights' buffers)
     for (auto j : entries) fill(j);
 }
 

@@ -37,6 +37,11 @@ struct Row {
   bool ok = false;
   std::string err;
   double peak = 0, seconds = 0;
+  // the peak while the trainer starts (the model moved to the device and,
+  // under shard = "parameters", divided) or ends (gathered back): a run must
+  // fit there too
+  double edge_peak = 0;
+  double run_peak() const { return std::max(peak, edge_peak); }
   std::map<std::string, std::int64_t> breakdown;
 };
 
@@ -128,7 +133,9 @@ void Planner::measure(Row& row) {
     if (opt.run && !opts[opt.name].is_nil()) given[opt.name] = opts[opt.name];
   Resolved rr = r_;
   rr.o = validate_run_options(L_, given, {}, false);
+  reset_peaks();
   Trainer trainer(r_.obj.model, r_.optim, nullptr, make_trainer_config(rr, 1));
+  const auto start_peak = tensor_peak(cuda_);
   // each row from no optimizer state: a shard row's pieces must not meet the
   // whole tensors' state an earlier row left in the shared optimizer
   r_.optim->load_state({});
@@ -159,7 +166,9 @@ void Planner::measure(Row& row) {
   std::sort(times.begin(), times.end());
   row.breakdown = trainer.memory_breakdown();
   row.peak = static_cast<double>(tensor_peak(cuda_) - *host_only_);
+  reset_peaks();
   trainer.gather_weights_back();  // a shard = "parameters" row: the model whole again for the next row
+  row.edge_peak = static_cast<double>(std::max(start_peak, tensor_peak(cuda_)) - *host_only_);
   row.seconds = times[1] / static_cast<double>(n) * static_cast<double>(per_rank_);
   if (group_) gather_ranks(row);
 }
@@ -170,7 +179,7 @@ void Planner::gather_ranks(Row& row) {
   const auto& bd = row.breakdown;
   at::Tensor mine = at::tensor({row.ok ? 1.0 : 0.0, row.peak, static_cast<double>(bd.at("weights")),
                                 static_cast<double>(bd.at("gradients")), static_cast<double>(bd.at("optimizer")),
-                                static_cast<double>(bd.at("master_weights")), row.seconds},
+                                static_cast<double>(bd.at("master_weights")), row.seconds, row.edge_peak},
                                at::kDouble)
                         .to(group_->device());
   at::Tensor all = at::empty({world_ * mine.numel()}, mine.options());
@@ -195,6 +204,7 @@ void Planner::gather_ranks(Row& row) {
   row.breakdown["state"] =
       static_cast<std::int64_t>((all.select(1, 2) + all.select(1, 3) + all.select(1, 4)).max().item<double>());
   row.seconds = all.select(1, 6).max().item<double>();
+  row.edge_peak = all.select(1, 7).max().item<double>();
 }
 
 void Planner::run() {
@@ -238,12 +248,16 @@ void Planner::print_rows() const {
   std::printf("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s\n",
               fmt_bytes(base.peak).c_str(), b("weights").c_str(), b("gradients").c_str(), b("optimizer").c_str(),
               fmt_bytes(std::max(0.0, base.peak - state)).c_str());
-  std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.peak));
-  std::printf("  %-44s %12s %8s %14s %12s\n", "setting", "peak", "saving", "time per batch", "state");
+  std::printf("  the run's start and end as given (the model moved to the device%s, gathered back): peak %s\n",
+              world_ > 1 ? ", divided under shard = \"parameters\"" : "", fmt_bytes(base.edge_peak).c_str());
+  std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.run_peak()));
+  std::printf("  %-44s %12s %8s %14s %12s %12s\n", "setting", "peak", "saving", "time per batch", "state",
+              "start/end");
   for (const auto& row : rows_) {
     if (row.ok)
-      std::printf("  %-44s %12s %7.0f%% %13.2fx %12s\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
-                  100 * (1 - row.peak / base.peak), row.seconds / base.seconds, fmt_bytes(state_of(row)).c_str());
+      std::printf("  %-44s %12s %7.0f%% %13.2fx %12s %12s\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
+                  100 * (1 - row.peak / base.peak), row.seconds / base.seconds, fmt_bytes(state_of(row)).c_str(),
+                  fmt_bytes(row.edge_peak).c_str());
     else
       std::printf("  %-44s failed: %s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str());
   }
@@ -273,16 +287,16 @@ void Planner::choose() {
     cand(mixed_, all_ck_, m);
   }
   const Row base = rows_.front();
-  if (rank0_ && base.ok && base.peak <= budget)
+  if (rank0_ && base.ok && base.run_peak() <= budget)
     std::printf("the recipe as given fits %s (90%%: %s): peak %s\n", fmt_bytes(avail_).c_str(),
-                fmt_bytes(budget).c_str(), fmt_bytes(base.peak).c_str());
+                fmt_bytes(budget).c_str(), fmt_bytes(base.run_peak()).c_str());
   std::optional<Row> choice;
   for (const auto& o : cands) {
     const auto it = std::find_if(rows_.begin(), rows_.end(), [&](const Row& x) { return x.o.same(o); });
     const Row x = it != rows_.end() ? *it : add_row("candidate", o);
     // another setting wins only when clearly faster: the settings as given
     // (the first candidate) keep a tie
-    if (x.ok && x.peak <= budget && (!choice || x.seconds < 0.9 * choice->seconds)) choice = x;
+    if (x.ok && x.run_peak() <= budget && (!choice || x.seconds < 0.9 * choice->seconds)) choice = x;
     // smaller micro-batches only get slower: stop once one fits
     if (choice && o.micro < micro_) break;
   }
@@ -304,7 +318,7 @@ void Planner::choose() {
               "accumulate = %lld%s (peak %s, the batch of %lld kept)\n",
               fmt_bytes(avail_).c_str(), fmt_bytes(budget).c_str(), choice->o.precision.c_str(), cks.c_str(),
               static_cast<long long>(choice->o.micro), static_cast<long long>(per_rank_ / choice->o.micro),
-              shard_text.c_str(), fmt_bytes(choice->peak).c_str(), static_cast<long long>(per_rank_));
+              shard_text.c_str(), fmt_bytes(choice->run_peak()).c_str(), static_cast<long long>(per_rank_));
 }
 
 }  // namespace

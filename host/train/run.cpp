@@ -127,7 +127,7 @@ class Run {
   RunStart start_;
   nlohmann::json run_ = {{"status", "running"}, {"history", nlohmann::json::array()}};
   double t_start_ = 0;
-  std::int64_t peak_ = 0, step_peak_ = 0, offload_peak_ = 0, held_before_ = 0;
+  std::int64_t peak_ = 0, step_peak_ = 0, offload_peak_ = 0, held_before_ = 0, start_peak_ = 0;
   std::pair<std::int64_t, std::int64_t> resident_now_{0, 0};  // the last read of the process's memory
   std::vector<PendingStep> pending_;
   nlohmann::json last_;
@@ -152,8 +152,10 @@ nlohmann::json Run::go() {
     if (auto g = Group::world(r_.device)) g->check_same("recipe and wick.train options", fingerprint(r_, req_.recipe));
   at::manual_seed(static_cast<std::uint64_t>(r_.o.get_int("seed")));
   count_steps();
+  reset_peaks();  // the start's peak: the model moved to the device, divided, a checkpoint read
   make_trainer();
   if (auto done = resume()) return *done;
+  start_peak_ = tensor_peak(cuda_);
   mon_ = Monitor::of(r_.o, from_.state);
   make_observers();
   try {
@@ -171,7 +173,12 @@ nlohmann::json Run::go() {
     throw;
   }
   summarize();
+  reset_peaks();
   trainer_->gather_weights_back();  // shard = "parameters": every rank, here, at once
+  // the whole run's peak on this rank: the start, every step and the end
+  run_["memory"]["start_peak"] = start_peak_;
+  run_["memory"]["end_peak"] = tensor_peak(cuda_);
+  run_["memory"]["run_peak"] = std::max({start_peak_, step_peak_, tensor_peak(cuda_)});
   for (auto& o : observers_) o->on_end(run_);
   return run_;
 }

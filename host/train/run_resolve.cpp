@@ -33,7 +33,7 @@ void note(const std::string& s) { err_line((::isatty(2) ? "\r\x1b[K" : "") + s);
 bool is_cuda(const std::string& device) { return device.rfind("cuda", 0) == 0; }
 
 std::int64_t tensor_peak(bool cuda) {
-  auto m = memory_stats(cuda);
+  auto m = memory_stats(cuda, /*resident=*/false);
   return cuda ? m["cuda_peak"] : m["cpu_tensors_peak"];
 }
 

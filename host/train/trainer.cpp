@@ -221,12 +221,14 @@ void Trainer::set_checkpointing() {
 // shard the division of masters (ZeRO-1/2 with master_weights) or of the
 // weights themselves (ZeRO-3).
 void Trainer::join_ranks() {
-  // Every rank starts from rank 0's weights.
-  std::vector<at::Tensor> state;
-  for (auto& [name, t] : module_state(*model_)) state.push_back(t.detach());
-  if (cfg_.master_weights)
-    for (auto& [name, p] : params_) state.push_back(p.detach());
-  cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
+  {  // Every rank starts from rank 0's weights. (Their detached handles
+     // go here: kept, they would keep the storages ZeRO-3 replaces below.)
+    std::vector<at::Tensor> state;
+    for (auto& [name, t] : module_state(*model_)) state.push_back(t.detach());
+    if (cfg_.master_weights)
+      for (auto& [name, p] : params_) state.push_back(p.detach());
+    cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
+  }
   {
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < ema_.size(); ++i) ema_[i].second.copy_(params_[i].second);
@@ -246,14 +248,25 @@ void Trainer::join_ranks() {
                         : sharded_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
                                            : p);
   }
-  const Zero3Units z = zero3 ? zero3_units(params_, model_->blocks()) : Zero3Units{};
+  // ZeRO-3 divides what takes no gradient too (a LoRA's base, QLoRA's 4-bit
+  // codes): no rank keeps the whole model
+  const NamedTensorList frozen = zero3 ? frozen_tensors() : NamedTensorList{};
+  const Zero3Units z = zero3 ? zero3_units(params_, model_->blocks(), frozen) : Zero3Units{};
   root_unit_ = z.root;
+  std::vector<std::vector<at::Tensor>> frozen_of_unit;
+  for (const auto& unit : z.frozen) {
+    std::set<const c10::TensorImpl*> seen;  // a tensor reached by two names is divided once
+    auto& list = frozen_of_unit.emplace_back();
+    for (auto k : unit)
+      if (seen.insert(frozen[k].second.unsafeGetTensorImpl()).second) list.push_back(frozen[k].second);
+  }
   reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, z.units,
-                                           zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined);
+                                           zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined,
+                                           frozen_of_unit);
   if (partitioned()) {
     // model_ shares each parameter's TensorImpl, so a tensor reached by two
     // names (tied) is one unit's or the run reads it freed
-    check_tied_units(params_, z);
+    check_tied_units(params_, z, frozen);
     partition_runner_ = std::make_unique<PartitionRunner>(reducer_.get(), z.unit_of_block, block_runner_.get());
     model_->set_block_runner(partition_runner_.get());
   }
@@ -267,6 +280,18 @@ void Trainer::join_ranks() {
   for (std::size_t k = 0; k < params_.size(); ++k)
     params_[k].second = zero3 ? at::empty(params_[k].second.sizes(), params_[k].second.options().device(at::kMeta))
                               : trainable[k];
+}
+
+// The model's tensors that take no gradient and hold data: its frozen
+// parameters and its buffers, by name (a tied one under each of its names).
+std::vector<std::pair<std::string, at::Tensor>> Trainer::frozen_tensors() const {
+  std::set<const c10::TensorImpl*> trainable;
+  for (const auto& p : model_params_) trainable.insert(p.unsafeGetTensorImpl());
+  NamedTensorList out;
+  for (auto& [name, t] : module_state(*model_))
+    if (t.defined() && !t.is_meta() && t.numel() > 0 && !trainable.count(t.unsafeGetTensorImpl()))
+      out.emplace_back(name, t);
+  return out;
 }
 
 // The optimizer takes what it steps: every trainable tensor, or (sharded)
@@ -394,7 +419,9 @@ double Trainer::lr_at(std::int64_t step) const { return optim_->base_lr() * fact
 
 std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0;
-  for (const auto& [name, t] : module_state(*model_)) weights += bytes_of(t);
+  std::set<const c10::TensorImpl*> counted;  // a tied tensor once
+  for (const auto& [name, t] : module_state(*model_))
+    if (counted.insert(t.unsafeGetTensorImpl()).second) weights += bytes_of(t);
   // ZeRO-3: this rank's pieces and the units gathered now, not every unit's whole weights
   if (partitioned()) weights += reducer_->held_weight_bytes() - reducer_->whole_weight_bytes();
   for (const auto& [name, p] : params_) {

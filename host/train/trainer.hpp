@@ -265,6 +265,7 @@ class Trainer {
   void check_config() const;
   void set_checkpointing();
   void join_ranks();
+  std::vector<std::pair<std::string, at::Tensor>> frozen_tensors() const;
   void attach_optimizer();
   /// Clears the gradients of the model's trainable tensors and, with master
   /// weights, of their fp32 copies.

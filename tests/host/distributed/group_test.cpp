@@ -121,39 +121,6 @@ TEST(Group, SumsBroadcastsAndChecksAgreement) {
   });
 }
 
-TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
-  two_ranks([](std::shared_ptr<Group> g) {
-    // three layers, buckets small enough that each parameter has its own
-    // the same weights on both ranks, from a generator of this thread's own
-    // (the global one is shared by the two threads)
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
-    std::vector<at::Tensor> w;
-    for (int k = 0; k < 3; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
-    GradReducer r(g, w, /*bucket_mb=*/0.01);
-    EXPECT_EQ(r.buckets(), 3u);
-    auto loss_of = [&](int rank) {
-      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
-      for (auto& p : w) x = at::tanh(x.mm(p));
-      return x.sum();
-    };
-    r.arm();
-    loss_of(g->rank()).backward();
-    EXPECT_GE(r.launched_during_backward(), 2u);  // the last layers' buckets went before the backward ended
-    r.finish(1);
-    // reference: both ranks' losses in one backward on fresh copies
-    std::vector<at::Tensor> ref;
-    for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
-    at::Tensor total = at::zeros({});
-    for (int rank = 0; rank < 2; ++rank) {
-      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
-      for (auto& p : ref) x = at::tanh(x.mm(p));
-      total = total + x.sum();
-    }
-    total.backward();
-    for (std::size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(at::allclose(w[k].grad(), ref[k].grad(), 1e-5, 1e-6));
-  });
-}
-
 TEST(Group, ReduceScatterAndAllGatherSendWhatOneAllReduceSends) {
   two_ranks([](std::shared_ptr<Group> g) {
     const int r = g->rank();
@@ -180,65 +147,6 @@ TEST(Group, ReduceScatterAndAllGatherSendWhatOneAllReduceSends) {
     if (r == 0) EXPECT_EQ(names, (std::vector<std::string>{"rank0", "rank1"}));
     else EXPECT_TRUE(names.empty());
   });
-}
-
-TEST(GradReducer, ShardedPiecesTileEveryParameterOnceAtAlignedStartsAndTakeTheReducedGradients) {
-  for (double bucket_mb : {25.0, 0.02}) {
-    two_ranks([&](std::shared_ptr<Group> g) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-      // the model's order: 5000, 9000, 3 and 10800 elements
-      std::vector<at::Tensor> w{(at::randn({50, 100}, gen) * 0.1).requires_grad_(),
-                                (at::randn({100, 90}, gen) * 0.1).requires_grad_(), at::randn({3}, gen).requires_grad_(),
-                                (at::randn({90, 10, 2, 2, 3, 1, 1}, gen) * 0.1).requires_grad_()};
-      GradReducer red(g, w, bucket_mb, ShardMode::Gradients);
-      std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> covered(w.size());
-      for (int rank = 0; rank < 2; ++rank) {
-        std::set<std::size_t> seen;
-        for (const auto& p : red.pieces(rank)) {
-          EXPECT_EQ(p.start % kShardAlign, 0);
-          EXPECT_TRUE(seen.insert(p.param).second) << "two pieces of one parameter on one rank";
-          covered[p.param].emplace_back(p.start, p.numel);
-        }
-      }
-      for (std::size_t k = 0; k < w.size(); ++k) {
-        std::sort(covered[k].begin(), covered[k].end());
-        std::int64_t next = 0;
-        for (auto [start, n] : covered[k]) {
-          EXPECT_EQ(start, next);
-          next = start + n;
-        }
-        EXPECT_EQ(next, w[k].numel());
-      }
-      auto loss_of = [&](int rank) {
-        at::Tensor x = at::full({2, 50}, static_cast<double>(rank + 1));
-        x = at::tanh(x.mm(w[0]));
-        x = at::tanh(x.mm(w[1])).sum(1, true) * w[2].sum() + w[3].sum();
-        return x.sum();
-      };
-      red.arm();
-      loss_of(g->rank()).backward();
-      red.finish(1);
-      for (auto& p : w) EXPECT_FALSE(p.grad().defined());  // ZeRO-2: only the pieces' sums remain
-      std::vector<at::Tensor> ref;
-      for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
-      std::swap(w, ref);
-      (loss_of(0) + loss_of(1)).backward();
-      std::swap(w, ref);
-      for (const auto& piece : red.my_pieces()) {
-        const at::Tensor want = ref[piece.param].grad().reshape({-1}).narrow(0, piece.start, piece.numel);
-        EXPECT_TRUE(at::allclose(red.piece_grad(piece), want, 1e-5, 1e-6));
-      }
-      // each rank changes its pieces; the all-gather puts every change everywhere
-      for (const auto& piece : red.my_pieces()) red.piece_view(piece).add_(10.0 * (g->rank() + 1));
-      red.gather_params(1);
-      for (int rank = 0; rank < 2; ++rank)
-        for (const auto& piece : red.pieces(rank)) {
-          const at::Tensor got = w[piece.param].detach().reshape({-1}).narrow(0, piece.start, piece.numel);
-          const at::Tensor was = ref[piece.param].detach().reshape({-1}).narrow(0, piece.start, piece.numel);
-          EXPECT_TRUE(at::allclose(got, was + 10.0 * (rank + 1)));
-        }
-    });
-  }
 }
 
 }  // namespace

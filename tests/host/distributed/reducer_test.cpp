@@ -1,0 +1,187 @@
+// The gradient reducer on its own (distributed/reducer.hpp), on two gloo
+// ranks in one process: buckets reduced during the backward (DDP), pieces
+// of ZeRO-1/2, and ZeRO-3's units with their frozen tensors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "../../test_util.hpp"
+#include "distributed/group.hpp"
+#include "distributed/reducer.hpp"
+#include "wick/optim.hpp"
+
+namespace wick {
+namespace {
+
+using test::two_ranks;
+
+TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    // three layers, buckets small enough that each parameter has its own
+    // the same weights on both ranks, from a generator of this thread's own
+    // (the global one is shared by the two threads)
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    std::vector<at::Tensor> w;
+    for (int k = 0; k < 3; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
+    GradReducer r(g, w, /*bucket_mb=*/0.01);
+    EXPECT_EQ(r.buckets(), 3u);
+    auto loss_of = [&](int rank) {
+      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
+      for (auto& p : w) x = at::tanh(x.mm(p));
+      return x.sum();
+    };
+    r.arm();
+    loss_of(g->rank()).backward();
+    EXPECT_GE(r.launched_during_backward(), 2u);  // the last layers' buckets went before the backward ended
+    r.finish(1);
+    // reference: both ranks' losses in one backward on fresh copies
+    std::vector<at::Tensor> ref;
+    for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
+    at::Tensor total = at::zeros({});
+    for (int rank = 0; rank < 2; ++rank) {
+      at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
+      for (auto& p : ref) x = at::tanh(x.mm(p));
+      total = total + x.sum();
+    }
+    total.backward();
+    for (std::size_t k = 0; k < w.size(); ++k) EXPECT_TRUE(at::allclose(w[k].grad(), ref[k].grad(), 1e-5, 1e-6));
+  });
+}
+
+TEST(GradReducer, ShardedPiecesTileEveryParameterOnceAtAlignedStartsAndTakeTheReducedGradients) {
+  for (double bucket_mb : {25.0, 0.02}) {
+    two_ranks([&](std::shared_ptr<Group> g) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+      // the model's order: 5000, 9000, 3 and 10800 elements
+      std::vector<at::Tensor> w{(at::randn({50, 100}, gen) * 0.1).requires_grad_(),
+                                (at::randn({100, 90}, gen) * 0.1).requires_grad_(), at::randn({3}, gen).requires_grad_(),
+                                (at::randn({90, 10, 2, 2, 3, 1, 1}, gen) * 0.1).requires_grad_()};
+      GradReducer red(g, w, bucket_mb, ShardMode::Gradients);
+      std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> covered(w.size());
+      for (int rank = 0; rank < 2; ++rank) {
+        std::set<std::size_t> seen;
+        for (const auto& p : red.pieces(rank)) {
+          EXPECT_EQ(p.start % kShardAlign, 0);
+          EXPECT_TRUE(seen.insert(p.param).second) << "two pieces of one parameter on one rank";
+          covered[p.param].emplace_back(p.start, p.numel);
+        }
+      }
+      for (std::size_t k = 0; k < w.size(); ++k) {
+        std::sort(covered[k].begin(), covered[k].end());
+        std::int64_t next = 0;
+        for (auto [start, n] : covered[k]) {
+          EXPECT_EQ(start, next);
+          next = start + n;
+        }
+        EXPECT_EQ(next, w[k].numel());
+      }
+      auto loss_of = [&](int rank) {
+        at::Tensor x = at::full({2, 50}, static_cast<double>(rank + 1));
+        x = at::tanh(x.mm(w[0]));
+        x = at::tanh(x.mm(w[1])).sum(1, true) * w[2].sum() + w[3].sum();
+        return x.sum();
+      };
+      red.arm();
+      loss_of(g->rank()).backward();
+      red.finish(1);
+      for (auto& p : w) EXPECT_FALSE(p.grad().defined());  // ZeRO-2: only the pieces' sums remain
+      std::vector<at::Tensor> ref;
+      for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
+      std::swap(w, ref);
+      (loss_of(0) + loss_of(1)).backward();
+      std::swap(w, ref);
+      for (const auto& piece : red.my_pieces()) {
+        const at::Tensor want = ref[piece.param].grad().reshape({-1}).narrow(0, piece.start, piece.numel);
+        EXPECT_TRUE(at::allclose(red.piece_grad(piece), want, 1e-5, 1e-6));
+      }
+      // each rank changes its pieces; the all-gather puts every change everywhere
+      for (const auto& piece : red.my_pieces()) red.piece_view(piece).add_(10.0 * (g->rank() + 1));
+      red.gather_params(1);
+      for (int rank = 0; rank < 2; ++rank)
+        for (const auto& piece : red.pieces(rank)) {
+          const at::Tensor got = w[piece.param].detach().reshape({-1}).narrow(0, piece.start, piece.numel);
+          const at::Tensor was = ref[piece.param].detach().reshape({-1}).narrow(0, piece.start, piece.numel);
+          EXPECT_TRUE(at::allclose(got, was + 10.0 * (rank + 1)));
+        }
+    });
+  }
+}
+
+// ZeRO-3 divides a unit's frozen tensors (a LoRA's base, QLoRA's 4-bit
+// codes) as the bytes of a buffer of their own: each rank keeps half, a
+// gather brings every byte back (any dtype), the trainable part reduces as
+// before, and a unit with frozen tensors is freed only once the gradient of
+// its block's input is in too (its own gradients cannot say the backward is over).
+TEST(GradReducer, ParametersDivideFrozenTensorsOfAnyDtypeAndFreeThemAfterTheInputsGradient) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    at::Tensor w = (at::randn({64, 64}, gen) * 0.2).requires_grad_();
+    at::Tensor f = at::randn({64, 48}, gen) * 0.2;             // a frozen float weight
+    at::Tensor codes = at::randint(0, 256, {1000}, gen).to(at::kByte);  // 4-bit codes, as bytes
+    at::Tensor scale = at::randn({7}, gen).to(at::kDouble);    // a constant of another element size
+    const at::Tensor f0 = f.clone(), codes0 = codes.clone(), scale0 = scale.clone();
+    const std::int64_t frozen_bytes = f.nbytes() + codes.nbytes() + scale.nbytes();
+    GradReducer red(g, {w}, 25, ShardMode::Parameters, {{0}}, at::ScalarType::Undefined, {{f, codes, scale}});
+    ASSERT_EQ(red.units(), 1u);
+    EXPECT_TRUE(red.has_frozen(0));
+    EXPECT_EQ(red.unit_storages(0).size(), 2u);  // the trainable buffer and the frozen one
+    EXPECT_EQ(red.unit_storages(0)[1], f.storage().unsafeGetStorageImpl());
+    EXPECT_EQ(red.unit_storages(0)[1], codes.storage().unsafeGetStorageImpl());
+    EXPECT_EQ(red.whole_weight_bytes(), static_cast<std::int64_t>(w.nbytes()) + frozen_bytes);
+    EXPECT_TRUE(at::equal(f, f0) && at::equal(codes, codes0) && at::equal(scale, scale0));
+    red.release_all();
+    // each rank: half of each buffer. The trainable one: w's 4096 elements
+    // padded to 2 x 4096 (16 KiB a rank); the frozen one: f's 12288 bytes,
+    // the codes' 1000 at 12288, the scales' 56 at 13312 (a multiple of 64),
+    // padded to 13440 (6720 a rank)
+    const std::int64_t held = red.held_weight_bytes();
+    EXPECT_EQ(held, 4096 * 4 + 6720);
+    EXPECT_LT(held, red.whole_weight_bytes());
+    red.gather_unit(0, "test");
+    EXPECT_TRUE(at::equal(f, f0) && at::equal(codes, codes0) && at::equal(scale, scale0));
+    EXPECT_EQ(red.held_weight_bytes(), held + 8192 * 4 + 13440);
+
+    // a backward: every gradient of the unit comes in and its reduce-scatter
+    // leaves, but until the gradient of the block's input is reported the
+    // frozen weights may still be read, so the unit stays gathered
+    at::Tensor x = at::full({4, 64}, static_cast<double>(g->rank() + 1));
+    red.arm();
+    (at::tanh(x.mm(w)).mm(f).sum() * scale[0]).backward();
+    EXPECT_EQ(red.held_weight_bytes(), held + 8192 * 4 + 13440);
+    red.input_grad_ready(0);
+    EXPECT_EQ(red.held_weight_bytes(), held);
+    red.finish(1);
+    // the trainable part: this rank's piece of the sum of both ranks' gradients
+    red.gather_unit(0, "reference");
+    at::Tensor wr = w.detach().clone().requires_grad_();
+    red.release_all();
+    at::Tensor total = at::zeros({}, at::kDouble);
+    for (int rank = 0; rank < 2; ++rank)
+      total = total + at::tanh(at::full({4, 64}, static_cast<double>(rank + 1)).mm(wr)).mm(f0).sum() * scale0[0];
+    total.backward();
+    for (const auto& piece : red.my_pieces())
+      EXPECT_TRUE(at::allclose(red.piece_grad(piece), wr.grad().reshape({-1}).narrow(0, piece.start, piece.numel),
+                               1e-5, 1e-6));
+    red.make_unit(0);  // no collective: each rank about to fill it alike
+    // weights written into a gathered unit (a checkpoint read) are kept as this rank's chunks
+    {
+      at::NoGradGuard no_grad;
+      f.fill_(0.5);
+      codes.fill_(7);
+      scale.fill_(2.0);
+    }
+    red.keep_chunks_of_gathered();
+    red.release_all();
+    red.gather_unit(0, "test");
+    EXPECT_TRUE(at::equal(f, at::full_like(f0, 0.5)) && at::equal(codes, at::full_like(codes0, 7)));
+    EXPECT_TRUE(at::equal(scale, at::full_like(scale0, 2.0)));
+    red.release_all();
+  });
+}
+
+}  // namespace
+}  // namespace wick
