@@ -374,3 +374,55 @@ def test_vlm_with_each_language_family_matches_llava(tmp_path, run_wick, family)
     assert checked > 30
     back = tiny_family(family)
     back.load_state_dict(load_file(tmp_path / "wick.safetensors"), strict=True)
+
+
+SAVE = """
+local wick = require "wick"
+local a = wick.args
+local model = wick.model("vlm", { path = a.path, frame_tokens = a.frame_tokens })
+if a.lora then wick.optim("lora", { r = 4 }):apply(model) end
+local ok, err = pcall(wick.save_pretrained, model, a.out, a.lora and { merge = true } or nil)
+print(ok and "SAVED" or ("REFUSED " .. err))
+"""
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_save_pretrained_writes_a_llava_folder_transformers_loads(tmp_path, run_wick, lora):
+    """wick.save_pretrained of a vlm writes LLaVA's config.json (the tower's
+    and the language model's configs, the image token, the feature layer and
+    strategy) and its weights under transformers' names, with the source
+    folder's tokenizer and image processor files: LlavaForConditionalGeneration
+    loads it with no key missing or unexpected and computes the source
+    model's logits. A video vlm that pools patches or frames is refused,
+    naming the option LLaVA's config cannot describe."""
+    torch.manual_seed(1)
+    ref = tiny(-2, "default")
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if "norm" in n or n.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ref.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size=32).save_pretrained(tmp_path / "hf")
+    (tmp_path / "save.lua").write_text(SAVE)
+    extra = ["lora=true"] if lora else []
+    out = run_wick("run", tmp_path / "save.lua", f"path={tmp_path / 'hf'}", f"out={tmp_path / 'saved'}", *extra).stdout
+    assert "SAVED" in out, out
+    assert (tmp_path / "saved" / "preprocessor_config.json").exists()
+    back, info = transformers.LlavaForConditionalGeneration.from_pretrained(tmp_path / "saved", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    cfg = back.config
+    assert cfg.image_token_id == IMAGE and cfg.vision_feature_layer == -2
+    assert cfg.vision_feature_select_strategy == "default" and cfg.text_config.num_key_value_heads == 2
+    ids = torch.randint(0, IMAGE, (2, 9))
+    ids[:, 3] = IMAGE
+    ids = widen_image_tokens(ids, ids, IMAGE, 16)
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = ref(input_ids=ids, pixel_values=pixels).logits
+        got = back.float().eval()(input_ids=ids, pixel_values=pixels).logits
+    assert (got - want).abs().max().item() < 1e-5
+    # frames pooled to 4 tokens: no LLaVA config computes that
+    out = run_wick("run", tmp_path / "save.lua", f"path={tmp_path / 'hf'}", f"out={tmp_path / 'video'}",
+                   "frame_tokens=4").stdout
+    assert "REFUSED" in out and "has no Hugging Face config" in out and "frame_tokens = 4" in out, out
+    assert not (tmp_path / "video").exists()

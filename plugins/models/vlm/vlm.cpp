@@ -90,6 +90,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     load_weights(o, parts);
     freeze(o);
     if (o.get_bool("quantize_vision")) quantize_vision(o);
+    describe_for_llava(o, parts);
     dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
   }
 
@@ -585,6 +586,46 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
     const auto& v = vit_->config();
+    std::map<std::string, wick::Value> a = attributes_of_parts(c, v);
+    // wick.save_pretrained writes a LLaVA folder: its config.json, and the
+    // tokenizer files and preprocessor_config.json of the folder it came from
+    if (hf_refused_.empty()) a["hf_config"] = llava_config().dump(2);
+    else a["hf_config_refused"] = hf_refused_;
+    a["source_path"] = source_;
+    return a;
+  }
+
+ private:
+  // What LlavaForConditionalGeneration cannot describe, said once: its config
+  // would load a model that computes otherwise.
+  void describe_for_llava(const wick::Options& o, const Parts& p) {
+    source_ = !p.llava.empty() ? p.llava : p.language_dir;
+    projector_bias_ = p.projector_bias;
+    dtype_ = o.get_string("dtype");
+    std::vector<std::string> why;
+    if (p.projector != "mlp2x_gelu") why.push_back("projector = \"" + p.projector + "\" (LLaVA's is mlp2x_gelu)");
+    if (frame_tokens_ != 0) why.push_back("frame_tokens = " + str(frame_tokens_) + " (LLaVA keeps every patch)");
+    if (time_pool_ != 1) why.push_back("time_pool = " + str(time_pool_) + " (LLaVA pools no frames)");
+    if (o.get_bool("quantize_vision")) why.push_back("quantize_vision = true (its 4-bit tower is not written back)");
+    for (std::size_t i = 0; i < why.size(); ++i) hf_refused_ += (i ? ", " : "") + why[i];
+  }
+
+  nlohmann::json llava_config() const {
+    const char* dtype = dtype_ == "bf16" ? "bfloat16" : dtype_ == "fp16" ? "float16" : "float32";
+    return {{"architectures", {"LlavaForConditionalGeneration"}},
+            {"model_type", "llava"},
+            {"vision_config", vit_->hf_config()},
+            {"text_config", dec::hf_config(dec_->config())},
+            {"image_token_id", image_token_id_},
+            {"projector_hidden_act", "gelu"},
+            {"multimodal_projector_bias", projector_bias_},
+            {"vision_feature_layer", layer_},
+            {"vision_feature_select_strategy", select_},
+            {"tie_word_embeddings", dec_->config().tie},
+            {"torch_dtype", dtype}};
+  }
+
+  std::map<std::string, wick::Value> attributes_of_parts(const dec::Config& c, const vis::VitConfig& v) const {
     return {{"vocab_size", c.vocab},
             {"hidden_size", c.hidden},
             {"layers", c.layers},
@@ -602,6 +643,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   std::unique_ptr<dec::Decoder> dec_;
   std::string vision_prefix_, select_;
   vis::PixelStats stats_;
+  std::string source_, dtype_, hf_refused_;
+  bool projector_bias_ = true;
   std::int64_t image_token_id_ = 0;
   int layer_ = -2;
   std::int64_t frame_tokens_ = 0, pool_grid_ = 0, frame_chunk_ = 0, time_pool_ = 1, quantize_block_ = 0;

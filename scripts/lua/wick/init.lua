@@ -112,7 +112,9 @@ wick.tokenizer = core.tokenizer
 -- A Hugging Face folder's tokenizer files, which save_pretrained copies from
 -- the folder the model came from (or the tokenizer folder given)
 local TOKENIZER_FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                          "chat_template.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt" }
+                          "chat_template.json", "added_tokens.json", "tokenizer.model", "vocab.json", "merges.txt",
+                          -- a vision-language model's image processor and processor
+                          "preprocessor_config.json", "processor_config.json" }
 -- Files an earlier save may have left that describe another model: removed when a whole model's save
 -- writes none (an adapter folder beside the weights would make transformers load the adapter's base)
 local SAVED_FILES = { "generation_config.json", "model.safetensors.index.json", "adapter_config.json",
@@ -128,6 +130,8 @@ end
 -- transformers' GenerationConfig.from_model_config takes them
 local function generation_config(cfg_text)
   local cfg = core.json_decode(cfg_text)
+  -- a vision-language model's ids are its language model's
+  if cfg.text_config and cfg.bos_token_id == nil and cfg.eos_token_id == nil then cfg = cfg.text_config end
   local lines = {}
   for _, k in ipairs({ "bos_token_id", "eos_token_id", "pad_token_id" }) do
     if cfg[k] ~= nil then lines[#lines + 1] = '  "' .. k .. '": ' .. core.json(cfg[k]) end
@@ -187,7 +191,9 @@ function wick.save_pretrained(model, dir, tokenizer, opts)
   local adapters_only = merge == false
   local cfg = model.hf_config
   if not cfg and not adapters_only then
-    error(core.where() .. "save_pretrained: this model has no Hugging Face config", 0)
+    local why = model.hf_config_refused
+    error(core.where() .. "save_pretrained: this model has no Hugging Face config"
+          .. (why and (": transformers' class for it cannot describe " .. why) or ""), 0)
   end
   dir = tostring(dir):gsub("(.)/+$", "%1")
   local there = io.open(dir, "rb")
