@@ -55,7 +55,8 @@ void allocate_storage(const at::Tensor& t, std::size_t nbytes) {
 
 GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
                          ShardMode shard, const std::vector<std::vector<std::size_t>>& units,
-                         at::ScalarType grad_dtype, const std::vector<std::vector<at::Tensor>>& frozen)
+                         at::ScalarType grad_dtype, const std::vector<std::vector<at::Tensor>>& frozen,
+                         bool free_as_divided)
     : group_(std::move(group)), params_(std::move(params)), shard_(shard), grad_dtype_(grad_dtype),
       alive_(std::make_shared<std::atomic<bool>>(true)) {
   const std::int64_t align = sharded() ? kShardAlign : 1;
@@ -90,9 +91,9 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
   }
   if (partitioned()) {
     // each unit's weights into one flat buffer the parameters view; this
-    // rank keeps its chunk. The buffers stay whole until release_all(): the
-    // caller frees them once nothing can fail any more (a failure before
-    // leaves the model its weights)
+    // rank keeps its chunk. The buffers stay whole until release_all() (the
+    // caller frees them once nothing can fail any more: a failure before
+    // leaves the model its weights), or go unit by unit (free_as_divided)
     at::NoGradGuard no_grad;
     const std::int64_t rank = group_->rank();
     for (auto& b : buckets_) {
@@ -108,18 +109,8 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
         const std::int64_t chunk = b.numel / world;
         b.shard = b.whole.narrow(0, rank * chunk, chunk).clone();
       }
-      if (b.frozen.empty()) continue;
-      // the frozen tensors' bytes, whatever their dtypes (4-bit codes, their
-      // constants, a half-precision base): one gather of bytes per unit
-      b.frozen_whole = at::zeros({b.frozen_bytes}, b.frozen.front().options().dtype(at::kByte));
-      for (std::size_t j = 0; j < b.frozen.size(); ++j) {
-        at::Tensor& t = b.frozen[j];
-        at::Tensor view = frozen_view(b.frozen_whole, b.frozen_offsets[j], t);
-        view.copy_(t.detach());
-        t.set_data(view);
-      }
-      const std::int64_t chunk = b.frozen_bytes / world;
-      b.frozen_shard = b.frozen_whole.narrow(0, rank * chunk, chunk).clone();
+      if (!b.frozen.empty()) lay_in_frozen(b, rank, world);
+      if (free_as_divided) release_unit(static_cast<std::size_t>(&b - buckets_.data()));
     }
   }
   for (std::size_t k = 0; k < params_.size(); ++k) {
@@ -133,6 +124,21 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
         }));
     accumulators_.push_back(std::move(acc));
   }
+}
+
+// A unit's frozen tensors' bytes, whatever their dtypes (4-bit codes, their
+// constants, a half-precision base), in one flat buffer: one gather of bytes
+// per unit. This rank keeps its chunk.
+void GradReducer::lay_in_frozen(Bucket& b, std::int64_t rank, std::int64_t world) {
+  b.frozen_whole = at::zeros({b.frozen_bytes}, b.frozen.front().options().dtype(at::kByte));
+  for (std::size_t j = 0; j < b.frozen.size(); ++j) {
+    at::Tensor& t = b.frozen[j];
+    at::Tensor view = frozen_view(b.frozen_whole, b.frozen_offsets[j], t);
+    view.copy_(t.detach());
+    t.set_data(view);
+  }
+  const std::int64_t chunk = b.frozen_bytes / world;
+  b.frozen_shard = b.frozen_whole.narrow(0, rank * chunk, chunk).clone();
 }
 
 GradReducer::~GradReducer() { *alive_ = false; }
@@ -182,6 +188,7 @@ void GradReducer::allocate_whole(Bucket& b) {
 void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
   Bucket& b = buckets_[unit];
   if (b.gathered) return;
+  if (finished_) throw std::logic_error("GradReducer: a unit gathered after gather_all(last)");
   allocate_whole(b);
   b.input_done = false;
   at::NoGradGuard no_grad;
@@ -288,14 +295,18 @@ void GradReducer::make_unit(std::size_t unit) {
 
 void GradReducer::release_unit(std::size_t unit) {
   Bucket& b = buckets_[unit];
-  if (!b.gathered) return;
+  if (!b.gathered || finished_) return;  // finished: the whole weights are the model's for good
   if (b.whole.defined()) free_storage(b.whole);
   if (b.frozen_whole.defined()) free_storage(b.frozen_whole);
   b.gathered = false;
 }
 
-void GradReducer::gather_all(const std::string& what) {
-  for (std::size_t u = 0; u < buckets_.size(); ++u) gather_unit(u, what);
+void GradReducer::gather_all(const std::string& what, bool last) {
+  for (std::size_t u = 0; u < buckets_.size(); ++u) {
+    gather_unit(u, what);
+    if (last) buckets_[u].frozen_shard = at::Tensor();
+  }
+  if (last) finished_ = true;
 }
 
 std::vector<const c10::StorageImpl*> GradReducer::unit_storages(std::size_t unit) const {

@@ -76,10 +76,14 @@ class GradReducer {
   /// `frozen` (Parameters only; empty, or one list per unit): each unit's
   /// tensors that take no gradient, divided with it; they become views of the
   /// unit's frozen buffer. A unit may hold frozen tensors only.
+  /// `free_as_divided` (Parameters): each unit's whole buffers are freed as
+  /// soon as this rank's chunks are taken, so the division never holds more
+  /// than the model and one unit; a failure partway then loses the weights
+  /// (the caller says so). Otherwise they stay whole until release_all().
   GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> params, double bucket_mb,
               ShardMode shard = ShardMode::None, const std::vector<std::vector<std::size_t>>& units = {},
               at::ScalarType grad_dtype = at::ScalarType::Undefined,
-              const std::vector<std::vector<at::Tensor>>& frozen = {});
+              const std::vector<std::vector<at::Tensor>>& frozen = {}, bool free_as_divided = false);
   ~GradReducer();
 
   /// The next backward is the window's last: reduce as gradients become ready.
@@ -131,7 +135,11 @@ class GradReducer {
   /// The unit's whole weights freed (the parameters keep their shapes and
   /// hold no data until the next gather_unit).
   void release_unit(std::size_t unit);
-  void gather_all(const std::string& what);
+  /// Every unit gathered. `last`: for good (the end of training): each
+  /// unit's chunk of frozen tensors is dropped once its whole is there, so
+  /// the end holds the model and one unit's chunk more, not 1.5 models; no
+  /// unit may be gathered or released after.
+  void gather_all(const std::string& what, bool last = false);
   /// The unit's whole buffer made, its contents undefined, with no collective
   /// (each rank about to fill it alike, from a file).
   void make_unit(std::size_t unit);
@@ -197,6 +205,8 @@ class GradReducer {
   };
   void lay_out_frozen(Bucket& b, std::vector<at::Tensor> tensors);
   void allocate_whole(Bucket& b);
+  void lay_in_frozen(Bucket& b, std::int64_t rank, std::int64_t world);
+  bool finished_ = false;  // gather_all(last): the units are whole for good
   void lay_out_units(const std::vector<std::vector<std::size_t>>& units,
                      const std::vector<std::vector<at::Tensor>>& frozen);
   // frozen tensors' offsets in bytes: a multiple of any element's size

@@ -160,6 +160,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     scale_ = at::full({}, cfg_.loss_scale.init, at::TensorOptions().dtype(at::kFloat).device(device));
     growth_tracker_ = at::zeros({}, at::TensorOptions().dtype(at::kInt).device(device));
   }
+  if (cfg_.group && cfg_.shard != ShardMode::None) check_shardable_optimizer();
   if (cfg_.group) join_ranks();
   attach_optimizer();
   if (sharded_ema_) {
@@ -260,9 +261,21 @@ void Trainer::join_ranks() {
     for (auto k : unit)
       if (seen.insert(frozen[k].second.unsafeGetTensorImpl()).second) list.push_back(frozen[k].second);
   }
-  reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, z.units,
-                                           zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined,
-                                           frozen_of_unit);
+  // ZeRO-3 frees each unit's whole weights as soon as this rank's chunks are
+  // taken (the division holds the model and one unit, not 1.5 models), so a
+  // failure from here on loses them, and the model says so when read
+  if (zero3)
+    mark_partitioned(model_, "its trainer failed while dividing its weights across the ranks (shard = "
+                             "\"parameters\"): they are lost in this process; build or load the model again");
+  try {
+    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, z.units,
+                                             zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined,
+                                             frozen_of_unit, /*free_as_divided=*/zero3);
+  } catch (...) {
+    // a unit that cannot be laid out is refused before any weight moves
+    if (zero3 && !weights_moved(trainable, frozen_of_unit)) mark_partitioned(model_, "");
+    throw;
+  }
   if (partitioned()) {
     // model_ shares each parameter's TensorImpl, so a tensor reached by two
     // names (tied) is one unit's or the run reads it freed
@@ -280,6 +293,18 @@ void Trainer::join_ranks() {
   for (std::size_t k = 0; k < params_.size(); ++k)
     params_[k].second = zero3 ? at::empty(params_[k].second.sizes(), params_[k].second.options().device(at::kMeta))
                               : trainable[k];
+}
+
+// Whether the division began: a tensor given to the reducer lost its storage.
+bool Trainer::weights_moved(const std::vector<at::Tensor>& trainable,
+                            const std::vector<std::vector<at::Tensor>>& frozen) const {
+  auto freed = [](const at::Tensor& t) { return t.defined() && t.numel() > 0 && !t.is_meta() && !t.storage().data(); };
+  for (const auto& t : trainable)
+    if (freed(t)) return true;
+  for (const auto& unit : frozen)
+    for (const auto& t : unit)
+      if (freed(t)) return true;
+  return false;
 }
 
 // The model's tensors that take no gradient and hold data: its frozen
@@ -318,7 +343,12 @@ void Trainer::attach_optimizer() {
     }
     whole.push_back(p.numel());
   }
-  // pieces only to an optimizer that updates them as it would the whole
+  optim_->attach_shard(stepped_, whole);
+}
+
+// Pieces only to an optimizer that updates them as it would the whole:
+// checked before the ranks divide anything (ZeRO-3 would lose the weights).
+void Trainer::check_shardable_optimizer() const {
   auto elementwise = [&](Optimizer* o, const std::string& which) {
     if (dynamic_cast<ElementwiseUpdates*>(o)) return;
     throw Error("shard = \"" + to_string(cfg_.shard) + "\": " + which + " does not declare elementwise updates, so "
@@ -334,7 +364,6 @@ void Trainer::attach_optimizer() {
   } else {
     elementwise(optim_.get(), "the optimizer");
   }
-  optim_->attach_shard(stepped_, whole);
 }
 
 Trainer::~Trainer() {
@@ -352,7 +381,7 @@ Trainer::~Trainer() {
 void Trainer::gather_weights_back() {
   if (!partitioned() || gathered_back_) return;
   try {
-    reducer_->gather_all("gathering the trained weights at the end of the run");
+    reducer_->gather_all("gathering the trained weights at the end of the run", /*last=*/true);
   } catch (...) {
     mark_partitioned(model_, "the trained weights could not be gathered at the end of the run (shard = "
                              "\"parameters\"); load the last checkpoint");

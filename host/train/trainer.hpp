@@ -266,7 +266,9 @@ class Trainer {
   void set_checkpointing();
   void join_ranks();
   std::vector<std::pair<std::string, at::Tensor>> frozen_tensors() const;
+  bool weights_moved(const std::vector<at::Tensor>& trainable, const std::vector<std::vector<at::Tensor>>& frozen) const;
   void attach_optimizer();
+  void check_shardable_optimizer() const;
   /// Clears the gradients of the model's trainable tensors and, with master
   /// weights, of their fp32 copies.
   void clear_grads();
