@@ -207,15 +207,13 @@ void type_objects(Resolved& r, const std::map<std::string, Value>& given) {
 }
 
 // Whether some option names `key`: wick.train's or wick.trainer's, or a
-// plugin's (any plugin found: a recipe may read a model's option after the run).
+// plugin's (any plugin found or named by path: a recipe may read a model's
+// option after the run).
 bool names_an_option(const std::string& key) {
   const auto& run = run_options();
   if (std::any_of(run.begin(), run.end(), [&](const auto& o) { return o.name == key; })) return true;
-  for (const auto& e : registry().entries()) {
-    if (!e.descriptor) continue;
-    const auto& schema = e.descriptor->options;
-    if (std::any_of(schema.begin(), schema.end(), [&](const auto& o) { return o.name == key; })) return true;
-  }
+  for (const PluginDescriptor* d : registry().descriptors())
+    if (std::any_of(d->options.begin(), d->options.end(), [&](const auto& o) { return o.name == key; })) return true;
   return false;
 }
 

@@ -81,3 +81,24 @@ def test_keys_taken_as_options_or_iterated_are_used(tmp_path):
                      read_later="local n = 0 for _ in pairs(wick.args) do n = n + 1 end print(n .. ' pairs')")
     assert warnings(lines) == [], lines
     assert "2 pairs" in out
+
+
+def test_an_option_of_a_plugin_named_by_path_is_no_typo(tmp_path):
+    # `coupled` is an option of the test plugin alone, loaded here by its path
+    # (not on the search path): read after the run, it is never warned about
+    plugin = os.path.join(os.environ.get("WICK_TEST_PLUGIN_DIR", os.path.join(os.path.dirname(WICK), "..", "lib", "wick",
+                                                                              "test-plugins")),
+                          "working", "test_window_coupled.so")
+    recipe = tmp_path / "recipe.lua"
+    recipe.write_text(f"""local wick = require 'wick'
+local data = wick.data('synthetic', {{ size = 16, inputs = 4, classes = 2 }})
+local model = wick.model('{plugin}', {{ inputs = 4 }})
+wick.train {{ model = model, data = data, optim = wick.optim('sgd', {{ lr = 0.1 }}), micro_batch = 8, max_steps = 1,
+  quiet = true }}
+print('coupled ' .. tostring(wick.args.coupled))
+""")
+    p = subprocess.run([WICK, "run", recipe, "coupled=false"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "warning" not in p.stderr, p.stderr
+    assert "coupled false" in p.stdout
