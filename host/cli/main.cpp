@@ -301,23 +301,22 @@ void recipe_first(const std::string& recipe, const std::vector<std::string>& pai
                    (rest.empty() ? std::string() : " (wick " + std::string(command) + " " + rest + " " + recipe + " ...)"));
 }
 
-// After a recipe ran to its end: the key=value pairs it never used (neither
-// read from wick.args nor taken as a wick.train option), named on rank 0.
-// A warning: the recipe did run.
-void warn_unused(wick::LuaRuntime& rt) {
-  const auto unused = rt.unused_args();
+// After a recipe ran to its end: the key=value pairs it never read (neither
+// from wick.args nor taken as a wick.train option) and not named already
+// (a typo is named at wick.train's start), once, on rank 0. A warning: the
+// recipe did run.
+void warn_unused(wick::RunContext& context) {
+  const auto unused = context.report_unread();
   if (unused.empty()) return;
   try {
     if (wick::dist_env().rank != 0) return;
   } catch (const std::exception&) {
   }
-  std::string list;
-  for (const auto& [k, v] : unused) list += (list.empty() ? "" : " ") + k + "=" + v;
   const bool one = unused.size() == 1;
   std::fprintf(stderr,
                "wick: warning: command-line %s %s never used: no wick.train option took %s and the recipe never "
                "read %s from wick.args\n",
-               one ? "key" : "keys", list.c_str(), one ? "it" : "them", one ? "it" : "them");
+               one ? "key" : "keys", wick::join_pairs(unused).c_str(), one ? "it" : "them", one ? "it" : "them");
 }
 
 int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
@@ -326,9 +325,9 @@ int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   auto kv = key_values(pairs, "recipe");
   wick::dist_timeout();  // a bad WICK_DIST_TIMEOUT is refused before the recipe runs, also on one rank
   wick::install_signal_handlers();
-  wick::LuaRuntime rt(std::move(kv));
+  wick::LuaRuntime rt(wick::RunContext(std::move(kv)));
   const int rc = rt.run_file(recipe);
-  if (rc == 0) warn_unused(rt);
+  if (rc == 0) warn_unused(rt.context());
   if (rc == 0) wick::announce_clean_end();  // a rank still waiting for this one learns why at once
   return rc;
 }
@@ -368,7 +367,7 @@ int cmd_plan(const std::string& recipe, const std::string& device_memory_text, c
   if (recipe.empty()) throw UsageError("'wick plan' needs a recipe file");
   recipe_first(recipe, pairs, "plan");
   auto kv = key_values(pairs, "recipe");
-  wick::LuaRuntime rt(std::move(kv));
+  wick::LuaRuntime rt(wick::RunContext(std::move(kv)));
   rt.set_plan(device_memory);
   const int rc = rt.run_file(recipe);
   if (rc != 0) return rc;
@@ -379,7 +378,7 @@ int cmd_plan(const std::string& recipe, const std::string& device_memory_text, c
 
 int cmd_generate(const std::string& dir, const std::vector<std::string>& pairs) {
   if (dir.empty()) throw UsageError("'wick generate' needs a model folder");
-  wick::LuaRuntime rt(key_values(pairs, "model folder"));
+  wick::LuaRuntime rt(wick::RunContext(key_values(pairs, "model folder")));
   rt.call("wick.generate", "main", {dir});
   return 0;
 }

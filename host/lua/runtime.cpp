@@ -80,7 +80,7 @@ fs::path LuaRuntime::package_dir() {
   return layout::data_dir() / "lua";
 }
 
-LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : L_(luaL_newstate()) {
+LuaRuntime::LuaRuntime(RunContext context) : context_(std::move(context)), L_(luaL_newstate()) {
   if (!L_) throw Error("cannot create a Lua state (out of memory)");
   luaL_openlibs(L_);
   // require "wick" from any directory: the package folder goes first on package.path.
@@ -95,52 +95,26 @@ LuaRuntime::LuaRuntime(std::vector<std::pair<std::string, std::string>> args) : 
   open_wick_core(L_);
   // print() lines interleave with the progress on stderr in order, also through a pipe
   luaL_dostring(L_, "io.stdout:setvbuf('line')");
+  // the context itself, for the bindings (wick.args reads, core.train)
+  lua_pushlightuserdata(L_, &context_);
+  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.context");
+  // wick.args's values as Lua values; init.lua notes the reads in the context
   lua_newtable(L_);
-  for (const auto& [k, v] : args) {
+  for (const auto& [k, v] : context_.args()) {
     push_arg(L_, v);
     lua_setfield(L_, -2, k.c_str());
   }
   lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args");
-  // the same pairs as given, in order, for the run's typed overrides
-  lua_createtable(L_, static_cast<int>(args.size()), 0);
-  int i = 0;
-  for (const auto& [k, v] : args) {
-    lua_createtable(L_, 0, 2);
-    lua_pushlstring(L_, k.data(), k.size());
-    lua_setfield(L_, -2, "k");
-    lua_pushlstring(L_, v.data(), v.size());
-    lua_setfield(L_, -2, "v");
-    lua_rawseti(L_, -2, ++i);
-  }
-  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.raw_args");
-  // the keys used so far: read from wick.args (init.lua's proxy), or taken
-  // as wick.train option overrides (core.train)
-  lua_newtable(L_);
-  lua_setfield(L_, LUA_REGISTRYINDEX, "wick.args_used");
   g_interruptible = L_;
   set_interrupt_hook(arm_interrupt);
   if (interrupted()) arm_interrupt(interrupt_signal());
 }
 
-std::vector<std::pair<std::string, std::string>> LuaRuntime::unused_args() {
-  std::vector<std::pair<std::string, std::string>> out;
-  lua_getfield(L_, LUA_REGISTRYINDEX, "wick.args_used");
-  lua_getfield(L_, LUA_REGISTRYINDEX, "wick.raw_args");
-  if (lua_istable(L_, -1) && lua_istable(L_, -2)) {
-    const int n = static_cast<int>(lua_objlen(L_, -1));
-    for (int i = 1; i <= n; ++i) {
-      lua_rawgeti(L_, -1, i);
-      lua_getfield(L_, -1, "k");
-      lua_getfield(L_, -2, "v");
-      std::string k = lua_tostring(L_, -2), v = lua_tostring(L_, -1);
-      lua_pop(L_, 3);
-      lua_getfield(L_, -2, k.c_str());
-      if (!lua_toboolean(L_, -1)) out.emplace_back(std::move(k), std::move(v));
-      lua_pop(L_, 1);
-    }
-  }
-  lua_pop(L_, 2);
-  return out;
+RunContext* run_context(lua_State* L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.context");
+  auto* context = static_cast<RunContext*>(lua_touserdata(L, -1));
+  lua_pop(L, 1);
+  return context;
 }
 
 void* plan_done_sentinel() {

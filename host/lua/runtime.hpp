@@ -8,14 +8,17 @@
 #include <utility>
 #include <vector>
 
+#include "train/run_context.hpp"
+
 struct lua_State;
 
 namespace wick {
 
 class LuaRuntime {
  public:
-  /// `args`: the key=value pairs after the recipe (wick.args).
-  explicit LuaRuntime(std::vector<std::pair<std::string, std::string>> args = {});
+  /// `context`: the key=value pairs after the recipe (wick.args), which the
+  /// runtime owns; reads of wick.args and each wick.train call note theirs in it.
+  explicit LuaRuntime(RunContext context = RunContext{});
   ~LuaRuntime();
   LuaRuntime(const LuaRuntime&) = delete;
   LuaRuntime& operator=(const LuaRuntime&) = delete;
@@ -31,9 +34,8 @@ class LuaRuntime {
 
   lua_State* state() { return L_; }
 
-  /// The key=value pairs the recipe neither read from wick.args nor had
-  /// taken as wick.train option overrides (in command-line order).
-  std::vector<std::pair<std::string, std::string>> unused_args();
+  /// The command line's pairs and which were read, by whom and when.
+  RunContext& context() { return context_; }
 
   /// `wick plan`: the recipe's wick.train call measures memory for each knob
   /// (device_memory bytes to fit; 0: the device's own) and ends the recipe.
@@ -45,12 +47,17 @@ class LuaRuntime {
   static std::filesystem::path package_dir();
 
  private:
+  RunContext context_;  // before L_: the state's bindings point at it
   lua_State* L_;
   bool planned_ = false;
 };
 
 /// The error object core.train raises after a plan: the recipe ends there, successfully.
 void* plan_done_sentinel();
+
+/// The run context of the runtime that owns `L` (wick.args, the keys read);
+/// null for a state that no LuaRuntime made.
+RunContext* run_context(lua_State* L);
 
 /// Registers the engine bindings as package.preload["wick.core"].
 void open_wick_core(lua_State* L);

@@ -271,25 +271,6 @@ int make_trainer(lua_State* L) {
   return 1;
 }
 
-// The command line's key=value pairs as given (strings), for overrides that
-// the run parses as each option declares.
-std::vector<std::pair<std::string, std::string>> raw_args(lua_State* L) {
-  std::vector<std::pair<std::string, std::string>> out;
-  lua_getfield(L, LUA_REGISTRYINDEX, "wick.raw_args");
-  if (lua_istable(L, -1)) {
-    const int n = static_cast<int>(lua_objlen(L, -1));
-    for (int i = 1; i <= n; ++i) {
-      lua_rawgeti(L, -1, i);
-      lua_getfield(L, -1, "k");
-      lua_getfield(L, -2, "v");
-      out.emplace_back(lua_tostring(L, -2), lua_tostring(L, -1));
-      lua_pop(L, 3);
-    }
-  }
-  lua_pop(L, 1);
-  return out;
-}
-
 std::string recipe_path(lua_State* L) {
   lua_getglobal(L, "arg");
   std::string path;
@@ -308,22 +289,8 @@ int core_train(lua_State* L) {
   check_table(L, 1, "train");
   RunRequest req;
   req.objects = collect_run_table(L, 1, "wick.train", req.options, &req.callbacks);
-  req.overrides = raw_args(L);
+  req.context = run_context(L);  // the run notes the keys it takes, and names typos
   req.recipe = recipe_path(L);
-  // the keys the recipe read so far; those this call takes count as used from now
-  lua_getfield(L, LUA_REGISTRYINDEX, "wick.args_used");
-  if (lua_istable(L, -1)) {
-    for (const auto& [k, text] : req.overrides) {
-      lua_getfield(L, -1, k.c_str());
-      if (lua_toboolean(L, -1)) req.args_read.insert(k);
-      lua_pop(L, 1);
-    }
-    for (const auto& k : taken_overrides(req)) {
-      lua_pushboolean(L, 1);
-      lua_setfield(L, -2, k.c_str());
-    }
-  }
-  lua_pop(L, 1);
   lua_getfield(L, LUA_REGISTRYINDEX, "wick.plan");
   const bool plan = !lua_isnil(L, -1);
   const auto device_memory = static_cast<std::int64_t>(lua_tonumber(L, -1));

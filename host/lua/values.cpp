@@ -31,45 +31,34 @@ int core_json_decode(lua_State* L) {
   return 1;
 }
 
-// The command line's pairs as Lua values, and the table of keys used so far
-// (init.lua marks the keys a recipe reads; core.train those it takes).
+// The command line's pairs as Lua values (init.lua's wick.args reads them).
 int core_args(lua_State* L) {
-  for (const char* key : {"wick.args", "wick.args_used"}) {
-    lua_getfield(L, LUA_REGISTRYINDEX, key);
-    if (lua_isnil(L, -1)) {
-      lua_pop(L, 1);
-      lua_newtable(L);
-      lua_pushvalue(L, -1);
-      lua_setfield(L, LUA_REGISTRYINDEX, key);
-    }
+  lua_getfield(L, LUA_REGISTRYINDEX, "wick.args");
+  if (lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "wick.args");
   }
-  return 2;
+  return 1;
+}
+
+// core.arg_read(key): the recipe read `key` from wick.args (the run context
+// notes it, so the key is not named as unused).
+int core_arg_read(lua_State* L) {
+  const std::string key = check_string(L, 1, "arg_read");
+  if (RunContext* context = run_context(L)) context->read(key, RunContext::Reader::Recipe);
+  return 0;
 }
 
 // core.run_option_arg(key): the command line's value for `key` read as the
 // wick.train option of that name declares (the last one given), or nil.
 int core_run_option_arg(lua_State* L) {
   const std::string key = check_string(L, 1, "run_option_arg");
-  std::string text;
-  bool found = false;
-  lua_getfield(L, LUA_REGISTRYINDEX, "wick.raw_args");
-  if (lua_istable(L, -1)) {
-    const int n = static_cast<int>(lua_objlen(L, -1));
-    for (int i = 1; i <= n; ++i) {
-      lua_rawgeti(L, -1, i);
-      lua_getfield(L, -1, "k");
-      if (key == lua_tostring(L, -1)) {
-        lua_getfield(L, -2, "v");
-        text = lua_tostring(L, -1);
-        found = true;
-        lua_pop(L, 1);
-      }
-      lua_pop(L, 2);
-    }
-  }
-  lua_pop(L, 1);
-  if (!found) return 0;
-  push_value(L, parse_run_option(key, text));
+  const RunContext* context = run_context(L);
+  const auto text = context ? context->value(key) : std::nullopt;
+  if (!text) return 0;
+  push_value(L, parse_run_option(key, *text));
   return 1;
 }
 
@@ -84,6 +73,7 @@ void open_values(lua_State* L) {
   static const luaL_Reg fns[] = {{"json", G(core_json)},
                                  {"json_decode", G(core_json_decode)},
                                  {"args", G(core_args)},
+                                 {"arg_read", G(core_arg_read)},
                                  {"run_option_arg", G(core_run_option_arg)},
                                  {"parse_bytes", G(core_parse_bytes)},
                                  {nullptr, nullptr}};

@@ -391,6 +391,15 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
   return Options(std::move(out));
 }
 
+std::vector<const PluginDescriptor*> Registry::descriptors() const {
+  std::vector<const PluginDescriptor*> out;
+  for (const auto& e : entries_)
+    if (e.descriptor && e.error.empty()) out.push_back(e.descriptor);
+  for (const auto& [path, e] : by_path_)
+    if (e.descriptor && e.error.empty()) out.push_back(e.descriptor);
+  return out;
+}
+
 std::vector<fs::path> Registry::default_search_path() {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("WICK_PLUGIN_PATH")) {

@@ -48,6 +48,10 @@ class Registry {
 
   const std::vector<std::filesystem::path>& search_path() const { return search_path_; }
 
+  /// The usable plugins known so far: those on the search path, then those
+  /// a recipe named by path.
+  std::vector<const PluginDescriptor*> descriptors() const;
+
  private:
   PluginEntry load(const std::filesystem::path& file) const;
   /// Loads each file after a child process has loaded it without crashing or

@@ -10,7 +10,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "observe/observer.hpp"
+#include "train/run_context.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
 #include "wick/optim.hpp"
@@ -56,12 +56,11 @@ struct RunCallbacks {
 struct RunRequest {
   RunObjects objects;
   std::map<std::string, Value> options;  ///< plain values (see run_options())
-  /// key=value pairs from the command line: those naming a run option
-  /// override it, parsed as the option declares.
-  std::vector<std::pair<std::string, std::string>> overrides;
-  /// Keys of `overrides` the recipe has read from wick.args so far: a key
-  /// neither read nor taken as an option is named in a warning at the start.
-  std::set<std::string> args_read;
+  /// The command line's key=value pairs (none when null): those naming a
+  /// run option override it, parsed as the option declares, and count as
+  /// read; a key that is unread and names no option anywhere is named in a
+  /// warning at the start. Not owned: the runtime's, alive during the call.
+  RunContext* context = nullptr;
   std::string recipe;  ///< the recipe's path, for run.json and the ranks' fingerprint
   std::string label = "wick.train";
   /// Observers beyond the built-in progress line and run folder log.

@@ -142,8 +142,8 @@ std::vector<std::string> taken_overrides(const RunRequest& req) {
   const auto ov = req.options.find("overrides");
   const bool apply = ov == req.options.end() || !ov->second.is_bool() || ov->second.as_bool();
   std::vector<std::string> out;
-  if (!apply) return out;
-  for (const auto& [k, text] : req.overrides) {
+  if (!apply || !req.context) return out;
+  for (const auto& [k, text] : req.context->args()) {
     if (k == "overrides") continue;  // the recipe's to say, not the command line's
     const bool known =
         std::any_of(run_options().begin(), run_options().end(), [&](const auto& o) { return o.name == k && o.run; });
@@ -170,7 +170,8 @@ std::vector<std::string> object_names(const RunObjects& obj) {
 std::vector<std::string> apply_overrides(const RunRequest& req, const std::vector<std::string>& taken,
                                          std::map<std::string, Value>& given) {
   std::vector<std::string> overridden;
-  for (const auto& [k, text] : req.overrides) {
+  if (!req.context) return overridden;
+  for (const auto& [k, text] : req.context->args()) {
     if (std::find(taken.begin(), taken.end(), k) == taken.end()) continue;
     Value v = parse_run_option(k, text);
     auto it = given.find(k);
@@ -205,21 +206,32 @@ void type_objects(Resolved& r, const std::map<std::string, Value>& given) {
   }
 }
 
-// Keys that no option takes and the recipe has not read (yet): a typo such
-// as epoch=3 is named before a long run, not after it.
-void warn_unused_keys(const RunRequest& req, const std::vector<std::string>& taken, const std::string& L) {
-  std::string unused;
-  int n = 0;
-  for (const auto& [k, text] : req.overrides)
-    if (std::find(taken.begin(), taken.end(), k) == taken.end() && !req.args_read.count(k)) {
-      unused += (unused.empty() ? "" : " ") + k + "=" + text;
-      ++n;
-    }
-  if (n)
-    err_line("wick: warning: " + L + ": command-line " + (n == 1 ? "key " : "keys ") + unused +
-             (n == 1 ? " is" : " are") + " not used so far: no wick.train option has " +
-             (n == 1 ? "its name" : "their names") + " and the recipe has not read " + (n == 1 ? "it" : "them") +
-             " from wick.args (`wick describe train` lists the options)");
+// Whether some option names `key`: wick.train's or wick.trainer's, or a
+// plugin's (any plugin found or named by path: a recipe may read a model's
+// option after the run).
+bool names_an_option(const std::string& key) {
+  const auto& run = run_options();
+  if (std::any_of(run.begin(), run.end(), [&](const auto& o) { return o.name == key; })) return true;
+  for (const PluginDescriptor* d : registry().descriptors())
+    if (std::any_of(d->options.begin(), d->options.end(), [&](const auto& o) { return o.name == key; })) return true;
+  return false;
+}
+
+// A run starts: the keys it takes count as read by it, and the keys that are
+// unread and name no option anywhere (a typo such as epoch=3) are named now,
+// before a long run, not only after it. A key the recipe may still read
+// (one naming some option) waits for the recipe's end.
+void note_run_start(const RunRequest& req, const std::vector<std::string>& taken, bool rank0, const std::string& L) {
+  if (!req.context) return;
+  for (const auto& k : taken) req.context->read(k, RunContext::Reader::Run);
+  const auto typos = req.context->report_unread([](const std::string& k) { return !names_an_option(k); });
+  req.context->start_run();
+  if (typos.empty() || !rank0) return;
+  const bool one = typos.size() == 1;
+  err_line("wick: warning: " + L + ": command-line " + (one ? "key " : "keys ") + join_pairs(typos) +
+           (one ? " is" : " are") + " not used so far: no option of wick.train or of a plugin has " +
+           (one ? "its name" : "their names") + " and the recipe has not read " + (one ? "it" : "them") +
+           " from wick.args (`wick describe train` lists the options)");
 }
 
 void say_overrides(std::vector<std::string> overridden, const std::string& L) {
@@ -272,7 +284,7 @@ Resolved resolve(const RunRequest& req) {
   r.dist = dist_env();
   r.rank0 = r.dist.rank == 0;
   r.quiet = r.o.get_bool("quiet") || !r.rank0;
-  if (r.rank0) warn_unused_keys(req, taken, r.label);
+  note_run_start(req, taken, r.rank0, r.label);
   if (!r.quiet) say_overrides(overridden, r.label);
   check_checkpointing(r);
   warn_loss_scale(r, given);

@@ -27,7 +27,7 @@ READS_LATER = """local wick = require 'wick'
 local data = wick.data('synthetic', { size = 32, inputs = 8, classes = 2 })
 local model = wick.model('mlp', { inputs = 8, hidden = { 8 }, outputs = 2 })
 wick.train { model = model, data = data, optim = wick.optim('sgd', { lr = 0.1 }), micro_batch = 8, quiet = true }
-print('tag ' .. tostring(wick.args.tag))
+print('lr ' .. tostring(wick.args.lr))
 """
 
 NO_TRAIN = "local wick = require 'wick'\nprint(wick.args.a)\n"
@@ -42,13 +42,18 @@ CASES = [
     # key=value pairs the recipe never uses: a warning, the run goes on (exit 0)
     Case("unused key named at wick.train's start", ["run", "recipe.lua", "epoch=3"],
          r"^wick: warning: wick\.train: command-line key epoch=3 is not used so far", rc=0, setup=recipe(TRAIN)),
-    Case("unused keys named when the recipe ends", ["run", "recipe.lua", "epoch=3", "lrr=0.5", "max_steps=1"],
-         r"^wick: warning: command-line keys epoch=3 lrr=0\.5 never used", rc=0, setup=recipe(TRAIN)),
+    Case("unused keys naming some option named when the recipe ends", ["run", "recipe.lua", "hidden=4", "inputs=3",
+                                                                      "max_steps=1"],
+         r"^wick: warning: command-line keys hidden=4 inputs=3 never used", rc=0, setup=recipe(TRAIN)),
+    Case("unused keys naming no option named at wick.train's start", ["run", "recipe.lua", "epoch=3", "lrr=0.5"],
+         r"^wick: warning: wick\.train: command-line keys epoch=3 lrr=0\.5 are not used so far", rc=0,
+         setup=recipe(TRAIN)),
     Case("unused key without wick.train", ["run", "recipe.lua", "a=1", "b=2"],
          r"^wick: warning: command-line key b=2 never used: no wick\.train option took it and the recipe never read it",
          rc=0, setup=recipe(NO_TRAIN)),
-    Case("a key read after wick.train is only warned about so far", ["run", "recipe.lua", "tag=x", "bogus=1"],
-         r"^wick: warning: command-line key bogus=1 never used", rc=0, setup=recipe(READS_LATER)),
+    Case("a key read after wick.train is not named, a typo beside it is", ["run", "recipe.lua", "lr=0.01", "bogus=1"],
+         r"^wick: warning: wick\.train: command-line key bogus=1 is not used so far", rc=0,
+         setup=recipe(READS_LATER)),
     Case("pairs() over wick.args uses every key", ["run", "recipe.lua", "a=1", "b=2"], r"^2 pairs$", rc=0,
          setup=recipe(ITERATES)),
     # numbers that are no setting

@@ -7,18 +7,21 @@ local wick = {}
 
 wick.core = core
 --- The key=value pairs given after the recipe on the command line. Reads go
--- through a proxy that notes each key read (pairs() reads them all), so that
--- a key no wick.train option takes and the recipe never reads is named in a
--- warning, at wick.train's start and when the recipe ends.
-local arg_values, args_used = core.args()
+-- through a proxy that notes each key read in the run context (pairs() reads
+-- them all), so that a key the recipe never reads and no wick.train option
+-- takes is named in a warning when the recipe ends (or at wick.train's start,
+-- if no option of wick.train or of a plugin has its name: a likely typo).
+local arg_values = core.args()
 wick.args = setmetatable({}, {
   __index = function(_, k)
-    args_used[k] = true
+    if type(k) == "string" then core.arg_read(k) end
     return arg_values[k]
   end,
   __newindex = function(_, k, v) arg_values[k] = v end,
   __pairs = function()
-    for k in next, arg_values do args_used[k] = true end
+    for k in next, arg_values do
+      if type(k) == "string" then core.arg_read(k) end
+    end
     return next, arg_values, nil
   end,
 })
@@ -350,7 +353,7 @@ end
 
 -- Runs start from the same weights: seed 0 unless seed=N is on the command
 -- line, read as wick.train's seed option reads it (a whole number >= 0).
-if rawget(arg_values, "seed") ~= nil then args_used.seed = true end
+if rawget(arg_values, "seed") ~= nil then core.arg_read("seed") end
 core.seed(core.run_option_arg("seed") or 0)
 
 return wick

@@ -93,13 +93,15 @@ TEST(Run, ObserversSeeEveryStepOnceInOrder) {
 
 TEST(Run, CommandLineOverridesAreReadAsTheOptionDeclares) {
   auto req = request({{"micro_batch", Value(8)}, {"accumulate", Value(1)}});
-  req.overrides = {{"micro_batch", "4"}, {"accumulate", "2"}, {"max_steps", "3"}, {"lr", "nan"}};
+  RunContext context({{"micro_batch", "4"}, {"accumulate", "2"}, {"max_steps", "3"}, {"lr", "nan"}});
+  req.context = &context;
   const auto run = run_training(req);
   EXPECT_EQ(run.at("micro_batch").get<std::int64_t>(), 4);
   EXPECT_EQ(run.at("accumulate").get<std::int64_t>(), 2);
   EXPECT_EQ(run.at("steps").get<std::int64_t>(), 3);
   req = request({});
-  req.overrides = {{"micro_batch", "0x10"}};
+  RunContext bad(std::vector<RunContext::Pair>{{"micro_batch", "0x10"}});
+  req.context = &bad;
   EXPECT_THAT(test::error_of([&] { run_training(req); }), HasSubstr("micro_batch=0x10: expected integer >= 1 or string (auto)"));
 }
 
