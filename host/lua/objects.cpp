@@ -305,7 +305,7 @@ int data_window(lua_State* L) {
 int optim_kind(lua_State* L) {
   auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
   const auto k = o->object_kind();
-  lua_pushstring(L, k == ObjectKind::Schedule ? "schedule" : k == ObjectKind::Transform ? "transform" : "optimizer");
+  lua_pushstring(L, to_string(k));  // an optim plugin's object: optimizer, schedule or transform
   return 1;
 }
 

@@ -131,7 +131,7 @@ const std::vector<RunOption>& run_options() {
       option("prefetch", {with_range(form("prefetch", T::Int), 1, 1 << 20)}, Value(2),
              "micro-batches loaded ahead, at most"),
       option("precision",
-             {with_choices(form("precision", T::String), {"fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true"})},
+             {with_choices(form("precision", T::String), enum_names(kPrecisionNames))},
              Value("fp32"),
              "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision "
              "weights)",
@@ -178,7 +178,7 @@ const std::vector<RunOption>& run_options() {
              "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)", true),
       option("clip_grad_value", {with_min(form("clip_grad_value", T::Float), 0)}, Value(0.0),
              "clamp every gradient element to [-v, v], after unscaling (0: off)", true),
-      option("on_oom", {with_choices(form("on_oom", T::String), {"split", "fail"})}, Value("split"),
+      option("on_oom", {with_choices(form("on_oom", T::String), enum_names(kOnOomNames))}, Value("split"),
              "out of memory in a window: 'split' halves the micro-batch, doubles accumulate and redoes the window; "
              "'fail' stops",
              true),
@@ -190,11 +190,11 @@ const std::vector<RunOption>& run_options() {
              "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)", true, true),
       option("bucket_mb", {with_range(form("bucket_mb", T::Float), 1e-6, 1e6)}, Value(25.0),
              "gradient all-reduce bucket size across ranks, MiB", true),
-      option("sync", {with_choices(form("sync", T::String), {"window", "micro_batch"})}, Value("window"),
+      option("sync", {with_choices(form("sync", T::String), enum_names(kSyncNames))}, Value("window"),
              "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
              "more traffic)",
              true),
-      option("shard", {with_choices(form("shard", T::String), {"none", "optimizer", "gradients", "parameters"})},
+      option("shard", {with_choices(form("shard", T::String), enum_names(kShardModeNames))},
              Value("none"),
              "several ranks: 'optimizer' partitions the optimizer state across them (ZeRO-1), 'gradients' the "
              "optimizer state and the reduced gradients (ZeRO-2), 'parameters' the weights too (ZeRO-3: a block's "
@@ -387,14 +387,15 @@ void check_trainer_rules(const std::string& label, const Checked& out, const std
       if (auto g = given.find(k); g != given.end() && !g->second.is_nil())
         throw Error(label + ": option 'loss_scale': a fixed scale and " + std::string(k) +
                     " (dynamic scaling) exclude each other");
-  const std::string precision = out.at("precision").as_string();
+  const Precision precision = parse_precision(out.at("precision").as_string());
   const bool master = out.at("master_weights").as_bool();
-  const bool per_micro_batch = out.at("sync").as_string() == "micro_batch";
-  if (master && precision != "bf16-true" && precision != "fp16-true")
+  const bool per_micro_batch = parse_enum(kSyncNames, out.at("sync").as_string(), "sync");
+  if (master && !true_half(precision))
     throw Error(label + ": option 'master_weights': only with precision = \"bf16-true\" or \"fp16-true\" (" +
-                precision + (precision == "fp32" ? " weights are fp32 already)" : " keeps fp32 weights already)"));
-  if (const std::string shard = out.at("shard").as_string(); shard != "none" && per_micro_batch)
-    throw Error(label + ": option 'sync': shard = \"" + shard + "\": gradients are reduce-scattered once per window, "
+                to_string(precision) +
+                (precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
+  if (const ShardMode shard = parse_shard(out.at("shard").as_string()); shard != ShardMode::None && per_micro_batch)
+    throw Error(label + ": option 'sync': shard = \"" + to_string(shard) + "\": gradients are reduce-scattered once per window, "
                 "with the last backward; sync = \"micro_batch\" cannot be used with it");
   const Value& ck = out.at("checkpointing");
   if (out.at("offload_activations").as_bool() && ck.is_bool() && !ck.as_bool())
@@ -549,13 +550,13 @@ TrainerConfig trainer_config(const Options& o) {
     for (const auto& n : ck.as_list()) c.checkpointing.names.push_back(n.as_string());
   }
   c.checkpointing.offload = o.get_bool("offload_activations");
-  c.split_on_oom = o.get_string("on_oom") == "split";
+  c.split_on_oom = parse_enum(kOnOomNames, o.get_string("on_oom"), "on_oom");
   c.empty_cache_every = o.get_int("empty_cache_every");
   c.memory_fraction = o.get_double("memory_fraction");
   c.total_steps = o.get_int("total_steps");
   c.device = o.get_string("device");
   c.bucket_mb = o.get_double("bucket_mb");
-  c.sync_every_micro_batch = o.get_string("sync") == "micro_batch";
+  c.sync_every_micro_batch = parse_enum(kSyncNames, o.get_string("sync"), "sync");
   c.shard = parse_shard(o.get_string("shard"));
   return c;
 }
@@ -578,13 +579,13 @@ void check_trainer_config(const TrainerConfig& c) {
       {"ema", Value(c.ema)},
       {"ema_start", Value(c.ema_start)},
       {"offload_activations", Value(c.checkpointing.offload)},
-      {"on_oom", Value(c.split_on_oom ? "split" : "fail")},
+      {"on_oom", Value(std::string(enum_name(kOnOomNames, c.split_on_oom)))},
       {"empty_cache_every", Value(c.empty_cache_every)},
       {"memory_fraction", Value(c.memory_fraction)},
       {"total_steps", Value(c.total_steps)},
       {"device", Value(c.device)},
       {"bucket_mb", Value(c.bucket_mb)},
-      {"sync", Value(c.sync_every_micro_batch ? "micro_batch" : "window")},
+      {"sync", Value(std::string(enum_name(kSyncNames, c.sync_every_micro_batch)))},
       {"shard", Value(to_string(c.shard))},
   };
   if (c.loss_scale.dynamic) {

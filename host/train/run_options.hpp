@@ -13,6 +13,7 @@
 
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
+#include "wick/kit/enum_names.hpp"
 #include "wick/options.hpp"
 
 namespace wick {
@@ -44,6 +45,11 @@ struct RunObjectSpec {
 };
 
 const std::vector<RunOption>& run_options();
+
+/// The two-way choices a TrainerConfig keeps as a bool: on_oom
+/// (split_on_oom) and sync (sync_every_micro_batch).
+inline constexpr EnumName<bool> kOnOomNames[] = {{true, "split"}, {false, "fail"}};
+inline constexpr EnumName<bool> kSyncNames[] = {{false, "window"}, {true, "micro_batch"}};
 const std::vector<RunObjectSpec>& run_objects();
 
 /// Checks `given` against the run's options (or the trainer's, a subset):
