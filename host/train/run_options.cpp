@@ -398,9 +398,11 @@ void check_trainer_rules(const std::string& label, const Checked& out, const std
     throw Error(label + ": option 'sync': shard = \"" + to_string(shard) + "\": gradients are reduce-scattered once per window, "
                 "with the last backward; sync = \"micro_batch\" cannot be used with it");
   const Value& ck = out.at("checkpointing");
-  if (out.at("offload_activations").as_bool() && ck.is_bool() && !ck.as_bool())
+  const bool no_names = ck.is_list() && ck.as_list().empty();
+  if (out.at("offload_activations").as_bool() && ((ck.is_bool() && !ck.as_bool()) || no_names))
     throw Error(label + ": option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, and "
-                "checkpointing is false; set checkpointing = true (or k, or block names) too");
+                "checkpointing " + (no_names ? "names no block" : "is false") +
+                "; set checkpointing = true (or k, or block names) too");
   if (master && per_micro_batch)
     throw Error(label + ": option 'sync': master_weights: gradients are summed in fp32 over the window and cross "
                 "ranks once, at its end; sync = \"micro_batch\" cannot be used with it");

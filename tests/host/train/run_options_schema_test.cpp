@@ -1,10 +1,13 @@
 // wick.train's schema (train/run_options.hpp) and the enums behind it: each
-// choice it offers is a name of the enum's one table and reads back as its value.
+// choice it offers is a name of the enum's one table and reads back as its
+// value, and the rules a constructor used to repeat are the schema's.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "../../test_util.hpp"
 #include "train/run_options.hpp"
+
+using ::testing::HasSubstr;
 
 namespace wick {
 namespace {
@@ -40,6 +43,21 @@ TEST(RunOptionsSchema, EveryChoiceReachesTheTrainerConfigAndBack) {
             "precision: expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got 'fp8'");
   EXPECT_EQ(test::error_of([] { parse_shard("all"); }),
             "shard: expected \"none\", \"optimizer\", \"gradients\" or \"parameters\", got 'all'");
+}
+
+// what the Trainer's constructor checked again, now the schema's alone
+TEST(RunOptionsSchema, OffloadingNeedsABlockCheckpointed) {
+  TrainerConfig c;
+  c.checkpointing.offload = true;
+  EXPECT_THAT(test::error_of([&] { check_trainer_config(c); }),
+              HasSubstr("TrainerConfig: option 'offload_activations': it moves the checkpointed blocks' inputs to host "
+                        "memory, and checkpointing is false"));
+  c.checkpointing.mode = CheckpointingConfig::Mode::Names;
+  EXPECT_THAT(test::error_of([&] { check_trainer_config(c); }), HasSubstr("and checkpointing names no block"));
+  c.checkpointing.mode = CheckpointingConfig::Mode::EveryK;
+  c.checkpointing.k = 0;
+  EXPECT_THAT(test::error_of([&] { check_trainer_config(c); }),
+              HasSubstr("TrainerConfig: option 'checkpointing': expected a value >= 1, got integer 0"));
 }
 
 }  // namespace
