@@ -262,9 +262,11 @@ int cmd_describe(const std::string& name) {
   if (d.options.empty()) std::printf("  (none)\n");
   for (const auto& o : d.options) {
     std::string constraint;
-    if (o.min && o.max) constraint = " in [" + wick::Value(*o.min).repr() + ", " + wick::Value(*o.max).repr() + "]";
-    else if (o.min) constraint = " >= " + wick::Value(*o.min).repr();
-    else if (o.max) constraint = " <= " + wick::Value(*o.max).repr();
+    if (o.min && o.max)
+      constraint = std::string(" in ") + (o.min_open ? "(" : "[") + wick::Value(*o.min).repr() + ", " +
+                   wick::Value(*o.max).repr() + (o.max_open ? ")" : "]");
+    else if (o.min) constraint = (o.min_open ? " > " : " >= ") + wick::Value(*o.min).repr();
+    else if (o.max) constraint = (o.max_open ? " < " : " <= ") + wick::Value(*o.max).repr();
     if (!o.choices.empty()) {
       constraint = " one of";
       for (const auto& c : o.choices) constraint += " " + c;

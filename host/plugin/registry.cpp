@@ -77,6 +77,8 @@ std::string schema_problem(const PluginDescriptor& d) {
     if (o.name.empty()) return "declares an option without a name";
     if (!names.insert(o.name).second) return "declares option '" + o.name + "' twice";
     if (o.min && o.max && *o.min > *o.max) return "declares option '" + o.name + "' with min > max";
+    if (o.min && o.max && (o.min_open || o.max_open) && *o.min == *o.max)
+      return "declares option '" + o.name + "' with an empty range (min = max, an end excluded)";
     if (o.required()) continue;
     try {
       validate_options("default", {o}, {{o.name, o.default_value}});
@@ -319,6 +321,20 @@ std::string build_failure(const std::exception& ex, const std::map<std::string, 
          (named.empty() ? std::string() : "; the largest sizes among its options: " + named);
 }
 
+// "" when `d` is in the spec's range, else the range a message expects:
+// "a value in [0, 1]", "a value in (0, 1e+30]", "a value >= 1", "a value > 0".
+std::string outside_range(const OptionSpec& spec, double d) {
+  const bool below = spec.min && (spec.min_open ? d <= *spec.min : d < *spec.min);
+  const bool above = spec.max && (spec.max_open ? d >= *spec.max : d > *spec.max);
+  if (!below && !above && !std::isnan(d)) return "";
+  std::ostringstream range;
+  if (spec.min && spec.max)
+    range << "a value in " << (spec.min_open ? "(" : "[") << *spec.min << ", " << *spec.max << (spec.max_open ? ")" : "]");
+  else if (spec.min) range << "a value " << (spec.min_open ? "> " : ">= ") << *spec.min;
+  else if (spec.max) range << "a value " << (spec.max_open ? "< " : "<= ") << *spec.max;
+  else return "";  // no range: nan is refused as not finite, before
+  return range.str();
+}
 }  // namespace
 
 Options validate_options(const std::string& plugin, const OptionSchema& schema,
@@ -372,16 +388,8 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
     for (const auto& x : scalars) {
       // one rule for every number option: inf and nan (lr = 1/0, tonumber("inf")) are never a setting
       if (x.is_number() && !std::isfinite(x.as_double())) throw bad("a finite number");
-      if (x.is_number() && (spec.min || spec.max)) {
-        const double d = x.as_double();
-        if ((spec.min && d < *spec.min) || (spec.max && d > *spec.max) || std::isnan(d)) {
-          std::ostringstream range;
-          if (spec.min && spec.max) range << "a value in [" << *spec.min << ", " << *spec.max << "]";
-          else if (spec.min) range << "a value >= " << *spec.min;
-          else range << "a value <= " << *spec.max;
-          throw bad(range.str());
-        }
-      }
+      if (x.is_number())
+        if (const std::string range = outside_range(spec, x.as_double()); !range.empty()) throw bad(range);
       if (x.is_string() && !spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), x.as_string()) == spec.choices.end())
         throw bad("one of " + join(spec.choices));

@@ -79,21 +79,30 @@ struct OptionSpec {
   std::string name;
   OptionType type = OptionType::Float;
   Value default_value;                 ///< nil means required
-  std::optional<double> min, max;      ///< inclusive range for numbers (each list item too)
+  std::optional<double> min, max;      ///< range for numbers (each list item too), inclusive unless *_open
   std::vector<std::string> choices;    ///< allowed strings (each list item too)
   std::string doc;
   bool optional = false;               ///< nil default, and may be left out
+  bool min_open = false;               ///< min itself excluded: > min (ABI 8)
+  bool max_open = false;               ///< max itself excluded: < max (ABI 8)
   bool required() const { return default_value.is_nil() && !optional; }
 };
 
 using OptionSchema = std::vector<OptionSpec>;
 
-/// Builders that keep schemas short to write:
+/// Builders that keep schemas short to write (the host declares wick.train's
+/// options with them too):
 ///   wick::opt_int("inputs", 4, "input features").range(1, 1 << 20)
+///   wick::opt_float("decay", 0.5, "a factor in (0, 1)").above(0).below(1)
 struct OptionBuilder {
   OptionSpec spec;
-  OptionBuilder& range(double lo, double hi) { spec.min = lo; spec.max = hi; return *this; }
-  OptionBuilder& at_least(double lo) { spec.min = lo; return *this; }
+  /// [lo, hi]
+  OptionBuilder& range(double lo, double hi) { at_least(lo); return at_most(hi); }
+  /// >= lo, > lo; <= hi, < hi
+  OptionBuilder& at_least(double lo) { spec.min = lo; spec.min_open = false; return *this; }
+  OptionBuilder& above(double lo) { spec.min = lo; spec.min_open = true; return *this; }
+  OptionBuilder& at_most(double hi) { spec.max = hi; spec.max_open = false; return *this; }
+  OptionBuilder& below(double hi) { spec.max = hi; spec.max_open = true; return *this; }
   OptionBuilder& one_of(std::vector<std::string> c) { spec.choices = std::move(c); return *this; }
   OptionBuilder& required() { spec.default_value = Value(); return *this; }
   /// No default: the factory sees the option as absent (Options::has is false).
@@ -101,7 +110,12 @@ struct OptionBuilder {
   operator OptionSpec() const { return spec; }
 };
 inline OptionBuilder opt(std::string name, OptionType t, Value def, std::string doc) {
-  return OptionBuilder{OptionSpec{std::move(name), t, std::move(def), {}, {}, {}, std::move(doc), false}};
+  OptionSpec s;
+  s.name = std::move(name);
+  s.type = t;
+  s.default_value = std::move(def);
+  s.doc = std::move(doc);
+  return OptionBuilder{std::move(s)};
 }
 inline OptionBuilder opt_bool(std::string n, bool d, std::string doc) { return opt(std::move(n), OptionType::Bool, d, std::move(doc)); }
 inline OptionBuilder opt_int(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Int, std::move(d), std::move(doc)); }

@@ -62,6 +62,21 @@ TEST(Options, OutOfRangeSaysTheRange) {
               HasSubstr("option 'hidden': expected a value >= 1"));
 }
 
+// above and below exclude their bound (ABI 8): (0, 1], > 0, [0, 1)
+TEST(Options, AnOpenEndExcludesItsBound) {
+  const OptionSchema schema = {opt_float("p", 1.0, "a share").above(0).at_most(1),
+                               opt_float("scale", 1.0, "a scale").above(0),
+                               opt_float("decay", 0.0, "a decay").at_least(0).below(1)};
+  auto error = [&](const char* key, Value v) {
+    return test::error_of([&] { validate_options("model 'm'", schema, {{key, v}}); });
+  };
+  EXPECT_EQ(error("p", Value(0.0)), "model 'm': option 'p': expected a value in (0, 1], got number 0");
+  EXPECT_EQ(error("p", Value(1)), "");
+  EXPECT_EQ(error("scale", Value(0)), "model 'm': option 'scale': expected a value > 0, got integer 0");
+  EXPECT_EQ(error("decay", Value(1.0)), "model 'm': option 'decay': expected a value in [0, 1), got number 1");
+  EXPECT_EQ(error("decay", Value(0)), "");
+}
+
 TEST(Options, ChoicesAreListed) {
   EXPECT_THAT(error_of({{"file", Value("a")}, {"act", Value("tanh")}}),
               HasSubstr("option 'act': expected one of relu, gelu, got string \"tanh\""));
