@@ -416,9 +416,9 @@ int cmd_make_clips(const ClipFlags& f) {
         whole_number("--seed", f.seed, 0, std::numeric_limits<std::int64_t>::max()));
   if (!f.seconds.empty()) {
     const wick::Value v = wick::parse_arg_value(f.seconds);
-    if (!v.is_number() || !(v.as_double() > 0) || v.as_double() > 3600)
+    if (!v.is_number() || !(v.as_number() > 0) || v.as_number() > 3600)
       throw UsageError("--seconds expects a length in seconds above 0 and at most 3600, not '" + f.seconds + "'");
-    o.seconds = v.as_double();
+    o.seconds = v.as_number();
   }
   if (!f.size.empty()) {
     const auto x = f.size.find('x');

@@ -52,14 +52,14 @@ bool check_scalar(OptionType t, const Value& v) {
   switch (t) {
     case OptionType::Bool: return v.is_bool();
     case OptionType::Int: case OptionType::IntList: return v.is_int();
-    case OptionType::Float: case OptionType::FloatList: return v.is_number();
+    case OptionType::Number: case OptionType::NumberList: return v.is_number();
     case OptionType::String: case OptionType::StringList: return v.is_string();
   }
   return false;
 }
 
 bool is_list_type(OptionType t) {
-  return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+  return t == OptionType::IntList || t == OptionType::NumberList || t == OptionType::StringList;
 }
 
 // A plugin's own schema must make sense before any recipe is checked against it.
@@ -308,10 +308,10 @@ std::string build_failure(const std::exception& ex, const std::map<std::string, 
   std::vector<std::pair<double, std::string>> sizes;
   for (const auto& [k, v] : given) {
     double top = 0;
-    if (v.is_number()) top = v.as_double();
+    if (v.is_number()) top = v.as_number();
     else if (v.is_list())
       for (const auto& x : v.as_list())
-        if (x.is_number()) top = std::max(top, x.as_double());
+        if (x.is_number()) top = std::max(top, x.as_number());
     if (top > 1) sizes.emplace_back(top, k + " = " + v.repr());
   }
   std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -378,18 +378,18 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
     } else if (!check_scalar(spec.type, v)) {
       throw bad(to_string(spec.type));
     }
-    if (spec.type == OptionType::Float) converted = Value(v.as_double());
-    if (spec.type == OptionType::FloatList) {
+    if (spec.type == OptionType::Number) converted = Value(v.as_number());
+    if (spec.type == OptionType::NumberList) {
       List l;
-      for (const auto& x : converted.as_list()) l.push_back(Value(x.as_double()));
+      for (const auto& x : converted.as_list()) l.push_back(Value(x.as_number()));
       converted = Value(l);
     }
     std::vector<Value> scalars = converted.is_list() ? converted.as_list() : List{converted};
     for (const auto& x : scalars) {
       // one rule for every number option: inf and nan (lr = 1/0, tonumber("inf")) are never a setting
-      if (x.is_number() && !std::isfinite(x.as_double())) throw bad("a finite number");
+      if (x.is_number() && !std::isfinite(x.as_number())) throw bad("a finite number");
       if (x.is_number())
-        if (const std::string range = outside_range(spec, x.as_double()); !range.empty()) throw bad(range);
+        if (const std::string range = outside_range(spec, x.as_number()); !range.empty()) throw bad(range);
       if (x.is_string() && !spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), x.as_string()) == spec.choices.end())
         throw bad("one of " + join(spec.choices));

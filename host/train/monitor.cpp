@@ -17,7 +17,7 @@ std::optional<Monitor> Monitor::of(const Options& o, const nlohmann::json& resum
   m.mode = o.has("monitor_mode") ? o.get_string("monitor_mode") : (loss ? "min" : "max");
   m.keep_best = static_cast<int>(o.get_int("keep_best"));
   m.patience = o.get_int("patience");
-  m.min_delta = o.get_double("min_delta");
+  m.min_delta = o.get_number("min_delta");
   const auto e = resume_state.is_object() ? resume_state.value("extra", nlohmann::json::object()) : nlohmann::json::object();
   if (e.contains("monitor") && e["monitor"].value("name", "") == m.name && e["monitor"].value("mode", "") == m.mode &&
       e["monitor"].contains("best")) {

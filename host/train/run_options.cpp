@@ -55,7 +55,7 @@ std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
 }
 
 bool is_list_type(OptionType t) {
-  return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+  return t == OptionType::IntList || t == OptionType::NumberList || t == OptionType::StringList;
 }
 
 // Whether `v` has a type `t` accepts (a scalar stands for a one-item list).
@@ -64,7 +64,7 @@ bool type_fits(OptionType t, const Value& v) {
     switch (t) {
       case OptionType::Bool: return x.is_bool();
       case OptionType::Int: case OptionType::IntList: return x.is_int();
-      case OptionType::Float: case OptionType::FloatList: return x.is_number();
+      case OptionType::Number: case OptionType::NumberList: return x.is_number();
       case OptionType::String: case OptionType::StringList: return x.is_string();
     }
     return false;
@@ -136,7 +136,7 @@ std::vector<RunOption> trainer_options() {
                    "gradients, summed over the window (6 bytes more per trainable parameter than plain bf16-true: 18 "
                    "with AdamW against 12, and 2 more during each backward)"))
           .trainer(),
-      option(opt_float(
+      option(opt_number(
                  "ema", 0.0,
                  "an exponential moving average of the trainable weights with this decay (0.999; 0: none), in fp32 "
                  "beside the weights (4 bytes per trainable parameter), in checkpoints, written to out/ema.safetensors")
@@ -150,20 +150,20 @@ std::vector<RunOption> trainer_options() {
                       "each evaluation also runs with the averaged weights: ema_loss and ema_<metric> in its record "
                       "(monitor = \"eval_ema_loss\" keeps the best averaged checkpoints)")),
       option(
-          opt_float("loss_scale", Value(),
+          opt_number("loss_scale", Value(),
                     "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
                     "backoff, interval}, the loss_scale_* options)")
               .above(0)
               .at_most(1e30))
           .trainer(),
-      option(opt_float("loss_scale_init", 65536.0, "fp16, dynamic scaling: the first scale").above(0).at_most(1e30))
+      option(opt_number("loss_scale_init", 65536.0, "fp16, dynamic scaling: the first scale").above(0).at_most(1e30))
           .trainer(),
-      option(opt_float("loss_scale_growth", 2.0, "fp16, dynamic scaling: the factor after `interval` clean steps")
+      option(opt_number("loss_scale_growth", 2.0, "fp16, dynamic scaling: the factor after `interval` clean steps")
                  .above(1)
                  .at_most(1e6))
           .trainer(),
       option(
-          opt_float("loss_scale_backoff", 0.5, "fp16, dynamic scaling: the factor after an overflow").above(0).below(1))
+          opt_number("loss_scale_backoff", 0.5, "fp16, dynamic scaling: the factor after an overflow").above(0).below(1))
           .trainer(),
       option(
           opt_int("loss_scale_interval", 2000, "fp16, dynamic scaling: clean steps before the scale grows").at_least(1))
@@ -182,11 +182,11 @@ std::vector<RunOption> trainer_options() {
                  "GPU) instead of on the device, and comes back for the block's recomputation (the same gradients; "
                  "each input crosses the bus twice a step)"))
           .trainer(),
-      option(opt_float("clip_grad_norm", 0.0,
+      option(opt_number("clip_grad_norm", 0.0,
                        "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)")
                  .at_least(0))
           .trainer(),
-      option(opt_float("clip_grad_value", 0.0, "clamp every gradient element to [-v, v], after unscaling (0: off)")
+      option(opt_number("clip_grad_value", 0.0, "clamp every gradient element to [-v, v], after unscaling (0: off)")
                  .at_least(0))
           .trainer(),
       option(opt_string(
@@ -199,14 +199,14 @@ std::vector<RunOption> trainer_options() {
                      "CUDA: return cached memory to the device every N steps (0: never; no effect on cpu)")
                  .at_least(0))
           .trainer(),
-      option(opt_float("memory_fraction", 0.0,
+      option(opt_number("memory_fraction", 0.0,
                        "CUDA: cap this process at this fraction of the device's memory (0: no cap; no effect on cpu)")
                  .range(0, 1))
           .trainer(),
       option(opt_string("device", "auto", "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)"))
           .trainer()
           .per_rank(),
-      option(opt_float("bucket_mb", 25.0, "gradient all-reduce bucket size across ranks, MiB").range(1e-6, 1e6))
+      option(opt_number("bucket_mb", 25.0, "gradient all-reduce bucket size across ranks, MiB").range(1e-6, 1e6))
           .trainer(),
       option(
           opt_string(
@@ -259,7 +259,7 @@ std::vector<RunOption> folder_options() {
                      "stop after this many evaluations in a row that do not improve the monitored metric by min_delta "
                      "(0: never stop early)")
                  .at_least(0)),
-      option(opt_float("min_delta", 0.0, "the least change of the monitored metric that counts as an improvement")
+      option(opt_number("min_delta", 0.0, "the least change of the monitored metric that counts as an improvement")
                  .at_least(0.0)),
       option(opt_bool("callbacks_every_rank", false,
                       "run on_step, on_eval and on_save on every rank (default: rank 0 only)")),
@@ -387,7 +387,7 @@ void check_monitor_rules(const std::string& label, const Checked& out, bool eval
   } else {
     // (a resolved table, as wick plan passes, holds their defaults: only a setting that acts is refused)
     const bool acts[] = {has(out, "monitor_mode"), out.at("patience").as_int() > 0,
-                         out.at("min_delta").as_double() > 0, out.at("keep_best").as_int() != 1};
+                         out.at("min_delta").as_number() > 0, out.at("keep_best").as_int() != 1};
     const char* names[] = {"monitor_mode", "patience", "min_delta", "keep_best"};
     for (int i = 0; i < 4; ++i)
       if (acts[i]) throw Error(label + ": option '" + names[i] + "' needs 'monitor', the evaluation metric it is about");
@@ -398,7 +398,7 @@ void check_monitor_rules(const std::string& label, const Checked& out, bool eval
 
 // ema_start and eval_ema need ema
 void check_ema_rules(const std::string& label, const Checked& out) {
-  const bool ema = out.at("ema").as_double() > 0;
+  const bool ema = out.at("ema").as_number() > 0;
   if (out.at("ema_start").as_int() > 0 && !ema)
     throw Error(label + ": option 'ema_start' needs 'ema', the average's decay (0.999, ...)");
   if (out.at("eval_ema").as_bool() && !ema)
@@ -500,7 +500,7 @@ Value parse_run_option(const std::string& name, const std::string& text) {
   auto as_float = [](const std::string& s, Value& out) {
     const Value v = parse_arg_value(s);
     if (!v.is_number()) return false;
-    out = Value(v.as_double());
+    out = Value(v.as_number());
     return true;
   };
   // a number the form's range refuses (seed=-1) goes on to the next form and,
@@ -522,14 +522,14 @@ Value parse_run_option(const std::string& name, const std::string& text) {
       case OptionType::Int:
         if (as_int(text, v) && in_range(f, v)) return v;
         break;
-      case OptionType::Float:
+      case OptionType::Number:
         if (as_float(text, v) && in_range(f, v)) return v;
         break;
       case OptionType::String:
         if (f.choices.empty() || std::find(f.choices.begin(), f.choices.end(), text) != f.choices.end())
           return Value(text);
         break;
-      case OptionType::IntList: case OptionType::FloatList: case OptionType::StringList: {
+      case OptionType::IntList: case OptionType::NumberList: case OptionType::StringList: {
         List l;
         std::stringstream ss(text);
         std::string item;
@@ -552,19 +552,19 @@ Value parse_run_option(const std::string& name, const std::string& text) {
 
 TrainerConfig trainer_config(const Options& o) {
   TrainerConfig c;
-  c.clip_grad_norm = o.get_double("clip_grad_norm");
-  c.clip_grad_value = o.get_double("clip_grad_value");
+  c.clip_grad_norm = o.get_number("clip_grad_norm");
+  c.clip_grad_value = o.get_number("clip_grad_value");
   c.precision = parse_precision(o.get_string("precision"));
   c.master_weights = o.get_bool("master_weights");
-  c.ema = o.get_double("ema");
+  c.ema = o.get_number("ema");
   c.ema_start = o.get_int("ema_start");
   if (o.has("loss_scale")) {
-    c.loss_scale.init = o.get_double("loss_scale");
+    c.loss_scale.init = o.get_number("loss_scale");
     c.loss_scale.dynamic = false;
   } else {
-    c.loss_scale.init = o.get_double("loss_scale_init");
-    c.loss_scale.growth = o.get_double("loss_scale_growth");
-    c.loss_scale.backoff = o.get_double("loss_scale_backoff");
+    c.loss_scale.init = o.get_number("loss_scale_init");
+    c.loss_scale.growth = o.get_number("loss_scale_growth");
+    c.loss_scale.backoff = o.get_number("loss_scale_backoff");
     c.loss_scale.interval = o.get_int("loss_scale_interval");
   }
   const Value& ck = o.at("checkpointing");
@@ -580,10 +580,10 @@ TrainerConfig trainer_config(const Options& o) {
   c.checkpointing.offload = o.get_bool("offload_activations");
   c.split_on_oom = parse_enum(kOnOomNames, o.get_string("on_oom"), "on_oom");
   c.empty_cache_every = o.get_int("empty_cache_every");
-  c.memory_fraction = o.get_double("memory_fraction");
+  c.memory_fraction = o.get_number("memory_fraction");
   c.total_steps = o.get_int("total_steps");
   c.device = o.get_string("device");
-  c.bucket_mb = o.get_double("bucket_mb");
+  c.bucket_mb = o.get_number("bucket_mb");
   c.sync_every_micro_batch = parse_enum(kSyncNames, o.get_string("sync"), "sync");
   c.shard = parse_shard(o.get_string("shard"));
   return c;

@@ -77,7 +77,7 @@ nlohmann::json to_json(const Value& v) {
     case 0: return nullptr;
     case 1: return v.as_bool();
     case 2: return v.as_int();
-    case 3: return v.as_double();
+    case 3: return v.as_number();
     case 4: return v.as_string();
     default: {
       auto a = nlohmann::json::array();
@@ -345,7 +345,7 @@ std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Re
              static_cast<long long>(per_rank)));
     return {per_rank, 1};
   }
-  const double fraction = r.o.get_double("memory_fraction");
+  const double fraction = r.o.get_number("memory_fraction");
   if (fraction > 0) avail *= fraction;
   const double budget = avail * 0.9;
   std::vector<std::string> tried;

@@ -53,7 +53,12 @@
 ///
 /// ABI versions (WICK_ABI_VERSION): 8 gave OptionSpec min_open and max_open
 /// (ranges open at an end, OptionBuilder's above and below, which the host's
-/// own schema uses too). 7 gave GenerateOptions eos_ids,
+/// own schema uses too) and named the option type of Lua's numbers one way,
+/// "number": OptionType::Number and NumberList, opt_number,
+/// Options::get_number and get_number_list, Value::as_number. The names they
+/// replace (Float, FloatList, opt_float, get_double, get_double_list,
+/// as_double) still compile through ABI 8, marked deprecated, and go with 9.
+/// 7 gave GenerateOptions eos_ids,
 /// repetition_penalty and stop, gave Dataset's encode and decode
 /// transformers' add_special_tokens and skip_special_tokens, and added
 /// Dataset::apply_chat_template. 6 added the descriptor's `makes` (the
