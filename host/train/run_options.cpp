@@ -252,7 +252,7 @@ std::vector<RunOption> folder_options() {
           "best; needs eval_data and out")),
       option(opt_string("monitor_mode", Value(),
                         "whether lower or higher is better (default: min for a loss, max for any other metric)")
-                 .one_of({"min", "max"})),
+                 .one_of(enum_names(kMonitorModeNames))),
       option(opt_int("keep_best", 1, "best checkpoints by the monitored metric kept beside the newest keep_checkpoints")
                  .at_least(1)),
       option(opt_int("patience", 0,

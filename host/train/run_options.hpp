@@ -49,6 +49,8 @@ const std::vector<RunOption>& run_options();
 /// (split_on_oom) and sync (sync_every_micro_batch).
 inline constexpr EnumName<bool> kOnOomNames[] = {{true, "split"}, {false, "fail"}};
 inline constexpr EnumName<bool> kSyncNames[] = {{false, "window"}, {true, "micro_batch"}};
+/// monitor_mode, true where higher is better (the Monitor and checkpoints keep the word).
+inline constexpr EnumName<bool> kMonitorModeNames[] = {{false, "min"}, {true, "max"}};
 const std::vector<RunObjectSpec>& run_objects();
 
 /// Checks `given` against the run's options (or the trainer's, a subset):
