@@ -362,7 +362,7 @@ wick::OptionSchema schema() {
       wick::opt_string("output", "logits_per_image", "what predict() gives: logits_per_image [N, N], or the normalised "
                                                      "image_embeds or text_embeds")
           .one_of({"logits_per_image", "image_embeds", "text_embeds"}),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

@@ -211,8 +211,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   }
 
   static at::ScalarType weight_dtype(const wick::Options& o) {
-    const std::string dtype = o.get_string("dtype");
-    return dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+    return wick::parse_enum(wick::kDtypeNames, o.get_string("dtype"), "dtype");
   }
 
   // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
@@ -647,7 +646,7 @@ wick::OptionSchema schema() {
   };
   for (auto& o : tower_options()) s.push_back(o);
   for (auto& o : dec::size_options()) s.push_back(o);
-  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames)));
   s.push_back(wick::opt_int("frame_tokens", 0,
                             "visual tokens per frame (or image): the patch grid average-pooled to a g x g grid "
                             "(1, 4, 9, 16, ...); 0: every patch").at_least(0));
