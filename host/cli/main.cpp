@@ -262,9 +262,11 @@ int cmd_describe(const std::string& name) {
   if (d.options.empty()) std::printf("  (none)\n");
   for (const auto& o : d.options) {
     std::string constraint;
-    if (o.min && o.max) constraint = " in [" + wick::Value(*o.min).repr() + ", " + wick::Value(*o.max).repr() + "]";
-    else if (o.min) constraint = " >= " + wick::Value(*o.min).repr();
-    else if (o.max) constraint = " <= " + wick::Value(*o.max).repr();
+    if (o.min && o.max)
+      constraint = std::string(" in ") + (o.min_open ? "(" : "[") + wick::Value(*o.min).repr() + ", " +
+                   wick::Value(*o.max).repr() + (o.max_open ? ")" : "]");
+    else if (o.min) constraint = (o.min_open ? " > " : " >= ") + wick::Value(*o.min).repr();
+    else if (o.max) constraint = (o.max_open ? " < " : " <= ") + wick::Value(*o.max).repr();
     if (!o.choices.empty()) {
       constraint = " one of";
       for (const auto& c : o.choices) constraint += " " + c;
@@ -413,9 +415,9 @@ int cmd_make_clips(const ClipFlags& f) {
         whole_number("--seed", f.seed, 0, std::numeric_limits<std::int64_t>::max()));
   if (!f.seconds.empty()) {
     const wick::Value v = wick::parse_arg_value(f.seconds);
-    if (!v.is_number() || !(v.as_double() > 0) || v.as_double() > 3600)
+    if (!v.is_number() || !(v.as_number() > 0) || v.as_number() > 3600)
       throw UsageError("--seconds expects a length in seconds above 0 and at most 3600, not '" + f.seconds + "'");
-    o.seconds = v.as_double();
+    o.seconds = v.as_number();
   }
   if (!f.size.empty()) {
     const auto x = f.size.find('x');

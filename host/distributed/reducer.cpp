@@ -10,23 +10,9 @@
 
 namespace wick {
 
-ShardMode parse_shard(const std::string& s) {
-  if (s == "none") return ShardMode::None;
-  if (s == "optimizer") return ShardMode::Optimizer;
-  if (s == "gradients") return ShardMode::Gradients;
-  if (s == "parameters") return ShardMode::Parameters;
-  throw Error("shard: expected \"none\", \"optimizer\", \"gradients\" or \"parameters\", got '" + s + "'");
-}
+ShardMode parse_shard(const std::string& s) { return parse_enum(kShardModeNames, s, "shard", /*quoted=*/true); }
 
-std::string to_string(ShardMode m) {
-  switch (m) {
-    case ShardMode::None: return "none";
-    case ShardMode::Optimizer: return "optimizer";
-    case ShardMode::Gradients: return "gradients";
-    case ShardMode::Parameters: return "parameters";
-  }
-  return "?";
-}
+std::string to_string(ShardMode m) { return std::string(enum_name(kShardModeNames, m)); }
 
 namespace {
 std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }

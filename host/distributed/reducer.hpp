@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "wick/kit/enum_names.hpp"
 #include "wick/optim.hpp"
 
 namespace torch::autograd {
@@ -52,6 +53,11 @@ class Group;
 /// optimizer state (ZeRO-1), the optimizer state and the reduced gradients
 /// (ZeRO-2), or those and the weights themselves (ZeRO-3).
 enum class ShardMode { None, Optimizer, Gradients, Parameters };
+inline constexpr EnumName<ShardMode> kShardModeNames[] = {{ShardMode::None, "none"},
+                                                           {ShardMode::Optimizer, "optimizer"},
+                                                           {ShardMode::Gradients, "gradients"},
+                                                           {ShardMode::Parameters, "parameters"}};
+static_assert(enum_names_distinct(kShardModeNames));
 ShardMode parse_shard(const std::string& s);
 std::string to_string(ShardMode m);
 

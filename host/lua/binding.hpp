@@ -157,7 +157,7 @@ inline void push_value(lua_State* L, const Value& v) {
     case 0: lua_pushnil(L); break;
     case 1: lua_pushboolean(L, v.as_bool()); break;
     case 2: lua_pushnumber(L, static_cast<lua_Number>(v.as_int())); break;
-    case 3: lua_pushnumber(L, v.as_double()); break;
+    case 3: lua_pushnumber(L, v.as_number()); break;
     case 4: lua_pushstring(L, v.as_string().c_str()); break;
     default: {
       const auto& l = v.as_list();

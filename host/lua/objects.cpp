@@ -109,12 +109,12 @@ const OptionSchema& generate_schema() {
   static const OptionSchema schema = {
       opt_int("max_new_tokens", GenerateOptions{}.max_new_tokens, "tokens to add at most (within the model's context)")
           .at_least(0),
-      opt_float("temperature", 0.0, "0: greedy; above 0: sample from the logits divided by it").at_least(0),
+      opt_number("temperature", 0.0, "0: greedy; above 0: sample from the logits divided by it").at_least(0),
       opt_int("top_k", 0, "sample among the k likeliest tokens (0: all)").at_least(0),
-      opt_float("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p, in (0, 1]"),
+      opt_number("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p, in (0, 1]"),
       opt_int("eos_id", -1, "stop after this token (-1: never)").at_least(-1),
       opt_int("seed", 0, "the sampling seed").at_least(0),
-      opt_float("repetition_penalty", 1.0,
+      opt_number("repetition_penalty", 1.0,
                 "divides the logits of tokens already in the prompt or output (multiplies negative ones), as "
                 "transformers' repetition_penalty; 1: none, > 0"),
       opt_string("eos_ids", Value(), "a list of further token ids to stop after (end-of-turn tokens)").optional(),
@@ -179,12 +179,12 @@ int model_generate(lua_State* L) {
     }
     const Options o = validate_options("generate", generate_schema(), given);
     g.max_new_tokens = o.get_int("max_new_tokens");
-    g.temperature = o.get_double("temperature");
+    g.temperature = o.get_number("temperature");
     g.top_k = o.get_int("top_k");
-    g.top_p = o.get_double("top_p");
+    g.top_p = o.get_number("top_p");
     g.eos_id = o.get_int("eos_id");
     g.seed = static_cast<std::uint64_t>(o.get_int("seed"));
-    g.repetition_penalty = o.get_double("repetition_penalty");
+    g.repetition_penalty = o.get_number("repetition_penalty");
     // what the schema's closed ranges cannot say
     if (!std::isfinite(g.temperature))
       throw Error("generate: option 'temperature': expected a finite number >= 0, got number " +
@@ -305,7 +305,7 @@ int data_window(lua_State* L) {
 int optim_kind(lua_State* L) {
   auto& o = check_box<Object>(L, 1, kOptimMt, "kind");
   const auto k = o->object_kind();
-  lua_pushstring(L, k == ObjectKind::Schedule ? "schedule" : k == ObjectKind::Transform ? "transform" : "optimizer");
+  lua_pushstring(L, to_string(k));  // an optim plugin's object: optimizer, schedule or transform
   return 1;
 }
 

@@ -83,7 +83,7 @@ std::shared_ptr<Object> make_grouped(lua_State* L, const std::string& name, cons
 
 template <PluginKind K>
 int make_plugin(lua_State* L) {
-  const char* fn = K == PluginKind::Model ? "model" : K == PluginKind::Data ? "data" : "optim";
+  const char* fn = to_string(K);  // the recipe function: wick.model, wick.data, wick.optim
   const std::string name = check_string(L, 1, fn);
   if (!lua_isnoneornil(L, 2)) check_table(L, 2, fn);
   bool grouped = false;

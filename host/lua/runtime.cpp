@@ -20,7 +20,7 @@ namespace {
 void push_arg(lua_State* L, const std::string& v) {
   const Value value = parse_arg_value(v);  // the one rule, util/args.hpp
   if (value.is_bool()) lua_pushboolean(L, value.as_bool());
-  else if (value.is_number()) lua_pushnumber(L, static_cast<lua_Number>(value.as_double()));
+  else if (value.is_number()) lua_pushnumber(L, static_cast<lua_Number>(value.as_number()));
   else lua_pushlstring(L, v.data(), v.size());
 }
 

@@ -253,7 +253,7 @@ int make_trainer(lua_State* L) {
   if (!obj.optim) throw Error("wick.trainer: option 'optim' is required");
   if (obj.optim->object_kind() != ObjectKind::Optimizer)
     throw Error(std::string("wick.trainer: option 'optim': expected an optimizer (sgd, adamw, ...), got a ") +
-                (obj.optim->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
+                to_string(obj.optim->object_kind()));
   std::shared_ptr<Schedule> schedule;
   if (obj.schedule) {
     if (obj.schedule->object_kind() != ObjectKind::Schedule)

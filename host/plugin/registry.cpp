@@ -52,14 +52,14 @@ bool check_scalar(OptionType t, const Value& v) {
   switch (t) {
     case OptionType::Bool: return v.is_bool();
     case OptionType::Int: case OptionType::IntList: return v.is_int();
-    case OptionType::Float: case OptionType::FloatList: return v.is_number();
+    case OptionType::Number: case OptionType::NumberList: return v.is_number();
     case OptionType::String: case OptionType::StringList: return v.is_string();
   }
   return false;
 }
 
 bool is_list_type(OptionType t) {
-  return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+  return t == OptionType::IntList || t == OptionType::NumberList || t == OptionType::StringList;
 }
 
 // A plugin's own schema must make sense before any recipe is checked against it.
@@ -77,6 +77,8 @@ std::string schema_problem(const PluginDescriptor& d) {
     if (o.name.empty()) return "declares an option without a name";
     if (!names.insert(o.name).second) return "declares option '" + o.name + "' twice";
     if (o.min && o.max && *o.min > *o.max) return "declares option '" + o.name + "' with min > max";
+    if (o.min && o.max && (o.min_open || o.max_open) && *o.min == *o.max)
+      return "declares option '" + o.name + "' with an empty range (min = max, an end excluded)";
     if (o.required()) continue;
     try {
       validate_options("default", {o}, {{o.name, o.default_value}});
@@ -306,10 +308,10 @@ std::string build_failure(const std::exception& ex, const std::map<std::string, 
   std::vector<std::pair<double, std::string>> sizes;
   for (const auto& [k, v] : given) {
     double top = 0;
-    if (v.is_number()) top = v.as_double();
+    if (v.is_number()) top = v.as_number();
     else if (v.is_list())
       for (const auto& x : v.as_list())
-        if (x.is_number()) top = std::max(top, x.as_double());
+        if (x.is_number()) top = std::max(top, x.as_number());
     if (top > 1) sizes.emplace_back(top, k + " = " + v.repr());
   }
   std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -319,6 +321,20 @@ std::string build_failure(const std::exception& ex, const std::map<std::string, 
          (named.empty() ? std::string() : "; the largest sizes among its options: " + named);
 }
 
+// "" when `d` is in the spec's range, else the range a message expects:
+// "a value in [0, 1]", "a value in (0, 1e+30]", "a value >= 1", "a value > 0".
+std::string outside_range(const OptionSpec& spec, double d) {
+  const bool below = spec.min && (spec.min_open ? d <= *spec.min : d < *spec.min);
+  const bool above = spec.max && (spec.max_open ? d >= *spec.max : d > *spec.max);
+  if (!below && !above && !std::isnan(d)) return "";
+  std::ostringstream range;
+  if (spec.min && spec.max)
+    range << "a value in " << (spec.min_open ? "(" : "[") << *spec.min << ", " << *spec.max << (spec.max_open ? ")" : "]");
+  else if (spec.min) range << "a value " << (spec.min_open ? "> " : ">= ") << *spec.min;
+  else if (spec.max) range << "a value " << (spec.max_open ? "< " : "<= ") << *spec.max;
+  else return "";  // no range: nan is refused as not finite, before
+  return range.str();
+}
 }  // namespace
 
 Options validate_options(const std::string& plugin, const OptionSchema& schema,
@@ -362,26 +378,18 @@ Options validate_options(const std::string& plugin, const OptionSchema& schema,
     } else if (!check_scalar(spec.type, v)) {
       throw bad(to_string(spec.type));
     }
-    if (spec.type == OptionType::Float) converted = Value(v.as_double());
-    if (spec.type == OptionType::FloatList) {
+    if (spec.type == OptionType::Number) converted = Value(v.as_number());
+    if (spec.type == OptionType::NumberList) {
       List l;
-      for (const auto& x : converted.as_list()) l.push_back(Value(x.as_double()));
+      for (const auto& x : converted.as_list()) l.push_back(Value(x.as_number()));
       converted = Value(l);
     }
     std::vector<Value> scalars = converted.is_list() ? converted.as_list() : List{converted};
     for (const auto& x : scalars) {
       // one rule for every number option: inf and nan (lr = 1/0, tonumber("inf")) are never a setting
-      if (x.is_number() && !std::isfinite(x.as_double())) throw bad("a finite number");
-      if (x.is_number() && (spec.min || spec.max)) {
-        const double d = x.as_double();
-        if ((spec.min && d < *spec.min) || (spec.max && d > *spec.max) || std::isnan(d)) {
-          std::ostringstream range;
-          if (spec.min && spec.max) range << "a value in [" << *spec.min << ", " << *spec.max << "]";
-          else if (spec.min) range << "a value >= " << *spec.min;
-          else range << "a value <= " << *spec.max;
-          throw bad(range.str());
-        }
-      }
+      if (x.is_number() && !std::isfinite(x.as_number())) throw bad("a finite number");
+      if (x.is_number())
+        if (const std::string range = outside_range(spec, x.as_number()); !range.empty()) throw bad(range);
       if (x.is_string() && !spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), x.as_string()) == spec.choices.end())
         throw bad("one of " + join(spec.choices));

@@ -17,6 +17,7 @@
 
 #include "distributed/group.hpp"
 #include "distributed/reducer.hpp"
+#include "train/run_options.hpp"  // kMonitorModeNames: the best checkpoints are the monitor's
 #include "train/trainer_internal.hpp"
 #include "util/checksum.hpp"
 #include "util/system.hpp"
@@ -117,7 +118,7 @@ void prune_checkpoints(const fs::path& checkpoints_dir, const fs::path& final_di
     std::optional<double> value;  // the monitored metric, when it is this save's monitor
   };
   const nlohmann::json* monitor = extra.is_object() && extra.contains("monitor") ? &extra["monitor"] : nullptr;
-  const bool maximize = monitor && monitor->value("mode", "min") == "max";
+  const bool maximize = monitor && find_enum(kMonitorModeNames, monitor->value("mode", "")).value_or(false);
   std::vector<Kept> all;
   for (const auto& e : fs::directory_iterator(checkpoints_dir, ec)) {
     if (!e.is_directory() || !e.path().filename().string().starts_with("step-")) continue;
@@ -256,7 +257,7 @@ void check_checkpoint_state(const nlohmann::json& state, const std::string& wher
       const JsonFields m = e.object("monitor");
       m.string("name");
       const std::string mode = m.string("mode");
-      if (mode != "min" && mode != "max") m.bad("mode", "\"min\" or \"max\"");
+      if (!find_enum(kMonitorModeNames, mode)) m.bad("mode", enum_names_text(kMonitorModeNames, /*quoted=*/true));
       m.number("value", 0.0);
       m.number("best", 0.0);
       m.integer("best_step", 0, 0, kMax);

@@ -5,6 +5,7 @@
 
 #include "observe/format.hpp"
 #include "train/run_internal.hpp"
+#include "train/run_options.hpp"
 #include "wick/options.hpp"
 
 namespace wick {
@@ -14,10 +15,10 @@ std::optional<Monitor> Monitor::of(const Options& o, const nlohmann::json& resum
   Monitor m;
   m.name = o.get_string("monitor");
   const bool loss = m.name.size() >= 4 && m.name.compare(m.name.size() - 4, 4, "loss") == 0;
-  m.mode = o.has("monitor_mode") ? o.get_string("monitor_mode") : (loss ? "min" : "max");
+  m.mode = o.has("monitor_mode") ? o.get_string("monitor_mode") : std::string(enum_name(kMonitorModeNames, !loss));
   m.keep_best = static_cast<int>(o.get_int("keep_best"));
   m.patience = o.get_int("patience");
-  m.min_delta = o.get_double("min_delta");
+  m.min_delta = o.get_number("min_delta");
   const auto e = resume_state.is_object() ? resume_state.value("extra", nlohmann::json::object()) : nlohmann::json::object();
   if (e.contains("monitor") && e["monitor"].value("name", "") == m.name && e["monitor"].value("mode", "") == m.mode &&
       e["monitor"].contains("best")) {
@@ -42,8 +43,8 @@ double Monitor::value_in(const nlohmann::json& rec, const std::string& label) co
 }
 
 void Monitor::record(double v, std::int64_t step) {
-  const bool improved =
-      std::isfinite(v) && (!best || (mode == "min" ? v < *best - min_delta : v > *best + min_delta));
+  const bool maximize = parse_enum(kMonitorModeNames, mode, "monitor_mode");
+  const bool improved = std::isfinite(v) && (!best || (maximize ? v > *best + min_delta : v < *best - min_delta));
   if (improved) {
     best = v;
     best_step = step;

@@ -40,25 +40,9 @@ at::ScalarType half_dtype(Precision p) {
 
 bool true_half(Precision p) { return p == Precision::BF16True || p == Precision::FP16True; }
 
-Precision parse_precision(const std::string& s) {
-  if (s == "fp32") return Precision::FP32;
-  if (s == "bf16-mixed") return Precision::BF16Mixed;
-  if (s == "fp16-mixed") return Precision::FP16Mixed;
-  if (s == "bf16-true") return Precision::BF16True;
-  if (s == "fp16-true") return Precision::FP16True;
-  throw Error("precision: expected fp32, bf16-mixed, fp16-mixed, bf16-true or fp16-true, got '" + s + "'");
-}
+Precision parse_precision(const std::string& s) { return parse_enum(kPrecisionNames, s, "precision"); }
 
-std::string to_string(Precision p) {
-  switch (p) {
-    case Precision::FP32: return "fp32";
-    case Precision::BF16Mixed: return "bf16-mixed";
-    case Precision::FP16Mixed: return "fp16-mixed";
-    case Precision::BF16True: return "bf16-true";
-    case Precision::FP16True: return "fp16-true";
-  }
-  return "?";
-}
+std::string to_string(Precision p) { return std::string(enum_name(kPrecisionNames, p)); }
 
 void to_half_precision(Model& model, Precision p) {
   if (!true_half(p)) return;

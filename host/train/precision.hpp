@@ -13,6 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "wick/kit/enum_names.hpp"
+
 namespace wick {
 
 class Model;
@@ -20,6 +22,12 @@ class Model;
 /// Arithmetic: fp32; autocast with fp32 master weights (bf16/fp16-mixed); or
 /// weights, activations and gradients in half precision (bf16/fp16-true).
 enum class Precision { FP32, BF16Mixed, FP16Mixed, BF16True, FP16True };
+inline constexpr EnumName<Precision> kPrecisionNames[] = {{Precision::FP32, "fp32"},
+                                                           {Precision::BF16Mixed, "bf16-mixed"},
+                                                           {Precision::FP16Mixed, "fp16-mixed"},
+                                                           {Precision::BF16True, "bf16-true"},
+                                                           {Precision::FP16True, "fp16-true"}};
+static_assert(enum_names_distinct(kPrecisionNames));
 Precision parse_precision(const std::string& s);
 std::string to_string(Precision p);
 

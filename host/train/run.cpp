@@ -251,7 +251,7 @@ void Run::make_trainer() {
   for (const auto& p : model.parameters())
     if (p.requires_grad()) held.push_back(p);
   trained_.emplace(model, held);
-  if (!cuda_ && (r_.o.get_int("empty_cache_every") > 0 || r_.o.get_double("memory_fraction") > 0) && !r_.quiet)
+  if (!cuda_ && (r_.o.get_int("empty_cache_every") > 0 || r_.o.get_number("memory_fraction") > 0) && !r_.quiet)
     err_line(L_ + ": empty_cache_every and memory_fraction act on CUDA memory; on " + r_.device + " they have no effect");
   coupled_ = coupled_windows(model) != nullptr;
   if (coupled_ && !r_.quiet)
@@ -605,8 +605,8 @@ void Run::summarize() {
   // happened), the text data set the documents with nothing to learn from
   const auto attrs = r_.obj.data->attributes();
   for (const char* k : {"skipped_files", "skipped_items"})
-    if (auto it = attrs.find(k); it != attrs.end() && it->second.is_number() && it->second.as_double() > 0)
-      run_[k] = it->second.as_double();
+    if (auto it = attrs.find(k); it != attrs.end() && it->second.is_number() && it->second.as_number() > 0)
+      run_[k] = it->second.as_number();
   if (last_.is_object()) run_["final_loss"] = last_["loss"];
   if (best_) run_["best_loss"] = *best_;
   run_["peak_memory"] = peak_;

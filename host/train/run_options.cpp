@@ -16,41 +16,35 @@
 namespace wick {
 namespace {
 
-OptionSpec form(const std::string& name, OptionType t) {
-  OptionSpec s;
-  s.name = name;
-  s.type = t;
-  s.optional = true;  // presence and defaults are the RunOption's business
-  return s;
+// One option of wick.train, declared with the SDK's builder as a plugin
+// declares its own: the builder's default and doc are the option's, and
+// or_form adds a further form, tried in order (micro_batch: an integer >= 1,
+// or "auto"). The forms are optional: presence and defaults are the
+// RunOption's business.
+struct Declare {
+  RunOption o;
+  Declare& or_form(OptionBuilder f) {
+    f.spec.name = o.name;
+    f.spec.default_value = Value();
+    f.spec.doc.clear();
+    f.spec.optional = true;
+    o.forms.push_back(std::move(f.spec));
+    return *this;
+  }
+  Declare& trainer() { o.trainer = true; return *this; }      // wick.trainer takes it too
+  Declare& trainer_only() { o.trainer = true; o.run = false; return *this; }
+  Declare& per_rank() { o.per_rank = true; return *this; }   // may differ between ranks
+  operator RunOption() const { return o; }
+};
+Declare option(const OptionBuilder& first) {
+  Declare d;
+  d.o.name = first.spec.name;
+  d.o.default_value = first.spec.default_value;
+  d.o.doc = first.spec.doc;
+  return d.or_form(first);
 }
-OptionSpec with_min(OptionSpec s, double lo) {
-  s.min = lo;
-  return s;
-}
-OptionSpec with_range(OptionSpec s, double lo, double hi) {
-  s.min = lo;
-  s.max = hi;
-  return s;
-}
-OptionSpec with_choices(OptionSpec s, std::vector<std::string> c) {
-  s.choices = std::move(c);
-  return s;
-}
-
-RunOption option(std::string name, std::vector<OptionSpec> forms, Value def, std::string doc, bool trainer = false,
-                 bool per_rank = false) {
-  return RunOption{std::move(name), std::move(forms), std::move(def), std::move(doc), trainer, per_rank, true};
-}
-
-// the forms' min or max excluded from the range
-RunOption above_min(RunOption o) {
-  o.open_min = true;
-  return o;
-}
-RunOption below_max(RunOption o) {
-  o.open_max = true;
-  return o;
-}
+// a form after the first: its type, range and choices
+OptionBuilder form(OptionType t) { return opt("", t, Value(), ""); }
 
 bool takes(const RunOption& o, bool trainer_only) { return trainer_only ? o.trainer : o.run; }
 
@@ -61,7 +55,7 @@ std::string join(const std::vector<std::string>& xs, const char* sep = ", ") {
 }
 
 bool is_list_type(OptionType t) {
-  return t == OptionType::IntList || t == OptionType::FloatList || t == OptionType::StringList;
+  return t == OptionType::IntList || t == OptionType::NumberList || t == OptionType::StringList;
 }
 
 // Whether `v` has a type `t` accepts (a scalar stands for a one-item list).
@@ -70,7 +64,7 @@ bool type_fits(OptionType t, const Value& v) {
     switch (t) {
       case OptionType::Bool: return x.is_bool();
       case OptionType::Int: case OptionType::IntList: return x.is_int();
-      case OptionType::Float: case OptionType::FloatList: return x.is_number();
+      case OptionType::Number: case OptionType::NumberList: return x.is_number();
       case OptionType::String: case OptionType::StringList: return x.is_string();
     }
     return false;
@@ -84,168 +78,211 @@ bool type_fits(OptionType t, const Value& v) {
 }
 
 // "[0, 1]", "(0, 1)", ">= 1", "> 0": a form's range as the option declares it
-std::string range_text(const OptionSpec& f, bool open_min, bool open_max) {
+std::string range_text(const OptionSpec& f) {
   if (f.min && f.max)
-    return (open_min ? "(" : "[") + Value(*f.min).repr() + ", " + Value(*f.max).repr() + (open_max ? ")" : "]");
-  if (f.min) return (open_min ? "> " : ">= ") + Value(*f.min).repr();
-  if (f.max) return (open_max ? "< " : "<= ") + Value(*f.max).repr();
+    return (f.min_open ? "(" : "[") + Value(*f.min).repr() + ", " + Value(*f.max).repr() + (f.max_open ? ")" : "]");
+  if (f.min) return (f.min_open ? "> " : ">= ") + Value(*f.min).repr();
+  if (f.max) return (f.max_open ? "< " : "<= ") + Value(*f.max).repr();
   return "";
 }
 
-std::string form_text(const OptionSpec& f, bool open_min = false, bool open_max = false) {
+std::string form_text(const OptionSpec& f) {
   std::string s = to_string(f.type);
-  if (f.min && f.max) s += " in " + range_text(f, open_min, open_max);
-  else if (f.min || f.max) s += " " + range_text(f, open_min, open_max);
+  if (f.min && f.max) s += " in " + range_text(f);
+  else if (f.min || f.max) s += " " + range_text(f);
   if (!f.choices.empty()) s += " (" + join(f.choices, " | ") + ")";
   return s;
 }
 
-std::string form_text(const RunOption& o, const OptionSpec& f) { return form_text(f, o.open_min, o.open_max); }
+// The data and the loop: batches, epochs, workers.
+std::vector<RunOption> loop_options() {
+  using T = OptionType;
+  return {
+      option(opt_int("warmup_steps", 0, "warmup steps when schedule is given by name").at_least(0)),
+      option(opt_int("micro_batch", 1,
+                     "samples per micro-batch (per rank), or 'auto': the largest that fits, found by probing (needs "
+                     "batch_size)")
+                 .at_least(1))
+          .or_form(form(T::String).one_of({"auto"})),
+      option(opt_int("accumulate", 1, "micro-batches per optimizer step").at_least(1)),
+      option(opt_int("batch_size", Value(),
+                     "effective batch (micro_batch x accumulate x ranks) that micro_batch = 'auto' keeps")
+                 .at_least(1)),
+      option(opt_int("epochs", 1, "passes over the data").at_least(1)),
+      option(opt_int("max_steps", 0, "stop after this many optimizer steps (0: no limit)").at_least(0)),
+      option(opt_bool("drop_last", false,
+                      "drop an epoch's last short window instead of stepping with its true item count")),
+      option(opt_bool("shuffle", true, "shuffle the data each epoch (by seed and epoch)")),
+      option(opt_int("seed", 0, "seed for data order and random layers").at_least(0)),
+      option(opt_int("workers", 0, "data worker threads (0: load on the training thread)").range(0, 1024)),
+      option(opt_int("prefetch", 2, "micro-batches loaded ahead, at most").range(1, 1 << 20)),
+  };
+}
 
+// The step: precision, the average, loss scaling, activation checkpointing, memory, ranks
+// (wick.trainer's too, all but eval_ema).
+std::vector<RunOption> trainer_options() {
+  using T = OptionType;
+  return {
+      option(opt_string(
+                 "precision", "fp32",
+                 "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision "
+                 "weights)")
+                 .one_of(enum_names(kPrecisionNames)))
+          .trainer(),
+      option(
+          opt_bool("master_weights", false,
+                   "bf16-true, fp16-true: the optimizer steps fp32 copies of the trainable weights and their fp32 "
+                   "gradients, summed over the window (6 bytes more per trainable parameter than plain bf16-true: 18 "
+                   "with AdamW against 12, and 2 more during each backward)"))
+          .trainer(),
+      option(opt_number(
+                 "ema", 0.0,
+                 "an exponential moving average of the trainable weights with this decay (0.999; 0: none), in fp32 "
+                 "beside the weights (4 bytes per trainable parameter), in checkpoints, written to out/ema.safetensors")
+                 .at_least(0)
+                 .below(1))
+          .trainer(),
+      option(opt_int("ema_start", 0, "the average copies the weights until this step, and averages from it on")
+                 .at_least(0))
+          .trainer(),
+      option(opt_bool("eval_ema", false,
+                      "each evaluation also runs with the averaged weights: ema_loss and ema_<metric> in its record "
+                      "(monitor = \"eval_ema_loss\" keeps the best averaged checkpoints)")),
+      option(
+          opt_number("loss_scale", Value(),
+                    "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
+                    "backoff, interval}, the loss_scale_* options)")
+              .above(0)
+              .at_most(1e30))
+          .trainer(),
+      option(opt_number("loss_scale_init", 65536.0, "fp16, dynamic scaling: the first scale").above(0).at_most(1e30))
+          .trainer(),
+      option(opt_number("loss_scale_growth", 2.0, "fp16, dynamic scaling: the factor after `interval` clean steps")
+                 .above(1)
+                 .at_most(1e6))
+          .trainer(),
+      option(
+          opt_number("loss_scale_backoff", 0.5, "fp16, dynamic scaling: the factor after an overflow").above(0).below(1))
+          .trainer(),
+      option(
+          opt_int("loss_scale_interval", 2000, "fp16, dynamic scaling: clean steps before the scale grows").at_least(1))
+          .trainer(),
+      option(
+          opt_bool(
+              "checkpointing", false,
+              "activation checkpointing: false, true (every block the model declares), k (every k-th block) or a list "
+              "of block names"))
+          .or_form(form(T::Int).at_least(1))
+          .or_form(form(T::StringList))
+          .trainer(),
+      option(opt_bool(
+                 "offload_activations", false,
+                 "with checkpointing: each checkpointed block's input waits for backward in host memory (pinned, on a "
+                 "GPU) instead of on the device, and comes back for the block's recomputation (the same gradients; "
+                 "each input crosses the bus twice a step)"))
+          .trainer(),
+      option(opt_number("clip_grad_norm", 0.0,
+                       "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)")
+                 .at_least(0))
+          .trainer(),
+      option(opt_number("clip_grad_value", 0.0, "clamp every gradient element to [-v, v], after unscaling (0: off)")
+                 .at_least(0))
+          .trainer(),
+      option(opt_string(
+                 "on_oom", "split",
+                 "out of memory in a window: 'split' halves the micro-batch, doubles accumulate and redoes the window; "
+                 "'fail' stops")
+                 .one_of(enum_names(kOnOomNames)))
+          .trainer(),
+      option(opt_int("empty_cache_every", 0,
+                     "CUDA: return cached memory to the device every N steps (0: never; no effect on cpu)")
+                 .at_least(0))
+          .trainer(),
+      option(opt_number("memory_fraction", 0.0,
+                       "CUDA: cap this process at this fraction of the device's memory (0: no cap; no effect on cpu)")
+                 .range(0, 1))
+          .trainer(),
+      option(opt_string("device", "auto", "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)"))
+          .trainer()
+          .per_rank(),
+      option(opt_number("bucket_mb", 25.0, "gradient all-reduce bucket size across ranks, MiB").range(1e-6, 1e6))
+          .trainer(),
+      option(
+          opt_string(
+              "sync", "window",
+              "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
+              "more traffic)")
+              .one_of(enum_names(kSyncNames)))
+          .trainer(),
+      option(opt_string(
+                 "shard", "none",
+                 "several ranks: 'optimizer' partitions the optimizer state across them (ZeRO-1), 'gradients' the "
+                 "optimizer state and the reduced gradients (ZeRO-2), 'parameters' the weights too (ZeRO-3: a block's "
+                 "weights gathered while it computes); each rank steps its part; the result equals 'none' (every rank "
+                 "holds everything)")
+                 .one_of(enum_names(kShardModeNames)))
+          .trainer(),
+      option(opt_int("total_steps", 0, "the steps the schedule spans (wick.train counts them itself)").at_least(0))
+          .trainer_only(),
+  };
+}
+
+// The run folder, evaluation, the monitor and what is printed.
+std::vector<RunOption> folder_options() {
+  return {
+      option(opt_string("out", Value(), "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)")),
+      option(opt_int("save_every", 0, "checkpoint every N steps (0: only at the end); needs out").at_least(0)),
+      option(opt_int("keep_checkpoints", 3, "newest checkpoints kept").at_least(1)),
+      option(opt_bool("resume", false,
+                      "continue from the newest intact checkpoint in out/checkpoints (a finished run stays as it is)")),
+      option(
+          opt_bool("overwrite", false,
+                   "replace the run an existing out folder holds (its checkpoints, metrics, events, run.json); without "
+                   "this or resume, such a folder is refused")),
+      option(opt_int("eval_every", 0, "evaluate every N steps (0: only at the end)").at_least(0)),
+      option(opt_int("eval_micro_batch", Value(),
+                     "micro-batch for evaluation (default: micro_batch); it runs under the training precision and "
+                     "halves on out-of-memory as training does")
+                 .at_least(1)),
+      option(opt_string(
+          "monitor", Value(),
+          "an evaluation metric (\"eval_loss\", \"eval_accuracy\", or the eval record's own key): a checkpoint "
+          "after each evaluation, the best keep_best of them kept beside the newest, checkpoints/best naming the "
+          "best; needs eval_data and out")),
+      option(opt_string("monitor_mode", Value(),
+                        "whether lower or higher is better (default: min for a loss, max for any other metric)")
+                 .one_of(enum_names(kMonitorModeNames))),
+      option(opt_int("keep_best", 1, "best checkpoints by the monitored metric kept beside the newest keep_checkpoints")
+                 .at_least(1)),
+      option(opt_int("patience", 0,
+                     "stop after this many evaluations in a row that do not improve the monitored metric by min_delta "
+                     "(0: never stop early)")
+                 .at_least(0)),
+      option(opt_number("min_delta", 0.0, "the least change of the monitored metric that counts as an improvement")
+                 .at_least(0.0)),
+      option(opt_bool("callbacks_every_rank", false,
+                      "run on_step, on_eval and on_save on every rank (default: rank 0 only)")),
+      option(opt_int("log_every", 10,
+                     "numbers read from the device and written every N steps (a progress line when stderr is not a "
+                     "terminal; metrics.jsonl records in groups of N)")
+                 .at_least(1))
+          .per_rank(),
+      option(opt_bool("overrides", true,
+                      "command-line key=value pairs naming an option override it in this call (false: the recipe reads "
+                      "wick.args itself, as a recipe of several stages with folders of their own does)")),
+      option(opt_bool("quiet", false, "no progress line or summary (ranks other than 0 are always quiet)")).per_rank(),
+  };
+}
 }  // namespace
 
 const std::vector<RunOption>& run_options() {
-  using T = OptionType;
-  static const std::vector<RunOption> opts = {
-      option("warmup_steps", {with_min(form("warmup_steps", T::Int), 0)}, Value(0),
-             "warmup steps when schedule is given by name"),
-      option("micro_batch",
-             {with_min(form("micro_batch", T::Int), 1),
-              with_choices(form("micro_batch", T::String), {"auto"})},
-             Value(1),
-             "samples per micro-batch (per rank), or 'auto': the largest that fits, found by probing (needs batch_size)"),
-      option("accumulate", {with_min(form("accumulate", T::Int), 1)}, Value(1),
-             "micro-batches per optimizer step"),
-      option("batch_size", {with_min(form("batch_size", T::Int), 1)}, Value(),
-             "effective batch (micro_batch x accumulate x ranks) that micro_batch = 'auto' keeps"),
-      option("epochs", {with_min(form("epochs", T::Int), 1)}, Value(1), "passes over the data"),
-      option("max_steps", {with_min(form("max_steps", T::Int), 0)}, Value(0),
-             "stop after this many optimizer steps (0: no limit)"),
-      option("drop_last", {form("drop_last", T::Bool)}, Value(false),
-             "drop an epoch's last short window instead of stepping with its true item count"),
-      option("shuffle", {form("shuffle", T::Bool)}, Value(true), "shuffle the data each epoch (by seed and epoch)"),
-      option("seed", {with_min(form("seed", T::Int), 0)}, Value(0),
-             "seed for data order and random layers"),
-      option("workers", {with_range(form("workers", T::Int), 0, 1024)}, Value(0),
-             "data worker threads (0: load on the training thread)"),
-      option("prefetch", {with_range(form("prefetch", T::Int), 1, 1 << 20)}, Value(2),
-             "micro-batches loaded ahead, at most"),
-      option("precision",
-             {with_choices(form("precision", T::String), {"fp32", "bf16-mixed", "fp16-mixed", "bf16-true", "fp16-true"})},
-             Value("fp32"),
-             "fp32, bf16-mixed, fp16-mixed (autocast, fp32 master weights), bf16-true, fp16-true (half-precision "
-             "weights)",
-             true),
-      option("master_weights", {form("master_weights", T::Bool)}, Value(false),
-             "bf16-true, fp16-true: the optimizer steps fp32 copies of the trainable weights and their fp32 "
-             "gradients, summed over the window (6 bytes more per trainable parameter than plain bf16-true: 18 "
-             "with AdamW against 12, and 2 more during each backward)",
-             true),
-      below_max(option("ema", {with_range(form("ema", T::Float), 0, 1)}, Value(0.0),
-             "an exponential moving average of the trainable weights with this decay (0.999; 0: none), in fp32 "
-             "beside the weights (4 bytes per trainable parameter), in checkpoints, written to out/ema.safetensors",
-             true)),
-      option("ema_start", {with_min(form("ema_start", T::Int), 0)}, Value(0),
-             "the average copies the weights until this step, and averages from it on", true),
-      option("eval_ema", {form("eval_ema", T::Bool)}, Value(false),
-             "each evaluation also runs with the averaged weights: ema_loss and ema_<metric> in its record "
-             "(monitor = \"eval_ema_loss\" keeps the best averaged checkpoints)"),
-      above_min(option("loss_scale", {with_range(form("loss_scale", T::Float), 0, 1e30)}, Value(),
-             "fp16: a fixed loss scale (the default is dynamic; a recipe may also give a table {init, growth, "
-             "backoff, interval}, the loss_scale_* options)",
-             true)),
-      above_min(option("loss_scale_init", {with_range(form("loss_scale_init", T::Float), 0, 1e30)}, Value(65536.0),
-                       "fp16, dynamic scaling: the first scale", true)),
-      above_min(option("loss_scale_growth", {with_range(form("loss_scale_growth", T::Float), 1, 1e6)}, Value(2.0),
-                       "fp16, dynamic scaling: the factor after `interval` clean steps", true)),
-      above_min(below_max(option("loss_scale_backoff", {with_range(form("loss_scale_backoff", T::Float), 0, 1)},
-                                 Value(0.5), "fp16, dynamic scaling: the factor after an overflow", true))),
-      option("loss_scale_interval", {with_min(form("loss_scale_interval", T::Int), 1)}, Value(2000),
-             "fp16, dynamic scaling: clean steps before the scale grows", true),
-      option("checkpointing",
-             {form("checkpointing", T::Bool), with_min(form("checkpointing", T::Int), 1),
-              form("checkpointing", T::StringList)},
-             Value(false),
-             "activation checkpointing: false, true (every block the model declares), k (every k-th block) or a list "
-             "of block names",
-             true),
-      option("offload_activations", {form("offload_activations", T::Bool)}, Value(false),
-             "with checkpointing: each checkpointed block's input waits for backward in host memory (pinned, on a "
-             "GPU) instead of on the device, and comes back for the block's recomputation (the same gradients; "
-             "each input crosses the bus twice a step)",
-             true),
-      option("clip_grad_norm", {with_min(form("clip_grad_norm", T::Float), 0)}, Value(0.0),
-             "clip the global gradient norm to this, after unscaling (0: off; the norm is logged anyway)", true),
-      option("clip_grad_value", {with_min(form("clip_grad_value", T::Float), 0)}, Value(0.0),
-             "clamp every gradient element to [-v, v], after unscaling (0: off)", true),
-      option("on_oom", {with_choices(form("on_oom", T::String), {"split", "fail"})}, Value("split"),
-             "out of memory in a window: 'split' halves the micro-batch, doubles accumulate and redoes the window; "
-             "'fail' stops",
-             true),
-      option("empty_cache_every", {with_min(form("empty_cache_every", T::Int), 0)}, Value(0),
-             "CUDA: return cached memory to the device every N steps (0: never; no effect on cpu)", true),
-      option("memory_fraction", {with_range(form("memory_fraction", T::Float), 0, 1)}, Value(0.0),
-             "CUDA: cap this process at this fraction of the device's memory (0: no cap; no effect on cpu)", true),
-      option("device", {form("device", T::String)}, Value("auto"),
-             "cpu, cuda, cuda:N or auto (cuda:LOCAL_RANK with several ranks)", true, true),
-      option("bucket_mb", {with_range(form("bucket_mb", T::Float), 1e-6, 1e6)}, Value(25.0),
-             "gradient all-reduce bucket size across ranks, MiB", true),
-      option("sync", {with_choices(form("sync", T::String), {"window", "micro_batch"})}, Value("window"),
-             "gradients cross ranks once per 'window' (with the last backward) or every 'micro_batch' (same result, "
-             "more traffic)",
-             true),
-      option("shard", {with_choices(form("shard", T::String), {"none", "optimizer", "gradients", "parameters"})},
-             Value("none"),
-             "several ranks: 'optimizer' partitions the optimizer state across them (ZeRO-1), 'gradients' the "
-             "optimizer state and the reduced gradients (ZeRO-2), 'parameters' the weights too (ZeRO-3: a block's "
-             "weights gathered while it computes); each rank steps its part; the result equals 'none' (every rank "
-             "holds everything)",
-             true),
-      [] {
-        auto o = option("total_steps", {with_min(form("total_steps", T::Int), 0)}, Value(0),
-                        "the steps the schedule spans (wick.train counts them itself)", true);
-        o.run = false;
-        return o;
-      }(),
-      option("out", {form("out", T::String)}, Value(), "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)"),
-      option("save_every", {with_min(form("save_every", T::Int), 0)}, Value(0),
-             "checkpoint every N steps (0: only at the end); needs out"),
-      option("keep_checkpoints", {with_min(form("keep_checkpoints", T::Int), 1)}, Value(3),
-             "newest checkpoints kept"),
-      option("resume", {form("resume", T::Bool)}, Value(false),
-             "continue from the newest intact checkpoint in out/checkpoints (a finished run stays as it is)"),
-      option("overwrite", {form("overwrite", T::Bool)}, Value(false),
-             "replace the run an existing out folder holds (its checkpoints, metrics, events, run.json); without "
-             "this or resume, such a folder is refused"),
-      option("eval_every", {with_min(form("eval_every", T::Int), 0)}, Value(0),
-             "evaluate every N steps (0: only at the end)"),
-      option("eval_micro_batch", {with_min(form("eval_micro_batch", T::Int), 1)}, Value(),
-             "micro-batch for evaluation (default: micro_batch); it runs under the training precision and halves on out-of-memory as training does"),
-      option("monitor", {form("monitor", T::String)}, Value(),
-             "an evaluation metric (\"eval_loss\", \"eval_accuracy\", or the eval record's own key): a checkpoint "
-             "after each evaluation, the best keep_best of them kept beside the newest, checkpoints/best naming the "
-             "best; needs eval_data and out"),
-      option("monitor_mode", {with_choices(form("monitor_mode", T::String), {"min", "max"})}, Value(),
-             "whether lower or higher is better (default: min for a loss, max for any other metric)"),
-      option("keep_best", {with_min(form("keep_best", T::Int), 1)}, Value(1),
-             "best checkpoints by the monitored metric kept beside the newest keep_checkpoints"),
-      option("patience", {with_min(form("patience", T::Int), 0)}, Value(0),
-             "stop after this many evaluations in a row that do not improve the monitored metric by min_delta "
-             "(0: never stop early)"),
-      option("min_delta", {with_min(form("min_delta", T::Float), 0.0)}, Value(0.0),
-             "the least change of the monitored metric that counts as an improvement"),
-      option("callbacks_every_rank", {form("callbacks_every_rank", T::Bool)}, Value(false),
-             "run on_step, on_eval and on_save on every rank (default: rank 0 only)"),
-      option("log_every", {with_min(form("log_every", T::Int), 1)}, Value(10),
-             "numbers read from the device and written every N steps (a progress line when stderr is not a "
-             "terminal; metrics.jsonl records in groups of N)",
-             false, true),
-      option("overrides", {form("overrides", T::Bool)}, Value(true),
-             "command-line key=value pairs naming an option override it in this call (false: the recipe reads "
-             "wick.args itself, as a recipe of several stages with folders of their own does)"),
-      option("quiet", {form("quiet", T::Bool)}, Value(false),
-             "no progress line or summary (ranks other than 0 are always quiet)", false, true),
-  };
+  static const std::vector<RunOption> opts = [] {
+    std::vector<RunOption> all;
+    for (auto group : {loop_options(), trainer_options(), folder_options()})
+      all.insert(all.end(), group.begin(), group.end());
+    return all;
+  }();
   return opts;
 }
 
@@ -263,18 +300,9 @@ const std::vector<RunObjectSpec>& run_objects() {
 
 namespace {
 
-// One form's check: the bounds an option excludes (the plugins' ranges are
-// inclusive), then the plugins' validation (type, finiteness, range,
+// One form's check, the plugins' validation (type, finiteness, range,
 // choices). Returns the value converted as the form declares it.
 Value check_form(const std::string& label, const RunOption& o, const OptionSpec& f, const Value& v) {
-  if ((o.open_min || o.open_max) && v.is_number() && std::isfinite(v.as_double())) {
-    const double d = v.as_double();
-    const bool below = f.min && (o.open_min ? d <= *f.min : d < *f.min);
-    const bool above = f.max && (o.open_max ? d >= *f.max : d > *f.max);
-    if (below || above)
-      throw Error(label + ": option '" + o.name + "': expected a value " + (f.min && f.max ? "in " : "") +
-                  range_text(f, o.open_min, o.open_max) + ", got " + v.type_name() + " " + v.repr());
-  }
   return validate_options(label, {f}, {{o.name, v}}).at(o.name);
 }
 
@@ -359,7 +387,7 @@ void check_monitor_rules(const std::string& label, const Checked& out, bool eval
   } else {
     // (a resolved table, as wick plan passes, holds their defaults: only a setting that acts is refused)
     const bool acts[] = {has(out, "monitor_mode"), out.at("patience").as_int() > 0,
-                         out.at("min_delta").as_double() > 0, out.at("keep_best").as_int() != 1};
+                         out.at("min_delta").as_number() > 0, out.at("keep_best").as_int() != 1};
     const char* names[] = {"monitor_mode", "patience", "min_delta", "keep_best"};
     for (int i = 0; i < 4; ++i)
       if (acts[i]) throw Error(label + ": option '" + names[i] + "' needs 'monitor', the evaluation metric it is about");
@@ -370,7 +398,7 @@ void check_monitor_rules(const std::string& label, const Checked& out, bool eval
 
 // ema_start and eval_ema need ema
 void check_ema_rules(const std::string& label, const Checked& out) {
-  const bool ema = out.at("ema").as_double() > 0;
+  const bool ema = out.at("ema").as_number() > 0;
   if (out.at("ema_start").as_int() > 0 && !ema)
     throw Error(label + ": option 'ema_start' needs 'ema', the average's decay (0.999, ...)");
   if (out.at("eval_ema").as_bool() && !ema)
@@ -387,19 +415,22 @@ void check_trainer_rules(const std::string& label, const Checked& out, const std
       if (auto g = given.find(k); g != given.end() && !g->second.is_nil())
         throw Error(label + ": option 'loss_scale': a fixed scale and " + std::string(k) +
                     " (dynamic scaling) exclude each other");
-  const std::string precision = out.at("precision").as_string();
+  const Precision precision = parse_precision(out.at("precision").as_string());
   const bool master = out.at("master_weights").as_bool();
-  const bool per_micro_batch = out.at("sync").as_string() == "micro_batch";
-  if (master && precision != "bf16-true" && precision != "fp16-true")
+  const bool per_micro_batch = parse_enum(kSyncNames, out.at("sync").as_string(), "sync");
+  if (master && !true_half(precision))
     throw Error(label + ": option 'master_weights': only with precision = \"bf16-true\" or \"fp16-true\" (" +
-                precision + (precision == "fp32" ? " weights are fp32 already)" : " keeps fp32 weights already)"));
-  if (const std::string shard = out.at("shard").as_string(); shard != "none" && per_micro_batch)
-    throw Error(label + ": option 'sync': shard = \"" + shard + "\": gradients are reduce-scattered once per window, "
+                to_string(precision) +
+                (precision == Precision::FP32 ? " weights are fp32 already)" : " keeps fp32 weights already)"));
+  if (const ShardMode shard = parse_shard(out.at("shard").as_string()); shard != ShardMode::None && per_micro_batch)
+    throw Error(label + ": option 'sync': shard = \"" + to_string(shard) + "\": gradients are reduce-scattered once per window, "
                 "with the last backward; sync = \"micro_batch\" cannot be used with it");
   const Value& ck = out.at("checkpointing");
-  if (out.at("offload_activations").as_bool() && ck.is_bool() && !ck.as_bool())
+  const bool no_names = ck.is_list() && ck.as_list().empty();
+  if (out.at("offload_activations").as_bool() && ((ck.is_bool() && !ck.as_bool()) || no_names))
     throw Error(label + ": option 'offload_activations': it moves the checkpointed blocks' inputs to host memory, and "
-                "checkpointing is false; set checkpointing = true (or k, or block names) too");
+                "checkpointing " + (no_names ? "names no block" : "is false") +
+                "; set checkpointing = true (or k, or block names) too");
   if (master && per_micro_batch)
     throw Error(label + ": option 'sync': master_weights: gradients are summed in fp32 over the window and cross "
                 "ranks once, at its end; sync = \"micro_batch\" cannot be used with it");
@@ -436,12 +467,10 @@ Options validate_loader_options(const std::string& label, const std::map<std::st
         if (o.name == name) v.push_back(o);
     auto& mb = v.front().forms;
     mb.erase(std::remove_if(mb.begin(), mb.end(), [](const auto& f) { return f.type == OptionType::String; }), mb.end());
-    using T = OptionType;
-    v.push_back(option("rank", {with_range(form("rank", T::Int), 0, 1 << 20)}, Value(), "this loader's rank (default: the process's)"));
-    v.push_back(option("world_size", {with_range(form("world_size", T::Int), 1, 1 << 20)}, Value(),
-                       "the ranks the data is divided among (default: the process's world)"));
-    v.push_back(option("pin_memory", {form("pin_memory", T::Bool)}, Value(false),
-                       "page-lock batches for fast, asynchronous copies to a GPU"));
+    v.push_back(option(opt_int("rank", Value(), "this loader's rank (default: the process's)").range(0, 1 << 20)));
+    v.push_back(option(opt_int("world_size", Value(), "the ranks the data is divided among (default: the process's world)")
+                           .range(1, 1 << 20)));
+    v.push_back(option(opt_bool("pin_memory", false, "page-lock batches for fast, asynchronous copies to a GPU")));
     return v;
   }();
   std::vector<std::string> known;
@@ -471,7 +500,7 @@ Value parse_run_option(const std::string& name, const std::string& text) {
   auto as_float = [](const std::string& s, Value& out) {
     const Value v = parse_arg_value(s);
     if (!v.is_number()) return false;
-    out = Value(v.as_double());
+    out = Value(v.as_number());
     return true;
   };
   // a number the form's range refuses (seed=-1) goes on to the next form and,
@@ -493,14 +522,14 @@ Value parse_run_option(const std::string& name, const std::string& text) {
       case OptionType::Int:
         if (as_int(text, v) && in_range(f, v)) return v;
         break;
-      case OptionType::Float:
+      case OptionType::Number:
         if (as_float(text, v) && in_range(f, v)) return v;
         break;
       case OptionType::String:
         if (f.choices.empty() || std::find(f.choices.begin(), f.choices.end(), text) != f.choices.end())
           return Value(text);
         break;
-      case OptionType::IntList: case OptionType::FloatList: case OptionType::StringList: {
+      case OptionType::IntList: case OptionType::NumberList: case OptionType::StringList: {
         List l;
         std::stringstream ss(text);
         std::string item;
@@ -517,25 +546,25 @@ Value parse_run_option(const std::string& name, const std::string& text) {
     }
   }
   std::vector<std::string> forms;
-  for (const auto& f : opt->forms) forms.push_back(form_text(*opt, f));
+  for (const auto& f : opt->forms) forms.push_back(form_text(f));
   throw Error("command line: " + name + "=" + text + ": expected " + join(forms, " or "));
 }
 
 TrainerConfig trainer_config(const Options& o) {
   TrainerConfig c;
-  c.clip_grad_norm = o.get_double("clip_grad_norm");
-  c.clip_grad_value = o.get_double("clip_grad_value");
+  c.clip_grad_norm = o.get_number("clip_grad_norm");
+  c.clip_grad_value = o.get_number("clip_grad_value");
   c.precision = parse_precision(o.get_string("precision"));
   c.master_weights = o.get_bool("master_weights");
-  c.ema = o.get_double("ema");
+  c.ema = o.get_number("ema");
   c.ema_start = o.get_int("ema_start");
   if (o.has("loss_scale")) {
-    c.loss_scale.init = o.get_double("loss_scale");
+    c.loss_scale.init = o.get_number("loss_scale");
     c.loss_scale.dynamic = false;
   } else {
-    c.loss_scale.init = o.get_double("loss_scale_init");
-    c.loss_scale.growth = o.get_double("loss_scale_growth");
-    c.loss_scale.backoff = o.get_double("loss_scale_backoff");
+    c.loss_scale.init = o.get_number("loss_scale_init");
+    c.loss_scale.growth = o.get_number("loss_scale_growth");
+    c.loss_scale.backoff = o.get_number("loss_scale_backoff");
     c.loss_scale.interval = o.get_int("loss_scale_interval");
   }
   const Value& ck = o.at("checkpointing");
@@ -549,13 +578,13 @@ TrainerConfig trainer_config(const Options& o) {
     for (const auto& n : ck.as_list()) c.checkpointing.names.push_back(n.as_string());
   }
   c.checkpointing.offload = o.get_bool("offload_activations");
-  c.split_on_oom = o.get_string("on_oom") == "split";
+  c.split_on_oom = parse_enum(kOnOomNames, o.get_string("on_oom"), "on_oom");
   c.empty_cache_every = o.get_int("empty_cache_every");
-  c.memory_fraction = o.get_double("memory_fraction");
+  c.memory_fraction = o.get_number("memory_fraction");
   c.total_steps = o.get_int("total_steps");
   c.device = o.get_string("device");
-  c.bucket_mb = o.get_double("bucket_mb");
-  c.sync_every_micro_batch = o.get_string("sync") == "micro_batch";
+  c.bucket_mb = o.get_number("bucket_mb");
+  c.sync_every_micro_batch = parse_enum(kSyncNames, o.get_string("sync"), "sync");
   c.shard = parse_shard(o.get_string("shard"));
   return c;
 }
@@ -578,13 +607,13 @@ void check_trainer_config(const TrainerConfig& c) {
       {"ema", Value(c.ema)},
       {"ema_start", Value(c.ema_start)},
       {"offload_activations", Value(c.checkpointing.offload)},
-      {"on_oom", Value(c.split_on_oom ? "split" : "fail")},
+      {"on_oom", Value(std::string(enum_name(kOnOomNames, c.split_on_oom)))},
       {"empty_cache_every", Value(c.empty_cache_every)},
       {"memory_fraction", Value(c.memory_fraction)},
       {"total_steps", Value(c.total_steps)},
       {"device", Value(c.device)},
       {"bucket_mb", Value(c.bucket_mb)},
-      {"sync", Value(c.sync_every_micro_batch ? "micro_batch" : "window")},
+      {"sync", Value(std::string(enum_name(kSyncNames, c.sync_every_micro_batch)))},
       {"shard", Value(to_string(c.shard))},
   };
   if (c.loss_scale.dynamic) {
@@ -635,7 +664,7 @@ std::string describe_run_options() {
   s << "\noptions:\n";
   for (const auto& o : run_options()) {
     std::vector<std::string> forms;
-    for (const auto& f : o.forms) forms.push_back(form_text(o, f));
+    for (const auto& f : o.forms) forms.push_back(form_text(f));
     const std::string def = o.default_value.is_nil() ? "(none)" : o.default_value.repr();
     char line[512];
     std::snprintf(line, sizeof line, "  %-20s %-30s default %s%s\n      %s\n", o.name.c_str(), join(forms, " or ").c_str(),

@@ -1,6 +1,7 @@
 #pragma once
-// wick.train's options: one schema, declared with the same OptionSpec the
-// plugins use and checked by the same validation (validate_options). It serves
+// wick.train's options: one schema, declared with the SDK's OptionBuilder as
+// the plugins declare theirs and checked by the same validation
+// (validate_options, open ranges included). It serves
 // the run (wick.train), the trainer (wick.trainer, a subset), `wick describe
 // train` and the command line's key=value overrides.
 
@@ -13,6 +14,7 @@
 
 #include "train/loader.hpp"
 #include "train/trainer.hpp"
+#include "wick/kit/enum_names.hpp"
 #include "wick/options.hpp"
 
 namespace wick {
@@ -30,8 +32,6 @@ struct RunOption {
   bool trainer = false;  ///< also an option of wick.trainer{...}
   bool per_rank = false; ///< may differ between ranks (not in the ranks' fingerprint)
   bool run = true;       ///< an option of wick.train (false: wick.trainer's alone)
-  bool open_min = false; ///< the forms' min is excluded (loss_scale_backoff in (0, 1))
-  bool open_max = false; ///< the forms' max is excluded (ema in [0, 1))
 };
 
 /// The objects a run takes besides its options (model, data, optim, schedule, eval_data).
@@ -44,6 +44,13 @@ struct RunObjectSpec {
 };
 
 const std::vector<RunOption>& run_options();
+
+/// The two-way choices a TrainerConfig keeps as a bool: on_oom
+/// (split_on_oom) and sync (sync_every_micro_batch).
+inline constexpr EnumName<bool> kOnOomNames[] = {{true, "split"}, {false, "fail"}};
+inline constexpr EnumName<bool> kSyncNames[] = {{false, "window"}, {true, "micro_batch"}};
+/// monitor_mode, true where higher is better (the Monitor and checkpoints keep the word).
+inline constexpr EnumName<bool> kMonitorModeNames[] = {{false, "min"}, {true, "max"}};
 const std::vector<RunObjectSpec>& run_objects();
 
 /// Checks `given` against the run's options (or the trainer's, a subset):

@@ -77,7 +77,7 @@ nlohmann::json to_json(const Value& v) {
     case 0: return nullptr;
     case 1: return v.as_bool();
     case 2: return v.as_int();
-    case 3: return v.as_double();
+    case 3: return v.as_number();
     case 4: return v.as_string();
     default: {
       auto a = nlohmann::json::array();
@@ -192,7 +192,7 @@ void type_objects(Resolved& r, const std::map<std::string, Value>& given) {
   r.optim = std::dynamic_pointer_cast<Optimizer>(r.obj.optim);
   if (!r.optim || r.obj.optim->object_kind() != ObjectKind::Optimizer)
     throw Error(L + ": option 'optim': expected an optimizer (sgd, adamw, ...), got a " +
-                (r.obj.optim->object_kind() == ObjectKind::Schedule ? "schedule" : "transform"));
+                to_string(r.obj.optim->object_kind()));
   if (r.obj.schedule) {
     r.schedule = std::dynamic_pointer_cast<Schedule>(r.obj.schedule);
     if (!r.schedule) throw Error(L + ": option 'schedule': expected a schedule (wick.schedule), got another optim object");
@@ -262,12 +262,14 @@ void check_checkpointing(const Resolved& r) {
 }
 
 void warn_loss_scale(const Resolved& r, const std::map<std::string, Value>& given) {
-  const std::string precision = r.o.get_string("precision");
+  const Precision precision = parse_precision(r.o.get_string("precision"));
   const bool scale_given = std::any_of(given.begin(), given.end(), [](const auto& kv) {
     return kv.first.rfind("loss_scale", 0) == 0 && !kv.second.is_nil();
   });
-  if (scale_given && precision != "fp16-mixed" && precision != "fp16-true" && r.rank0)
-    err_line(r.label + ": loss_scale applies to fp16 precisions only; with " + precision + " it has no effect");
+  const bool fp16 = precision == Precision::FP16Mixed || precision == Precision::FP16True;
+  if (scale_given && !fp16 && r.rank0)
+    err_line(r.label + ": loss_scale applies to fp16 precisions only; with " + to_string(precision) +
+             " it has no effect");
 }
 
 }  // namespace
@@ -341,7 +343,7 @@ std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Re
   if (trainer.partitioned()) {
     // a probe would gather weights on one rank alone; a window that runs out
     // of memory is halved with every rank (the same samples, the same result)
-    if (r.o.get_string("on_oom") != "split")
+    if (!parse_enum(kOnOomNames, r.o.get_string("on_oom"), "on_oom"))
       throw Error(r.label + ": micro_batch = 'auto' under shard = \"parameters\" starts from the whole batch and "
                   "halves the micro-batch where memory runs out, which on_oom = \"fail\" forbids; give micro_batch "
                   "as a number or drop on_oom");
@@ -355,7 +357,7 @@ std::pair<std::int64_t, std::int64_t> fit_micro_batch(Trainer& trainer, const Re
              static_cast<long long>(per_rank)));
     return {per_rank, 1};
   }
-  const double fraction = r.o.get_double("memory_fraction");
+  const double fraction = r.o.get_number("memory_fraction");
   if (fraction > 0) avail *= fraction;
   const double budget = avail * 0.9;
   std::vector<std::string> tried;

@@ -198,10 +198,9 @@ void Trainer::set_checkpointing() {
   if (ck.mode != CheckpointingConfig::Mode::None && blocks.empty())
     throw Error("checkpointing: the model declares no blocks to checkpoint");
   if (ck.mode == CheckpointingConfig::Mode::All) chosen.insert(blocks.begin(), blocks.end());
-  if (ck.mode == CheckpointingConfig::Mode::EveryK) {
-    if (ck.k < 1) throw Error("checkpointing: expected every k-th block with k >= 1, got " + std::to_string(ck.k));
+  // (k >= 1, and offload_activations only with blocks chosen: check_config has checked both)
+  if (ck.mode == CheckpointingConfig::Mode::EveryK)
     for (std::size_t i = 0; i < blocks.size(); i += static_cast<std::size_t>(ck.k)) chosen.insert(blocks[i]);
-  }
   if (ck.mode == CheckpointingConfig::Mode::Names)
     for (const auto& n : ck.names) {
       if (std::find(blocks.begin(), blocks.end(), n) == blocks.end()) {
@@ -211,9 +210,6 @@ void Trainer::set_checkpointing() {
       }
       chosen.insert(n);
     }
-  if (ck.offload && chosen.empty())
-    throw Error("offload_activations: it moves the checkpointed blocks' inputs to host memory, and no block is "
-                "checkpointed; set checkpointing = true (or k, or block names) too");
   if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen, ck.offload);
   model_->set_block_runner(block_runner_.get());
 }

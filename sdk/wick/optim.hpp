@@ -11,7 +11,7 @@
 ///   // Plain gradient descent: p -= lr * grad.
 ///   class Descent : public wick::Optimizer {
 ///    public:
-///     explicit Descent(const wick::Options& o) : lr_(o.get_double("lr")) {}
+///     explicit Descent(const wick::Options& o) : lr_(o.get_number("lr")) {}
 ///     void attach(wick::NamedTensors params) override { params_ = std::move(params); }   // Required
 ///     void step(double lr) override {                                                     // Required
 ///       for (auto& [name, p] : params_)
@@ -27,7 +27,7 @@
 ///   };
 ///
 ///   WICK_PLUGIN(wick::plugin<Descent>("descent", "plain gradient descent",
-///                                     {wick::opt_float("lr", 0.1, "learning rate").at_least(0)}))
+///                                     {wick::opt_number("lr", 0.1, "learning rate").at_least(0)}))
 /// \endcode
 ///
 /// A schedule derives from wick::Schedule (factor(step, total_steps)); a

@@ -47,9 +47,12 @@ struct Value {
 
   bool as_bool() const { return std::get<bool>(v); }
   std::int64_t as_int() const { return std::get<std::int64_t>(v); }
-  double as_double() const {
+  /// An integer or a number, as a double.
+  double as_number() const {
     return is_int() ? static_cast<double>(std::get<std::int64_t>(v)) : std::get<double>(v);
   }
+  [[deprecated("use as_number (ABI 8 names the type 'number'; as_double goes with ABI 9)")]]
+  double as_double() const { return as_number(); }
   const std::string& as_string() const { return std::get<std::string>(v); }
   const List& as_list() const { return std::get<List>(v); }
 
@@ -69,31 +72,52 @@ struct Value {
   std::string type_name() const;
 };
 
-/// The types an option may declare.
-enum class OptionType { Bool, Int, Float, String, IntList, FloatList, StringList };
+/// The types an option may declare. One word for Lua's numbers, in the names
+/// as in messages: number (OptionType::Number, opt_number, get_number).
+enum class OptionType {
+  Bool,
+  Int,
+  Number,
+  String,
+  IntList,
+  NumberList,
+  StringList,
+  // the names before ABI 8, the same values; they go with ABI 9
+  Float [[deprecated("use OptionType::Number")]] = Number,
+  FloatList [[deprecated("use OptionType::NumberList")]] = NumberList,
+};
 
 const char* to_string(OptionType t);
 
 /// One declared option: name, type, default, range or choices, doc.
 struct OptionSpec {
   std::string name;
-  OptionType type = OptionType::Float;
+  OptionType type = OptionType::Number;
   Value default_value;                 ///< nil means required
-  std::optional<double> min, max;      ///< inclusive range for numbers (each list item too)
+  std::optional<double> min, max;      ///< range for numbers (each list item too), inclusive unless *_open
   std::vector<std::string> choices;    ///< allowed strings (each list item too)
   std::string doc;
   bool optional = false;               ///< nil default, and may be left out
+  bool min_open = false;               ///< min itself excluded: > min (ABI 8)
+  bool max_open = false;               ///< max itself excluded: < max (ABI 8)
   bool required() const { return default_value.is_nil() && !optional; }
 };
 
 using OptionSchema = std::vector<OptionSpec>;
 
-/// Builders that keep schemas short to write:
+/// Builders that keep schemas short to write (the host declares wick.train's
+/// options with them too):
 ///   wick::opt_int("inputs", 4, "input features").range(1, 1 << 20)
+///   wick::opt_number("decay", 0.5, "a factor in (0, 1)").above(0).below(1)
 struct OptionBuilder {
   OptionSpec spec;
-  OptionBuilder& range(double lo, double hi) { spec.min = lo; spec.max = hi; return *this; }
-  OptionBuilder& at_least(double lo) { spec.min = lo; return *this; }
+  /// [lo, hi]
+  OptionBuilder& range(double lo, double hi) { at_least(lo); return at_most(hi); }
+  /// >= lo, > lo; <= hi, < hi
+  OptionBuilder& at_least(double lo) { spec.min = lo; spec.min_open = false; return *this; }
+  OptionBuilder& above(double lo) { spec.min = lo; spec.min_open = true; return *this; }
+  OptionBuilder& at_most(double hi) { spec.max = hi; spec.max_open = false; return *this; }
+  OptionBuilder& below(double hi) { spec.max = hi; spec.max_open = true; return *this; }
   OptionBuilder& one_of(std::vector<std::string> c) { spec.choices = std::move(c); return *this; }
   OptionBuilder& required() { spec.default_value = Value(); return *this; }
   /// No default: the factory sees the option as absent (Options::has is false).
@@ -101,12 +125,19 @@ struct OptionBuilder {
   operator OptionSpec() const { return spec; }
 };
 inline OptionBuilder opt(std::string name, OptionType t, Value def, std::string doc) {
-  return OptionBuilder{OptionSpec{std::move(name), t, std::move(def), {}, {}, {}, std::move(doc), false}};
+  OptionSpec s;
+  s.name = std::move(name);
+  s.type = t;
+  s.default_value = std::move(def);
+  s.doc = std::move(doc);
+  return OptionBuilder{std::move(s)};
 }
 inline OptionBuilder opt_bool(std::string n, bool d, std::string doc) { return opt(std::move(n), OptionType::Bool, d, std::move(doc)); }
 inline OptionBuilder opt_int(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Int, std::move(d), std::move(doc)); }
-inline OptionBuilder opt_float(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Float, std::move(d), std::move(doc)); }
+inline OptionBuilder opt_number(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Number, std::move(d), std::move(doc)); }
 inline OptionBuilder opt_string(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::String, std::move(d), std::move(doc)); }
+[[deprecated("use wick::opt_number (ABI 8 names the type 'number'; opt_float goes with ABI 9)")]]
+inline OptionBuilder opt_float(std::string n, Value d, std::string doc) { return opt_number(std::move(n), std::move(d), std::move(doc)); }
 
 /// The validated options a factory receives: every declared key is present
 /// (given or defaulted, except optional ones left nil), nothing undeclared is.
@@ -126,18 +157,22 @@ class Options {
   }
   bool get_bool(const std::string& k) const { return at(k).as_bool(); }
   std::int64_t get_int(const std::string& k) const { return at(k).as_int(); }
-  double get_double(const std::string& k) const { return at(k).as_double(); }
+  double get_number(const std::string& k) const { return at(k).as_number(); }
   const std::string& get_string(const std::string& k) const { return at(k).as_string(); }
   std::vector<std::int64_t> get_int_list(const std::string& k) const {
     std::vector<std::int64_t> out;
     for (const auto& x : at(k).as_list()) out.push_back(x.as_int());
     return out;
   }
-  std::vector<double> get_double_list(const std::string& k) const {
+  std::vector<double> get_number_list(const std::string& k) const {
     std::vector<double> out;
-    for (const auto& x : at(k).as_list()) out.push_back(x.as_double());
+    for (const auto& x : at(k).as_list()) out.push_back(x.as_number());
     return out;
   }
+  [[deprecated("use get_number (ABI 8 names the type 'number'; get_double goes with ABI 9)")]]
+  double get_double(const std::string& k) const { return get_number(k); }
+  [[deprecated("use get_number_list (ABI 8 names the type 'number'; get_double_list goes with ABI 9)")]]
+  std::vector<double> get_double_list(const std::string& k) const { return get_number_list(k); }
   const std::map<std::string, Value>& values() const { return values_; }
 
  private:
@@ -189,10 +224,10 @@ inline const char* to_string(OptionType t) {
   switch (t) {
     case OptionType::Bool: return "boolean";
     case OptionType::Int: return "integer";
-    case OptionType::Float: return "number";
+    case OptionType::Number: return "number";
     case OptionType::String: return "string";
     case OptionType::IntList: return "list of integers";
-    case OptionType::FloatList: return "list of numbers";
+    case OptionType::NumberList: return "list of numbers";
     case OptionType::StringList: return "list of strings";
   }
   return "?";

@@ -51,7 +51,14 @@
 ///   WICK_PLUGIN(wick::plugin<wick::Transform>("lora", "LoRA adapters", options, &make_adapters))
 /// \endcode
 ///
-/// ABI versions (WICK_ABI_VERSION): 7 gave GenerateOptions eos_ids,
+/// ABI versions (WICK_ABI_VERSION): 8 gave OptionSpec min_open and max_open
+/// (ranges open at an end, OptionBuilder's above and below, which the host's
+/// own schema uses too) and named the option type of Lua's numbers one way,
+/// "number": OptionType::Number and NumberList, opt_number,
+/// Options::get_number and get_number_list, Value::as_number. The names they
+/// replace (Float, FloatList, opt_float, get_double, get_double_list,
+/// as_double) still compile through ABI 8, marked deprecated, and go with 9.
+/// 7 gave GenerateOptions eos_ids,
 /// repetition_penalty and stop, gave Dataset's encode and decode
 /// transformers' add_special_tokens and skip_special_tokens, and added
 /// Dataset::apply_chat_template. 6 added the descriptor's `makes` (the
@@ -78,7 +85,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 7
+#define WICK_ABI_VERSION 8
 
 namespace wick {
 

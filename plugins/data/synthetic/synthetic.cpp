@@ -33,7 +33,7 @@ class Synthetic : public wick::Dataset {
     if (classification_) {
       y_ = t.argmax(1);
     } else {
-      y_ = t + o.get_double("noise") * at::randn(t.sizes(), gen);
+      y_ = t + o.get_number("noise") * at::randn(t.sizes(), gen);
     }
     if (max_items_ > 0) {
       x_ = x_.reshape({size_, max_items_, inputs_});
@@ -80,7 +80,7 @@ WICK_PLUGIN(wick::plugin<Synthetic>(
      wick::opt_int("inputs", 16, "input features").range(1, 1e6),
      wick::opt_int("classes", 4, "classes (classification)").range(2, 1e6),
      wick::opt_int("outputs", 1, "targets per item (regression)").range(1, 1e6),
-     wick::opt_float("noise", 0.1, "label noise (regression)").at_least(0),
+     wick::opt_number("noise", 0.1, "label noise (regression)").at_least(0),
      wick::opt_int("max_items", 0, "0: one item per sample; n: 1..n items per sample with a mask").range(0, 1e6),
      wick::opt_int("seed", 0, "seed of the points: same seed, same data").at_least(0),
      wick::opt_int("teacher_seed", 0, "seed of the labelling network: same teacher, same task").at_least(0)}))

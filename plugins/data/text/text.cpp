@@ -166,7 +166,7 @@ class Text : public wick::Dataset {
     // `file` (JSONL); the held-out half (split = "eval") reads eval_files
     // instead, and the training half leaves them out
     const std::string split = o.get_string("split");
-    const double fraction = o.get_double("eval_fraction");
+    const double fraction = o.get_number("eval_fraction");
     const std::vector<Source> sources = select_sources(o, split);
     std::vector<std::string> paths;
     for (const auto& src : sources) paths.push_back(src.path);
@@ -203,7 +203,7 @@ class Text : public wick::Dataset {
 
   static void check_tokenizer_alone(const wick::Options& o) {
     for (const char* k : {"eval_files", "eval_fraction", "pack_attention"})
-      if (o.has(k) && !(std::string(k) == "eval_fraction" && o.get_double(k) == 0))
+      if (o.has(k) && !(std::string(k) == "eval_fraction" && o.get_number(k) == 0))
         throw wick::Error(std::string("data 'text': ") + k + " is given without files or file, expected the sources it applies to");
   }
 
@@ -214,7 +214,7 @@ class Text : public wick::Dataset {
       throw wick::Error("data 'text': pack_attention = '" + o.get_string("pack_attention") +
                         "' without pack = true, expected pack = true (it says how packed documents attend)");
     const std::string split = o.get_string("split");
-    const double fraction = o.get_double("eval_fraction");
+    const double fraction = o.get_number("eval_fraction");
     if (fraction >= 1)
       throw wick::Error("data 'text': eval_fraction " + wick::Value(fraction).repr() +
                         " leaves no document to train on, expected a fraction in [0, 1)");
@@ -705,7 +705,7 @@ WICK_PLUGIN(wick::plugin<Text>(
          .optional(),
      wick::opt("eval_files", wick::OptionType::StringList, wick::Value(),
                "held-out files or patterns (as files): split = 'eval' reads them, 'train' leaves them out of files").optional(),
-     wick::opt_float("eval_fraction", 0.0,
+     wick::opt_number("eval_fraction", 0.0,
                      "hold out this fraction of the documents (ceil, at least one when > 0; documents, never chunks), "
                      "drawn by split_seed; below 1, and leaving at least one to train on")
          .range(0, 1),

@@ -396,9 +396,9 @@ Config config_from_options(const wick::Options& o) {
   c.layers = o.get_int("layers");
   c.heads = o.get_int("heads");
   c.kv_heads = o.has("kv_heads") ? o.get_int("kv_heads") : c.heads;
-  c.rope_theta = o.get_double("rope_theta");
-  c.eps = o.get_double("rms_norm_eps");
-  c.init_range = o.get_double("initializer_range");
+  c.rope_theta = o.get_number("rope_theta");
+  c.eps = o.get_number("rms_norm_eps");
+  c.init_range = o.get_number("initializer_range");
   c.tie = o.get_bool("tie_embeddings");
   c.qkv_bias = c.family == "qwen2";
   c.qk_norm = c.family == "qwen3" || c.family == "gemma3_text";
@@ -457,11 +457,11 @@ wick::OptionSchema size_options() {
                         "sliding layers, default 4096)")
               .at_least(1)
               .optional(),
-          wick::opt_float("rope_theta", 10000.0, "rotary embedding base (gemma3_text: its full-attention layers')")
+          wick::opt_number("rope_theta", 10000.0, "rotary embedding base (gemma3_text: its full-attention layers')")
               .at_least(1),
-          wick::opt_float("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
+          wick::opt_number("rms_norm_eps", 1e-6, "RMSNorm epsilon").at_least(0),
           wick::opt_bool("tie_embeddings", false, "output head shares the token embedding"),
-          wick::opt_float("initializer_range", 0.02,
+          wick::opt_number("initializer_range", 0.02,
                           "a fresh model's weights: linear and embedding weights normal(0, this), biases 0, norms 1 "
                           "(transformers' _init_weights)")
               .range(0, 1)};

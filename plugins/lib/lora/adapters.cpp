@@ -37,8 +37,8 @@ class Lora : public wick::Transform {
       : nf4_(base == wick::lora::Base::Nf4),
         name_(nf4_ ? "optim 'qlora'" : "optim 'lora'"),
         r_(o.get_int("r")),
-        alpha_(o.get_double("alpha")),
-        dropout_(o.get_double("dropout")) {
+        alpha_(o.get_number("alpha")),
+        dropout_(o.get_number("dropout")) {
     for (const auto& t : o.at("target_modules").as_list()) targets_.push_back(t.as_string());
     bias_ = o.get_string("bias");
     for (const auto& t : o.at("modules_to_save").as_list()) save_modules_.push_back(t.as_string());
@@ -428,8 +428,8 @@ std::shared_ptr<wick::Transform> make_adapters(const wick::Options& options, Bas
 // The adapter options both plugins take.
 wick::OptionSchema lora_options() {
   return {wick::opt_int("r", 8, "adapter rank").at_least(1),
-          wick::opt_float("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
-          wick::opt_float("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
+          wick::opt_number("alpha", 16.0, "scale numerator: the adapter's output is multiplied by alpha / r").at_least(0),
+          wick::opt_number("dropout", 0.0, "dropout on the adapter's input").range(0, 1),
           wick::opt("target_modules", wick::OptionType::StringList, wick::List{"all-linear"},
                     "module names or name suffixes (q_proj, ...), re:REGEX matching whole names, or all-linear (every "
                     "linear layer but the output head)"),

@@ -36,12 +36,29 @@
 
 #include "lib/media/decode.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
+#include "wick/kit/enum_names.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr std::int64_t kIgnore = -100;
+
+// The decoder's choices as the options spell them (decode.hpp, built alone
+// under the sanitizers, knows no SDK).
+using wick::media::Crop;
+using wick::media::Pad;
+using wick::media::Resize;
+using wick::media::Sampling;
+constexpr wick::EnumName<Sampling> kSamplingNames[] = {
+    {Sampling::Uniform, "uniform"}, {Sampling::RandomSegment, "random_segment"}, {Sampling::Stride, "stride"}};
+constexpr wick::EnumName<Pad> kPadNames[] = {{Pad::Repeat, "repeat"}, {Pad::Loop, "loop"}};
+constexpr wick::EnumName<Resize> kResizeNames[] = {
+    {Resize::ShorterSide, "shorter_side"}, {Resize::Exact, "exact"}, {Resize::Letterbox, "letterbox"}};
+constexpr wick::EnumName<Crop> kCropNames[] = {
+    {Crop::Center, "center"}, {Crop::RandomResized, "random_resized"}, {Crop::None, "none"}};
+static_assert(wick::enum_names_distinct(kSamplingNames) && wick::enum_names_distinct(kPadNames) &&
+              wick::enum_names_distinct(kResizeNames) && wick::enum_names_distinct(kCropNames));
 
 struct Item {
   std::string path;
@@ -97,33 +114,28 @@ class MediaFolder : public wick::Dataset {
     if (root.empty() == manifest.empty())
       throw wick::Error(std::string(name_) + ": give either root (a folder per class) or manifest (CSV or JSONL)");
     req_.max_frames = video_ ? static_cast<int>(o.get_int("max_frames")) : 1;
-    const std::string size_kind = o.get_string("resize");
-    req_.resize = size_kind == "exact" ? wick::media::Resize::Exact
-                  : size_kind == "letterbox" ? wick::media::Resize::Letterbox : wick::media::Resize::ShorterSide;
-    const std::string crop = o.get_string("crop");
-    req_.crop = crop == "random_resized" ? wick::media::Crop::RandomResized
-                : crop == "none" ? wick::media::Crop::None : wick::media::Crop::Center;
+    req_.resize = wick::parse_enum(kResizeNames, o.get_string("resize"), "resize");
+    req_.crop = wick::parse_enum(kCropNames, o.get_string("crop"), "crop");
     req_.height = req_.width = static_cast<int>(o.get_int("image_size"));
     if (req_.resize == wick::media::Resize::ShorterSide && req_.crop == wick::media::Crop::None)
       variable_size_ = true;
-    req_.scale_min = o.get_double("scale_min");
-    req_.scale_max = o.get_double("scale_max");
+    req_.scale_min = o.get_number("scale_min");
+    req_.scale_max = o.get_number("scale_max");
     if (req_.scale_min > req_.scale_max)
       throw wick::Error(std::string(name_) + ": scale_min " + std::to_string(req_.scale_min) + " is above scale_max " +
                         std::to_string(req_.scale_max));
     flip_ = o.get_bool("flip");
     req_.threads = static_cast<int>(o.get_int("decode_threads"));
-    req_.time_limit = o.get_double("time_limit");
+    req_.time_limit = o.get_number("time_limit");
     req_.max_pixels = o.get_int("max_pixels");
     fail_ = o.get_string("on_error") == "fail";
     if (video_) {
       const std::string s = o.get_string("sampling");
-      req_.sampling = s == "random_segment" ? wick::media::Sampling::RandomSegment
-                      : s == "stride" ? wick::media::Sampling::Stride : wick::media::Sampling::Uniform;
+      req_.sampling = wick::parse_enum(kSamplingNames, s, "sampling");
       req_.stride = static_cast<int>(o.get_int("stride"));
-      req_.fps = o.get_double("fps");
+      req_.fps = o.get_number("fps");
       req_.random_start = o.get_bool("random_start");
-      req_.pad = o.get_string("pad") == "loop" ? wick::media::Pad::Loop : wick::media::Pad::Repeat;
+      req_.pad = wick::parse_enum(kPadNames, o.get_string("pad"), "pad");
       if (req_.max_frames == 0 && req_.sampling != wick::media::Sampling::Stride)
         throw wick::Error(std::string(name_) + ": max_frames = 0 takes every stride-th frame of each clip, which "
                           "needs sampling = \"stride\" (got sampling = \"" + s + "\"); or give max_frames >= 1");
@@ -480,16 +492,16 @@ wick::OptionSchema folder_options(Kind kind) {
                 "file extensions taken from root"),
       wick::opt_int("image_size", 112, "output height and width (shorter side with crop = 'none')").range(8, 8192),
       wick::opt_string("resize", "shorter_side", "shorter_side (keep the aspect), exact (stretch), letterbox (fit, pad black)")
-          .one_of({"shorter_side", "exact", "letterbox"}),
+          .one_of(wick::enum_names(kResizeNames)),
       wick::opt_string("crop", "center", "center, random_resized (area scale_min..scale_max, aspect 3/4..4/3) or none")
-          .one_of({"center", "random_resized", "none"}),
-      wick::opt_float("scale_min", 0.08, "random_resized: smallest area fraction").range(0.01, 1),
-      wick::opt_float("scale_max", 1.0, "random_resized: largest area fraction").range(0.01, 1),
+          .one_of(wick::enum_names(kCropNames)),
+      wick::opt_number("scale_min", 0.08, "random_resized: smallest area fraction").range(0.01, 1),
+      wick::opt_number("scale_max", 1.0, "random_resized: largest area fraction").range(0.01, 1),
       wick::opt_bool("flip", false, "mirror horizontally with probability 1/2"),
       wick::opt_int("decode_threads", 1, "decoder threads per file (the loader's workers decode files in parallel)").range(1, 64),
       wick::opt_string("on_error", "skip", "a file that cannot be decoded: skip (named once, counted, replaced) or fail")
           .one_of({"skip", "fail"}),
-      wick::opt_float("time_limit", 30.0, "seconds one file may take to decode (0: no limit)").at_least(0),
+      wick::opt_number("time_limit", 30.0, "seconds one file may take to decode (0: no limit)").at_least(0),
       wick::opt_int("max_pixels", std::int64_t{8192} * 8192, "refuse frames larger than this many pixels before decoding").at_least(1),
       wick::opt_int("seed", 0, "seed for random frames, crops and flips (with the run's seed and the epoch)"),
       wick::opt_string("tokenizer", wick::Value(),
@@ -508,12 +520,12 @@ wick::OptionSchema folder_options(Kind kind) {
     s.push_back(wick::opt_string("sampling", "uniform",
                                  "uniform (over the clip), random_segment (one random frame per equal segment), "
                                  "stride (every stride-th frame at fps)")
-                    .one_of({"uniform", "random_segment", "stride"}));
+                    .one_of(wick::enum_names(kSamplingNames)));
     s.push_back(wick::opt_int("stride", 1, "stride: frames between samples").at_least(1));
-    s.push_back(wick::opt_float("fps", 0.0, "stride: resample to this frame rate first (0: the clip's)").at_least(0));
+    s.push_back(wick::opt_number("fps", 0.0, "stride: resample to this frame rate first (0: the clip's)").at_least(0));
     s.push_back(wick::opt_bool("random_start", false, "stride: start at a random time"));
     s.push_back(wick::opt_string("pad", "repeat", "a clip with fewer frames than wanted: repeat frames or loop the clip")
-                    .one_of({"repeat", "loop"}));
+                    .one_of(wick::enum_names(kPadNames)));
   }
   return s;
 }

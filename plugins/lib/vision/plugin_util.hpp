@@ -1,6 +1,7 @@
 #pragma once
 // Small helpers the vision plugins share (header-only, internal).
 
+#include <wick/kit/dtype_names.hpp>
 #include <wick/model.hpp>
 
 #include <ATen/ATen.h>
@@ -12,11 +13,7 @@
 
 namespace wick::vision {
 
-inline at::ScalarType dtype_named(const std::string& name) {
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return at::kFloat;
-}
+inline at::ScalarType dtype_named(const std::string& name) { return wick::parse_enum(wick::kDtypeNames, name, "dtype"); }
 
 /// The batch's tensor `key`, or an error naming the plugin, the key and what
 /// the batch holds.

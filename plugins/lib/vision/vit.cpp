@@ -381,7 +381,7 @@ std::vector<wick::OptionSpec> vit_options() {
       wick::opt_int("intermediate_size", 768, "MLP width").at_least(1),
       wick::opt_int("layers", 12, "encoder blocks").at_least(0),
       wick::opt_int("heads", 3, "attention heads").at_least(1),
-      wick::opt_float("layer_norm_eps", wick::Value(), "LayerNorm epsilon (default: 1e-12 for vit, 1e-5 for clip)")
+      wick::opt_number("layer_norm_eps", wick::Value(), "LayerNorm epsilon (default: 1e-12 for vit, 1e-5 for clip)")
           .at_least(0)
           .optional(),
       wick::opt_string("act", wick::Value(), "MLP activation (default: gelu for vit, quick_gelu for clip)")
@@ -392,10 +392,10 @@ std::vector<wick::OptionSpec> vit_options() {
       wick::opt_bool("interpolate_pos_encoding", false,
                      "take images of another size than image_size: the patch position embeddings bicubically "
                      "interpolated to the image's patch grid (transformers' interpolate_pos_encoding)"),
-      wick::opt(std::string("image_mean"), wick::OptionType::FloatList, wick::Value(),
+      wick::opt(std::string("image_mean"), wick::OptionType::NumberList, wick::Value(),
                 "per-channel mean of the 0..1 pixels (default: 0.5 for vit, CLIP's for clip)")
           .optional(),
-      wick::opt(std::string("image_std"), wick::OptionType::FloatList, wick::Value(),
+      wick::opt(std::string("image_std"), wick::OptionType::NumberList, wick::Value(),
                 "per-channel std of the 0..1 pixels (default: 0.5 for vit, CLIP's for clip)")
           .at_least(1e-12)
           .optional(),
@@ -430,7 +430,7 @@ VitConfig config_from_options(const wick::Options& o, const std::string& prefix)
   c.intermediate = o.get_int(key("intermediate_size"));
   c.layers = o.get_int(key("layers"));
   c.heads = o.get_int(key("heads"));
-  c.eps = o.has(key("layer_norm_eps")) ? o.get_double(key("layer_norm_eps")) : (c.style == "clip" ? 1e-5 : 1e-12);
+  c.eps = o.has(key("layer_norm_eps")) ? o.get_number(key("layer_norm_eps")) : (c.style == "clip" ? 1e-5 : 1e-12);
   c.act = o.has(key("act")) ? o.get_string(key("act")) : (c.style == "clip" ? "quick_gelu" : "gelu");
   if (o.has(key("pool"))) c.pool = o.get_string(key("pool"));
   if (o.has(key("interpolate_pos_encoding"))) c.interpolate = o.get_bool(key("interpolate_pos_encoding"));
@@ -445,8 +445,8 @@ PixelStats default_pixel_stats(const std::string& style) {
 
 PixelStats pixel_stats_from_options(const wick::Options& o, const std::string& style, const std::string& who) {
   PixelStats s = default_pixel_stats(style);
-  if (o.has("image_mean")) s.mean = o.get_double_list("image_mean");
-  if (o.has("image_std")) s.std = o.get_double_list("image_std");
+  if (o.has("image_mean")) s.mean = o.get_number_list("image_mean");
+  if (o.has("image_std")) s.std = o.get_number_list("image_std");
   if (s.mean.size() != 3 || s.std.size() != 3)
     throw Error(who + ": image_mean and image_std need 3 numbers each (one per channel), got " +
                 std::to_string(s.mean.size()) + " and " + std::to_string(s.std.size()));

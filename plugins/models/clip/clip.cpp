@@ -129,7 +129,7 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
       : exact_(o.get_string("accumulation") == "exact"), dtype_(dtype_named(o.get_string("dtype"))) {
     VitConfig vc;
     std::int64_t projection = o.get_int("projection_dim");
-    double scale_init = o.get_double("logit_scale_init");
+    double scale_init = o.get_number("logit_scale_init");
     wick::NamedTensorList tensors;
     std::string dir;
     if (o.has("path")) {
@@ -350,7 +350,7 @@ wick::OptionSchema schema() {
                        "GradCache), equal to one large batch; plain: each micro-batch's own loss (fewer negatives)")
           .one_of({"exact", "plain"}),
       wick::opt_int("projection_dim", 128, "width of the shared image-text space").at_least(1),
-      wick::opt_float("logit_scale_init", 2.6592, "initial log temperature (log(1/0.07))"),
+      wick::opt_number("logit_scale_init", 2.6592, "initial log temperature (log(1/0.07))"),
       wick::opt_int("vocab_size", 258, "text vocabulary (258: wick's byte tokenizer)").at_least(1),
       wick::opt_int("eos_token_id", 256, "end-of-text token, where the text features are taken (256: the byte tokenizer's)")
           .at_least(0),
@@ -362,7 +362,7 @@ wick::OptionSchema schema() {
       wick::opt_string("output", "logits_per_image", "what predict() gives: logits_per_image [N, N], or the normalised "
                                                      "image_embeds or text_embeds")
           .one_of({"logits_per_image", "image_embeds", "text_embeds"}),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

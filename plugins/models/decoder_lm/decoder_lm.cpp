@@ -14,6 +14,7 @@
 // within each document only). Items are the target tokens.
 
 #include <wick/kit/linear.hpp>
+#include <wick/kit/dtype_names.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
 
@@ -58,7 +59,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     const std::int64_t block = o.get_int("quantize_block");
     if (nf4) dec::check_nf4_block(c, block, "model", "decoder_lm");
     dec::Build b;
-    b.dtype = c.dtype == "bf16" ? at::kBFloat16 : c.dtype == "fp16" ? at::kHalf : at::kFloat;
+    b.dtype = wick::parse_enum(wick::kDtypeNames, c.dtype, "dtype");
     b.init = !hf;
     b.defer_linear = hf && nf4;          // a folder's weights arrive quantized, tensor by tensor
     b.quantize_block = nf4 ? block : 0;  // random ones are quantized layer by layer as they are made
@@ -133,7 +134,7 @@ wick::OptionSchema schema() {
   for (auto& o : dec::size_options()) s.push_back(o);
   s.push_back(wick::opt_string("dtype", wick::Value(),
                                "weight dtype; default: the folder's (config.json's torch_dtype) with `path`, else fp32")
-                  .one_of({"fp32", "bf16", "fp16"})
+                  .one_of(wick::enum_names(wick::kDtypeNames))
                   .optional());
   for (auto& o : dec::quantize_options()) s.push_back(o);
   for (auto& o : dec::loss_options()) s.push_back(o);

@@ -2,6 +2,7 @@
 // (nn.Sequential(Linear, act, Linear, ...): 0.weight, 0.bias, 2.weight, ...).
 // Samples are rows x [inputs] or, with a mask, several items x [T, inputs].
 
+#include <wick/kit/dtype_names.hpp>
 #include <wick/model.hpp>
 
 #include <ATen/ops/cross_entropy_loss.h>
@@ -13,12 +14,6 @@
 #include <torch/nn/modules/linear.h>
 
 namespace {
-
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "bf16") return at::kBFloat16;
-  if (s == "fp16") return at::kHalf;
-  return at::kFloat;
-}
 
 class Mlp : public wick::Model {
  public:
@@ -32,7 +27,7 @@ class Mlp : public wick::Model {
       in = h;
     }
     layers_.push_back(register_module(std::to_string(index), torch::nn::Linear(torch::nn::LinearOptions(in, o.get_int("outputs")).bias(o.get_bool("bias")))));
-    to(parse_dtype(o.get_string("dtype")));
+    to(wick::parse_enum(wick::kDtypeNames, o.get_string("dtype"), "dtype"));
     outputs_ = o.get_int("outputs");
   }
 
@@ -97,4 +92,4 @@ WICK_PLUGIN(wick::plugin<Mlp>(
      wick::opt_string("activation", "relu", "activation between layers").one_of({"relu", "gelu", "tanh", "sigmoid", "silu"}),
      wick::opt_string("loss", "cross_entropy", "loss per item").one_of({"cross_entropy", "mse"}),
      wick::opt_bool("bias", true, "linear layers have a bias"),
-     wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})}))
+     wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))}))

@@ -209,7 +209,7 @@ wick::OptionSchema schema() {
                     "frames through the encoder at a time (with checkpointing, a trained encoder's memory then "
                     "holds one chunk's activations whatever the frame count); 0: all at once").at_least(0),
       wick::opt_int("max_frames", 64, "frames the temporal position table covers (at least the data's max_frames)").at_least(1),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

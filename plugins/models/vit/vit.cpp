@@ -148,7 +148,7 @@ wick::OptionSchema schema() {
       wick::opt_string("output", "auto", "what predict() gives: logits, pooled features, hidden (last_hidden_state), or auto "
                                          "(logits with a head, else hidden)")
           .one_of({"auto", "logits", "pooled", "hidden"}),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"})};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

@@ -212,8 +212,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   }
 
   static at::ScalarType weight_dtype(const wick::Options& o) {
-    const std::string dtype = o.get_string("dtype");
-    return dtype == "bf16" ? at::kBFloat16 : dtype == "fp16" ? at::kHalf : at::kFloat;
+    return wick::parse_enum(wick::kDtypeNames, o.get_string("dtype"), "dtype");
   }
 
   // LlavaForConditionalGeneration: model.{vision_tower, multi_modal_projector, language_model}, lm_head
@@ -258,8 +257,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
       load_language_tensors(p.language_weights, "model.", "lm_head.weight", p.language_dir);
       p.language_weights.clear();
     }
-    if (o.has("image_mean")) stats_.mean = o.get_double_list("image_mean");
-    if (o.has("image_std")) stats_.std = o.get_double_list("image_std");
+    if (o.has("image_mean")) stats_.mean = o.get_number_list("image_mean");
+    if (o.has("image_std")) stats_.std = o.get_number_list("image_std");
     if (stats_.mean.size() != 3 || stats_.std.size() != 3)
       throw wick::Error(std::string(kWho) + ": image_mean and image_std need 3 numbers each");
   }
@@ -683,14 +682,14 @@ wick::OptionSchema schema() {
       wick::opt_bool("freeze_vision", true, "keep the vision tower's weights fixed (it then keeps no activations)"),
       wick::opt_bool("freeze_language", false, "keep the language model's weights fixed"),
       wick::opt_bool("freeze_projector", false, "keep the projector's weights fixed"),
-      wick::opt(std::string("image_mean"), wick::OptionType::FloatList, wick::Value(),
+      wick::opt(std::string("image_mean"), wick::OptionType::NumberList, wick::Value(),
                 "per-channel mean of the 0..1 pixels (default: the folder's preprocessor_config.json, else CLIP's or 0.5)").optional(),
-      wick::opt(std::string("image_std"), wick::OptionType::FloatList, wick::Value(),
+      wick::opt(std::string("image_std"), wick::OptionType::NumberList, wick::Value(),
                 "per-channel std of the 0..1 pixels (default: as image_mean)").optional(),
   };
   for (auto& o : tower_options()) s.push_back(o);
   for (auto& o : dec::size_options()) s.push_back(o);
-  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of({"fp32", "bf16", "fp16"}));
+  s.push_back(wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames)));
   s.push_back(wick::opt_int("frame_tokens", 0,
                             "visual tokens per frame (or image): the patch grid average-pooled to a g x g grid "
                             "(1, 4, 9, 16, ...); 0: every patch").at_least(0));

@@ -16,11 +16,11 @@ namespace {
 class AdamW : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit AdamW(const wick::Options& o)
-      : lr_(o.get_double("lr")),
-        eps_(o.get_double("eps")),
-        weight_decay_(o.get_double("weight_decay")),
+      : lr_(o.get_number("lr")),
+        eps_(o.get_number("eps")),
+        weight_decay_(o.get_number("weight_decay")),
         amsgrad_(o.get_bool("amsgrad")) {
-    const auto betas = o.get_double_list("betas");
+    const auto betas = o.get_number_list("betas");
     if (betas.size() != 2)
       throw wick::Error("optim 'adamw': option 'betas': expected 2 numbers, got " + std::to_string(betas.size()));
     beta1_ = betas[0];
@@ -143,8 +143,8 @@ class AdamW : public wick::Optimizer, public wick::ElementwiseUpdates {
 
 WICK_PLUGIN(wick::plugin<AdamW>(
     "adamw", "Adam with decoupled weight decay (PyTorch's torch.optim.AdamW update)",
-    {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
-     wick::opt("betas", wick::OptionType::FloatList, wick::List{0.9, 0.999}, "coefficients of the running averages"),
-     wick::opt_float("eps", 1e-8, "term added to the denominator").at_least(0),
-     wick::opt_float("weight_decay", 0.01, "decoupled weight decay").at_least(0),
+    {wick::opt_number("lr", 1e-3, "learning rate").at_least(0),
+     wick::opt("betas", wick::OptionType::NumberList, wick::List{0.9, 0.999}, "coefficients of the running averages"),
+     wick::opt_number("eps", 1e-8, "term added to the denominator").at_least(0),
+     wick::opt_number("weight_decay", 0.01, "decoupled weight decay").at_least(0),
      wick::opt_bool("amsgrad", false, "use the maximum of past squared-gradient averages")}))

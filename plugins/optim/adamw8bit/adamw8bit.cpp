@@ -89,13 +89,13 @@ struct CodeTable {
 class AdamW8bit : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit AdamW8bit(const wick::Options& o)
-      : lr_(o.get_double("lr")),
-        eps_(o.get_double("eps")),
-        weight_decay_(o.get_double("weight_decay")),
+      : lr_(o.get_number("lr")),
+        eps_(o.get_number("eps")),
+        weight_decay_(o.get_number("weight_decay")),
         block_(o.get_int("block_size")),
         min_8bit_(o.get_int("min_8bit_size")),
         chunk_(o.get_int("chunk_size")) {
-    const auto betas = o.get_double_list("betas");
+    const auto betas = o.get_number_list("betas");
     if (betas.size() != 2)
       throw wick::Error("optim 'adamw8bit': option 'betas': expected 2 numbers, got " + std::to_string(betas.size()));
     beta1_ = betas[0];
@@ -344,10 +344,10 @@ class AdamW8bit : public wick::Optimizer, public wick::ElementwiseUpdates {
 
 WICK_PLUGIN(wick::plugin<AdamW8bit>(
     "adamw8bit", "AdamW with 8-bit blockwise-quantized moments (bitsandbytes' AdamW8bit; ~2 bytes of state per parameter)",
-    {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
-     wick::opt("betas", wick::OptionType::FloatList, wick::List{0.9, 0.999}, "coefficients of the running averages"),
-     wick::opt_float("eps", 1e-8, "term added to the denominator").at_least(0),
-     wick::opt_float("weight_decay", 0.01, "decoupled weight decay").at_least(0),
+    {wick::opt_number("lr", 1e-3, "learning rate").at_least(0),
+     wick::opt("betas", wick::OptionType::NumberList, wick::List{0.9, 0.999}, "coefficients of the running averages"),
+     wick::opt_number("eps", 1e-8, "term added to the denominator").at_least(0),
+     wick::opt_number("weight_decay", 0.01, "decoupled weight decay").at_least(0),
      wick::opt_int("block_size", 256, "elements sharing one absmax in the 8-bit moments").range(16, 1 << 16),
      wick::opt_int("min_8bit_size", 4096, "tensors with fewer elements keep fp32 moments").at_least(0),
      wick::opt_int("chunk_size", 1 << 20, "elements dequantized at once in a step (bounds the fp32 temporaries)")

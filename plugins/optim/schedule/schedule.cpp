@@ -24,7 +24,7 @@ class Schedule : public wick::Schedule {
       : type_(o.get_string("type")),
         warmup_(o.get_int("warmup_steps")),
         total_(o.get_int("total_steps")),
-        min_ratio_(o.get_double("min_lr_ratio")) {
+        min_ratio_(o.get_number("min_lr_ratio")) {
     const std::string who = "schedule '" + type_ + "'";
     // each shape's own options: given to another shape they would do nothing, so they are refused
     const std::map<std::string, std::vector<std::string>> owners = {
@@ -41,8 +41,8 @@ class Schedule : public wick::Schedule {
       for (const auto& t : types) list += (list.empty() ? "" : ", ") + t;
       throw wick::Error(who + ": " + key + " is an option of type " + list + " only");
     }
-    cycles_ = o.has("num_cycles") ? o.get_double("num_cycles") : type_ == "cosine_with_restarts" ? 1.0 : 0.5;
-    power_ = o.has("power") ? o.get_double("power") : 1.0;
+    cycles_ = o.has("num_cycles") ? o.get_number("num_cycles") : type_ == "cosine_with_restarts" ? 1.0 : 0.5;
+    power_ = o.has("power") ? o.get_number("power") : 1.0;
     // transformers' default: the warmup's length, or 10,000 without one
     timescale_ = o.has("timescale") ? o.get_int("timescale") : (warmup_ > 0 ? warmup_ : 10000);
     warmup_type_ = o.has("warmup_type") ? o.get_string("warmup_type") : "linear";
@@ -137,13 +137,13 @@ WICK_PLUGIN(wick::plugin<Schedule>(
                   "warmup_stable_decay"}),
      wick::opt_int("warmup_steps", 0, "steps of linear warmup from 0").at_least(0),
      wick::opt_int("total_steps", 0, "steps the decay spans (0: the run's total)").at_least(0),
-     wick::opt_float("min_lr_ratio", 0.0, "floor of the decay, as a fraction of lr (polynomial: lr_end / lr)").range(0, 1),
-     wick::opt_float("num_cycles", wick::Value(),
+     wick::opt_number("min_lr_ratio", 0.0, "floor of the decay, as a fraction of lr (polynomial: lr_end / lr)").range(0, 1),
+     wick::opt_number("num_cycles", wick::Value(),
                      "cosine: waves over the decay (default 0.5, a half wave); cosine_with_restarts: restarts "
                      "(default 1); warmup_stable_decay's cosine decay (default 0.5)")
          .at_least(0)
          .optional(),
-     wick::opt_float("power", wick::Value(), "polynomial: the decay's power (default 1)").at_least(0).optional(),
+     wick::opt_number("power", wick::Value(), "polynomial: the decay's power (default 1)").at_least(0).optional(),
      wick::opt_int("timescale", wick::Value(), "inverse_sqrt: the time scale (default warmup_steps, or 10000)")
          .at_least(1)
          .optional(),

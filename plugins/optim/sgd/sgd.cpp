@@ -11,10 +11,10 @@ namespace {
 class Sgd : public wick::Optimizer, public wick::ElementwiseUpdates {
  public:
   explicit Sgd(const wick::Options& o)
-      : lr_(o.get_double("lr")),
-        momentum_(o.get_double("momentum")),
-        dampening_(o.get_double("dampening")),
-        weight_decay_(o.get_double("weight_decay")),
+      : lr_(o.get_number("lr")),
+        momentum_(o.get_number("momentum")),
+        dampening_(o.get_number("dampening")),
+        weight_decay_(o.get_number("weight_decay")),
         nesterov_(o.get_bool("nesterov")) {
     if (nesterov_ && (momentum_ <= 0 || dampening_ != 0))
       throw wick::Error("optim 'sgd': nesterov needs momentum > 0 and dampening = 0");
@@ -71,8 +71,8 @@ class Sgd : public wick::Optimizer, public wick::ElementwiseUpdates {
 
 WICK_PLUGIN(wick::plugin<Sgd>(
     "sgd", "stochastic gradient descent (PyTorch's torch.optim.SGD update)",
-    {wick::opt_float("lr", 1e-3, "learning rate").at_least(0),
-     wick::opt_float("momentum", 0.0, "momentum factor").range(0, 1),
-     wick::opt_float("dampening", 0.0, "dampening for momentum").range(0, 1),
-     wick::opt_float("weight_decay", 0.0, "L2 penalty added to the gradient").at_least(0),
+    {wick::opt_number("lr", 1e-3, "learning rate").at_least(0),
+     wick::opt_number("momentum", 0.0, "momentum factor").range(0, 1),
+     wick::opt_number("dampening", 0.0, "dampening for momentum").range(0, 1),
+     wick::opt_number("weight_decay", 0.0, "L2 penalty added to the gradient").at_least(0),
      wick::opt_bool("nesterov", false, "Nesterov momentum")}))

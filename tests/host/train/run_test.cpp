@@ -121,7 +121,7 @@ TEST(RunOptions, CommandLineTextParsesByDeclaredForm) {
   const Value names = parse_run_option("checkpointing", "blocks.0,blocks.2");
   ASSERT_TRUE(names.is_list());
   EXPECT_EQ(names.as_list().at(1).as_string(), "blocks.2");
-  EXPECT_DOUBLE_EQ(parse_run_option("clip_grad_norm", "1e-3").as_double(), 1e-3);
+  EXPECT_DOUBLE_EQ(parse_run_option("clip_grad_norm", "1e-3").as_number(), 1e-3);
   for (const char* bad : {"nan", "inf", "0x10", "1.0x", " 1", ""})
     EXPECT_THAT(test::error_of([&] { parse_run_option("clip_grad_norm", bad); }), HasSubstr("expected number >= 0"))
         << bad;

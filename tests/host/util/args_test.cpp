@@ -26,7 +26,7 @@ void expect_int(const std::string& text, std::int64_t want) {
 void expect_double(const std::string& text, double want) {
   const Value v = parse_arg_value(text);
   ASSERT_TRUE(v.is_number() && !v.is_int()) << "'" << text << "' read as " << v.type_name() << " " << v.repr();
-  EXPECT_EQ(v.as_double(), want) << text;  // exact: the nearest double, as a compiler reads the literal
+  EXPECT_EQ(v.as_number(), want) << text;  // exact: the nearest double, as a compiler reads the literal
 }
 
 TEST(ArgValue, TrueAndFalseAreBooleans) {

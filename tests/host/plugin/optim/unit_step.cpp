@@ -10,7 +10,7 @@
 namespace {
 class UnitStep : public wick::Optimizer {
  public:
-  explicit UnitStep(const wick::Options& o) : lr_(o.get_double("lr")) {}
+  explicit UnitStep(const wick::Options& o) : lr_(o.get_number("lr")) {}
   void attach(wick::NamedTensors params) override { params_ = std::move(params); }
   void step(double lr) override {
     for (auto& [name, p] : params_)
@@ -28,4 +28,4 @@ class UnitStep : public wick::Optimizer {
 }  // namespace
 
 WICK_PLUGIN(wick::plugin<UnitStep>("unit_step", "descent along each tensor's unit gradient (not elementwise)",
-                                   {wick::opt_float("lr", 0.01, "learning rate").at_least(0)}))
+                                   {wick::opt_number("lr", 0.01, "learning rate").at_least(0)}))
