@@ -248,6 +248,7 @@ local function make_fixtures(dir)
       ("1 2 3 4 5"):sub(1, 2 * (i % 5 + 1) - 1))
   end
   H.write(dir .. "/data/chat.jsonl", table.concat(chat, "\n") .. "\n")
+  H.write(dir .. "/data/held.jsonl", table.concat(chat, "\n", 1, 4) .. "\n")
   H.write(dir .. "/data/train.jsonl", table.concat(text, "\n") .. "\n")
   H.write(dir .. "/data/sft.jsonl", table.concat(sft, "\n") .. "\n")
   local code, out, err = H.recipe(dir, "make_model.lua", [[
