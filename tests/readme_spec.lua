@@ -5,9 +5,11 @@
 --    small sizes: `max_steps=2` caps every wick.train call, and the block runs
 --    in a folder where the names the examples use are tiny stand-ins made
 --    here (a Hugging Face decoder folder "Qwen2.5-0.5B-Instruct" with a chat
---    template, data/*.jsonl, clips/ from `wick make-clips`).
--- A block that is a fragment (it continues the page's text, or needs a real
--- model folder) is marked on the line before its fence:
+--    template, data/*.jsonl, clips/ from `wick make-clips`, and tiny Hugging
+--    Face folders written by wick.save_pretrained with the names the vision
+--    pages use: hf/vit-base, hf/vit-small, hf/clip, clip-vit/, llama/).
+-- A block that is a fragment (it continues the page's text: one option of a
+-- wick.train call) is marked on the line before its fence:
 --    <!-- fragment: why it does not run alone -->
 local H = dofile(assert(os.getenv("WICK_SOURCE"), "WICK_SOURCE must name the source tree") .. "/tests/helpers.lua")
 
@@ -213,7 +215,26 @@ local TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\\n{% if m['
   .. "\\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
 
 -- The stand-ins the examples name, in `dir`.
-local FIXTURES = { "Qwen2.5-0.5B-Instruct", "data", "clips" }
+local FIXTURES = { "Qwen2.5-0.5B-Instruct", "data", "clips", "hf", "clip-vit", "llama" }
+
+-- Tiny Hugging Face folders for the pages' vision examples, at the image and
+-- patch sizes the examples give: a ViT at 224 and one at 112 (hf/vit-base,
+-- hf/vit-small), a CLIPModel (hf/clip), a CLIP vision tower (clip-vit/) and a
+-- LLaMA decoder (llama/).
+local HF_FOLDERS = [[
+local wick = require "wick"
+local function tiny(more)
+  local t = { hidden_size = 32, intermediate_size = 64, layers = 2, heads = 2 }
+  for k, v in pairs(more) do t[k] = v end
+  return t
+end
+wick.save_pretrained(wick.model("vit", tiny { image_size = 224, patch_size = 32 }), "hf/vit-base")
+wick.save_pretrained(wick.model("vit", tiny { image_size = 112, patch_size = 16 }), "hf/vit-small")
+wick.save_pretrained(wick.model("clip", tiny { image_size = 224, patch_size = 32, style = "clip", projection_dim = 16,
+  text_hidden_size = 32, text_intermediate_size = 64, text_layers = 2, text_heads = 2 }), "hf/clip")
+wick.save_pretrained(wick.model("vit", tiny { image_size = 224, patch_size = 32, style = "clip" }), "clip-vit")
+wick.save_pretrained(wick.model("decoder_lm", tiny { vocab_size = 300 }), "llama")
+]]
 local function make_fixtures(dir)
   os.execute("mkdir -p " .. dir .. "/tok " .. dir .. "/data")
   H.write(dir .. "/tok/tokenizer.json", H.tokenizer_json())
@@ -227,6 +248,7 @@ local function make_fixtures(dir)
       ("1 2 3 4 5"):sub(1, 2 * (i % 5 + 1) - 1))
   end
   H.write(dir .. "/data/chat.jsonl", table.concat(chat, "\n") .. "\n")
+  H.write(dir .. "/data/held.jsonl", table.concat(chat, "\n", 1, 4) .. "\n")
   H.write(dir .. "/data/train.jsonl", table.concat(text, "\n") .. "\n")
   H.write(dir .. "/data/sft.jsonl", table.concat(sft, "\n") .. "\n")
   local code, out, err = H.recipe(dir, "make_model.lua", [[
@@ -235,6 +257,8 @@ local model = wick.model("decoder_lm", { vocab_size = 99, hidden_size = 32, inte
 wick.save_pretrained(model, "Qwen2.5-0.5B-Instruct", "tok")
 ]], "", "cd " .. dir .. " &&")
   assert(code == 0, "making the stand-in model folder failed:\n" .. out .. err)
+  code, out, err = H.recipe(dir, "make_hf_folders.lua", HF_FOLDERS, "", "cd " .. dir .. " &&")
+  assert(code == 0, "making the stand-in Hugging Face folders failed:\n" .. out .. err)
   code, out, err = H.run("make-clips " .. dir .. "/clips --per-class 2 --size 64x48 --seconds 0.2 --no-extras")
   assert(code == 0, "wick make-clips failed:\n" .. out .. err)
 end

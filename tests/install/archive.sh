@@ -27,7 +27,8 @@ outside=$(grep -v "^$top/" "$tmp/list" || true)
 [ -z "$outside" ] || fail "entries outside $top/: $outside"
 for f in "$bindir/wick" "$libdir/libwick_engine.so" "$libdir/wick/plugins/decoder_lm.so" share/wick/lua/wick/init.lua \
          share/wick/presets/gpu_8gb.lua include/wick/plugin.hpp "$libdir/cmake/wick/wickConfig.cmake" \
-         "$libdir/cmake/wick/wickTargets.cmake" share/doc/wick/README.md; do
+         "$libdir/cmake/wick/wickTargets.cmake" share/doc/wick/README.md \
+         share/doc/wick/docs/getting-started.md; do
   grep -qx "$top/$f" "$tmp/list" || fail "the archive lacks $f"
 done
 mkdir -p "$tmp/node/opt"

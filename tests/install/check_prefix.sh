@@ -29,6 +29,14 @@ find=(-DCMAKE_PREFIX_PATH="$prefix")
 
 test -d "$plugins" || fail "no plugin folder $plugins"
 test -f "$prefix/$libdir/cmake/wick/wickConfig.cmake" || fail "no CMake package in $prefix/$libdir/cmake/wick"
+# the manual: README, every page of docs/ and mkdocs.yml, which lists them
+doc=$prefix/share/doc/wick
+for f in README.md mkdocs.yml docs/index.md docs/getting-started.md docs/reference/train.md; do
+  test -f "$doc/$f" || fail "no $f in $doc (cmake --install puts the manual there)"
+done
+for page in $(cd "$src" && find docs -name '*.md'); do
+  cmp -s "$src/$page" "$doc/$page" || fail "$doc/$page differs from the source's $page, or is missing"
+done
 
 # wick version names the folders this tree uses, found from where it is
 ver=$(cd / && "$wick" version)
@@ -100,4 +108,4 @@ for want in "model +linear" "data +line" "optim/optimizer +descent"; do
   echo "$out" | grep -Eq "^$want " || fail "the header example '$want' is not listed next to wick's plugins:"$'\n'"$out"
 done
 rm -f "$plugins"/doc_*.so
-echo "PASS ($prefix): finds its plugins and Lua package, trains a recipe, builds and installs plugins both ways"
+echo "PASS ($prefix): carries its manual, finds its plugins and Lua package, trains a recipe, builds and installs plugins both ways"
