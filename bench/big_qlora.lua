@@ -3,8 +3,9 @@
 -- `layers` of its layers, NF4 weights made layer by layer as they are built,
 -- QLoRA r8 on every linear layer (alpha 16, dropout 0.05), the 8-bit AdamW,
 -- bf16-mixed, checkpointing, micro-batch 1 x `seq` tokens; two steps. Every
--- rank prints its step peak with the breakdown and its peaks at the run's
--- start and end (bytes held by tensors).
+-- rank prints its step peak with the breakdown, its peaks at the run's start
+-- and end, and the bytes its tensors held once the model was built (all
+-- bytes held by tensors).
 local wick = require "wick"
 local a = wick.args
 local shapes = {
@@ -23,6 +24,7 @@ local o = { family = "llama", vocab_size = 32000, layers = a.layers or 1, dtype 
 for k, v in pairs(shape) do o[k] = v end
 local model = wick.model("decoder_lm", o)
 wick.optim("qlora", { r = 8, alpha = 16, dropout = 0.05, target_modules = { "all-linear" } }):apply(model)
+local built = wick.memory(false).cpu_tensors  -- the model as built, whole, on this rank
 local run = wick.train {
   model = model, data = data, optim = wick.optim("adamw8bit", { lr = 2e-4, weight_decay = 0, min_8bit_size = 4096 }),
   micro_batch = 1, accumulate = 1, max_steps = steps, quiet = true, shuffle = false, shard = a.shard or "none",
@@ -30,5 +32,5 @@ local run = wick.train {
 }
 os.remove(file)
 local m = run.memory
-print(string.format("RESULT %d %d %d %d %d %d %d %d %d %.1f", wick.rank, m.peak, m.weights, m.gradients, m.optimizer,
-  m.activations, m.start_peak, m.end_peak, m.run_peak, run.seconds / run.steps))
+print(string.format("RESULT %d %d %d %d %d %d %d %d %d %.1f %d", wick.rank, m.peak, m.weights, m.gradients, m.optimizer,
+  m.activations, m.start_peak, m.end_peak, m.run_peak, run.seconds / run.steps, built))
