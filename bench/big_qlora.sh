@@ -11,15 +11,19 @@
 # division's peak comes where the embeddings are divided, at the full depth
 # where it begins, with the whole model held. Goals: 13B under 8 GiB a rank (a pair of 8 GB cards), 70B under 24 GiB
 # (Answer.AI's FSDP + QLoRA on two 24 GB cards).
-#   bench/big_qlora.sh [path/to/wick] [models=13b,70b] [k=1] [seq=512]
+# The divided rows need k of 4 or more: a rank holds two or three units
+# gathered at once (the first block's, kept to its backward's end, and the
+# next one prefetched), which fewer layers would extrapolate as every layer's.
+#   bench/big_qlora.sh [path/to/wick] [models=13b,70b] [k=4] [seq=512] [setups=none,parameters]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 wick=$here/../build/bin/wick
 if [ $# -gt 0 ] && [ "${1#*=}" = "$1" ]; then wick=$1; shift; fi
-models=13b,70b; k=1; seq=512
+models=13b,70b; k=4; seq=512; setups=none,parameters
 for kv in "$@"; do
   case $kv in models=*) models=${kv#models=} ;; k=*) k=${kv#k=} ;; seq=*) seq=${kv#seq=} ;;
-    *) echo "big_qlora.sh: unknown argument $kv (models=, k=, seq=)" >&2; exit 2 ;; esac
+    setups=*) setups=${kv#setups=} ;;
+    *) echo "big_qlora.sh: unknown argument $kv (models=, k=, seq=, setups=)" >&2; exit 2 ;; esac
 done
 gib() { echo "scale=2; $1 / 1073741824" | bc; }
 # value at `full` layers from the values at k and 2k
@@ -29,8 +33,8 @@ printf "LLaMA-2 QLoRA r8 (all linear layers), NF4 base, 8-bit AdamW, bf16-mixed,
 printf "%-5s %-6s %-12s %10s %10s %10s %10s %10s %10s %8s\n" model ranks shard "step GiB" weights "built GiB" "start GiB" "end GiB" "run GiB" "s/step"
 for model in ${models//,/ }; do
   full=40; goal=8; [ "$model" = 70b ] && { full=80; goal=24; }
-  for setup in "1 none" "2 parameters"; do
-    read -r n shard <<<"$setup"
+  for shard in ${setups//,/ }; do
+    n=2; [ "$shard" = none ] && n=1
     declare -A v=()
     for layers in $k $((2 * k)); do
       if [ "$n" = 1 ]; then

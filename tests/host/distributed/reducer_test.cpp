@@ -180,6 +180,11 @@ TEST(GradReducer, ParametersDivideFrozenTensorsOfAnyDtypeAndFreeThemAfterTheInpu
     EXPECT_TRUE(at::equal(f, at::full_like(f0, 0.5)) && at::equal(codes, at::full_like(codes0, 7)));
     EXPECT_TRUE(at::equal(scale, at::full_like(scale0, 2.0)));
     red.release_all();
+    // the end of training: every unit whole for good, its frozen chunk dropped
+    red.gather_all("the end", /*last=*/true);
+    EXPECT_EQ(red.held_weight_bytes(), 4096 * 4 + 8192 * 4 + 13440);
+    red.release_all();  // no longer frees anything
+    EXPECT_TRUE(at::equal(f, at::full_like(f0, 0.5)));
   });
 }
 
