@@ -34,9 +34,10 @@
 
 #include "lib/media/folder.hpp"
 
+#include <wick/kit/enum_names.hpp>
+
 #include "lib/media/decode.hpp"
 #include "lib/tokenizer/tokenizer.hpp"
-#include "wick/kit/enum_names.hpp"
 
 namespace fs = std::filesystem;
 
