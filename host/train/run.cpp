@@ -177,8 +177,9 @@ nlohmann::json Run::go() {
   trainer_->gather_weights_back();  // shard = "parameters": every rank, here, at once
   // the whole run's peak on this rank: the start, every step and the end
   run_["memory"]["start_peak"] = start_peak_;
-  run_["memory"]["end_peak"] = tensor_peak(cuda_);
-  run_["memory"]["run_peak"] = std::max({start_peak_, step_peak_, tensor_peak(cuda_)});
+  const std::int64_t end_peak = tensor_peak(cuda_);
+  run_["memory"]["end_peak"] = end_peak;
+  run_["memory"]["run_peak"] = std::max({start_peak_, step_peak_, end_peak});
   for (auto& o : observers_) o->on_end(run_);
   return run_;
 }
