@@ -111,12 +111,13 @@ const OptionSchema& generate_schema() {
           .at_least(0),
       opt_number("temperature", 0.0, "0: greedy; above 0: sample from the logits divided by it").at_least(0),
       opt_int("top_k", 0, "sample among the k likeliest tokens (0: all)").at_least(0),
-      opt_number("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p, in (0, 1]"),
+      opt_number("top_p", 1.0, "sample among the likeliest tokens whose probability reaches top_p").above(0).at_most(1),
       opt_int("eos_id", -1, "stop after this token (-1: never)").at_least(-1),
       opt_int("seed", 0, "the sampling seed").at_least(0),
       opt_number("repetition_penalty", 1.0,
                 "divides the logits of tokens already in the prompt or output (multiplies negative ones), as "
-                "transformers' repetition_penalty; 1: none, > 0"),
+                "transformers' repetition_penalty; 1: none")
+          .above(0),
       opt_string("eos_ids", Value(), "a list of further token ids to stop after (end-of-turn tokens)").optional(),
       opt_string("on_token", Value(),
                  "a function called with each new token as it is chosen; returning true stops there").optional(),
@@ -185,15 +186,6 @@ int model_generate(lua_State* L) {
     g.eos_id = o.get_int("eos_id");
     g.seed = static_cast<std::uint64_t>(o.get_int("seed"));
     g.repetition_penalty = o.get_number("repetition_penalty");
-    // what the schema's closed ranges cannot say
-    if (!std::isfinite(g.temperature))
-      throw Error("generate: option 'temperature': expected a finite number >= 0, got number " +
-                  Value(g.temperature).repr());
-    if (!(g.top_p > 0 && g.top_p <= 1))
-      throw Error("generate: option 'top_p': expected a value in (0, 1], got number " + Value(g.top_p).repr());
-    if (!(g.repetition_penalty > 0 && std::isfinite(g.repetition_penalty)))
-      throw Error("generate: option 'repetition_penalty': expected a finite number > 0 (1: none), got number " +
-                  Value(g.repetition_penalty).repr());
   }
   auto stop = std::make_shared<bool>(false);  // on_token returned true
   if (on_token != LUA_NOREF) {

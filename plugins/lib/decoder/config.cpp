@@ -1,5 +1,6 @@
 #include "lib/decoder/config.hpp"
 
+#include <wick/kit/dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 
 #include <sys/sysinfo.h>
@@ -242,7 +243,7 @@ void read_dtype(const wick::JsonFields& j, Config& c) {
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (!c.dtype.empty() || !j.has(key)) continue;
     const std::string d = j.string(key);
-    c.dtype = d == "float32" ? "fp32" : d == "bfloat16" ? "bf16" : d == "float16" ? "fp16" : "";
+    c.dtype = wick::dtype_of_hf_name(d);
     if (c.dtype.empty()) j.bad(key, "float32, bfloat16 or float16 (the dtypes wick builds a decoder in)");
   }
 }
@@ -515,7 +516,7 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_parameters", rope},
                       {"tie_word_embeddings", c.tie},
                       {"max_position_embeddings", c.max_positions},
-                      {"torch_dtype", c.dtype == "bf16" ? "bfloat16" : c.dtype == "fp16" ? "float16" : "float32"}};
+                      {"torch_dtype", wick::hf_dtype_name(c.dtype)}};
   // Phi3Config pads with token 32000 unless told: said, whatever the vocabulary
   if (f == "phi3") j["pad_token_id"] = nullptr;
   for (const auto& [k, v] : c.token_ids.items()) j[k] = v;

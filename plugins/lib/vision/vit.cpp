@@ -2,6 +2,7 @@
 
 #include "lib/vision/vit.hpp"
 
+#include <wick/kit/dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 #include <wick/kit/safetensors.hpp>
 
@@ -323,7 +324,7 @@ void check_saved_dtype(const wick::JsonFields& j) {
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (!j.has(key)) continue;
     const std::string d = j.string(key);
-    if (d != "float32" && d != "bfloat16" && d != "float16")
+    if (wick::dtype_of_hf_name(d).empty())
       j.bad(key, "float32, bfloat16 or float16 (the dtypes wick loads weights in)");
   }
 }

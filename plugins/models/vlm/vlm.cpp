@@ -31,6 +31,7 @@
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
+#include <wick/kit/dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 
 #include "lib/decoder/decoder.hpp"
@@ -610,7 +611,7 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   }
 
   nlohmann::json llava_config() const {
-    const char* dtype = dtype_ == "bf16" ? "bfloat16" : dtype_ == "fp16" ? "float16" : "float32";
+    const std::string dtype = wick::hf_dtype_name(dtype_);
     return {{"architectures", {"LlavaForConditionalGeneration"}},
             {"model_type", "llava"},
             {"vision_config", vit_->hf_config()},
