@@ -2,7 +2,8 @@
 -- for one rank): a LLaMA-2 decoder at its real widths (13b or 70b) with
 -- `layers` of its layers, NF4 weights made layer by layer as they are built,
 -- QLoRA r8 on every linear layer (alpha 16, dropout 0.05), the 8-bit AdamW,
--- bf16-mixed, checkpointing, micro-batch 1 x `seq` tokens; two steps. Every
+-- bf16-mixed, checkpointing, micro-batch 1 x `seq` tokens; two steps
+-- (deferred=true: built with no weights, each rank making its chunks). Every
 -- rank prints its step peak with the breakdown, its peaks at the run's start
 -- and end, and the bytes its tensors held once the model was built (all
 -- bytes held by tensors).
@@ -20,11 +21,11 @@ local file = dofile(here .. "/random_tokens.lua")(steps * wick.world_size, seq)
 local data = wick.data("text", { file = file, max_length = seq })
 wick.seed(0)
 local o = { family = "llama", vocab_size = 32000, layers = a.layers or 1, dtype = "bf16", quantize = "nf4",
-  tie_embeddings = false }
+  tie_embeddings = false, deferred = a.deferred == true }
 for k, v in pairs(shape) do o[k] = v end
 local model = wick.model("decoder_lm", o)
 wick.optim("qlora", { r = 8, alpha = 16, dropout = 0.05, target_modules = { "all-linear" } }):apply(model)
-local built = wick.memory(false).cpu_tensors  -- the model as built, whole, on this rank
+local built = wick.memory(false).cpu_tensors  -- the model as built (whole on this rank, or deferred: adapters only)
 local run = wick.train {
   model = model, data = data, optim = wick.optim("adamw8bit", { lr = 2e-4, weight_decay = 0, min_8bit_size = 4096 }),
   micro_batch = 1, accumulate = 1, max_steps = steps, quiet = true, shuffle = false, shard = a.shard or "none",

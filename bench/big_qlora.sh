@@ -11,15 +11,17 @@
 # division's peak comes where the embeddings are divided, at the full depth
 # where it begins, with the whole model held. Goals: 13B under 8 GiB a rank (a pair of 8 GB cards), 70B under 24 GiB
 # (Answer.AI's FSDP + QLoRA on two 24 GB cards).
+# shard "deferred": "parameters" with the model built deferred (deferred =
+# true): no weights until the trainer divides it, each rank making its chunks.
 # The divided rows need k of 4 or more: a rank holds two or three units
 # gathered at once (the first block's, kept to its backward's end, and the
 # next one prefetched), which fewer layers would extrapolate as every layer's.
-#   bench/big_qlora.sh [path/to/wick] [models=13b,70b] [k=4] [seq=512] [setups=none,parameters]
+#   bench/big_qlora.sh [path/to/wick] [models=13b,70b] [k=4] [seq=512] [setups=none,parameters,deferred]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 wick=$here/../build/bin/wick
 if [ $# -gt 0 ] && [ "${1#*=}" = "$1" ]; then wick=$1; shift; fi
-models=13b,70b; k=4; seq=512; setups=none,parameters
+models=13b,70b; k=4; seq=512; setups=none,parameters,deferred
 for kv in "$@"; do
   case $kv in models=*) models=${kv#models=} ;; k=*) k=${kv#k=} ;; seq=*) seq=${kv#seq=} ;;
     setups=*) setups=${kv#setups=} ;;
@@ -35,12 +37,13 @@ for model in ${models//,/ }; do
   full=40; goal=8; [ "$model" = 70b ] && { full=80; goal=24; }
   for shard in ${setups//,/ }; do
     n=2; [ "$shard" = none ] && n=1
+    opts=(shard=$shard); [ "$shard" = deferred ] && opts=(shard=parameters deferred=true)
     declare -A v=()
     for layers in $k $((2 * k)); do
       if [ "$n" = 1 ]; then
-        out=$("$wick" run "$here/big_qlora.lua" model=$model layers=$layers seq=$seq shard=$shard)
+        out=$("$wick" run "$here/big_qlora.lua" model=$model layers=$layers seq=$seq "${opts[@]}")
       else
-        out=$("$wick" launch --nproc-per-node "$n" "$here/big_qlora.lua" model=$model layers=$layers seq=$seq shard=$shard)
+        out=$("$wick" launch --nproc-per-node "$n" "$here/big_qlora.lua" model=$model layers=$layers seq=$seq "${opts[@]}")
       fi
       # the rank with the highest run peak
       read -r _ _ peak w _ _ _ start end run secs built < <(echo "$out" | sed -n 's/^\(\[rank [0-9]*\] \)\{0,1\}RESULT //p' |

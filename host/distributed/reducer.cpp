@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "distributed/group.hpp"
+#include "wick/kit/deferral.hpp"
 
 namespace wick {
 
@@ -89,7 +90,7 @@ GradReducer::GradReducer(std::shared_ptr<Group> group, std::vector<at::Tensor> p
         for (std::size_t j = 0; j < b.params.size(); ++j) {
           at::Tensor& p = params_[b.params[j]];
           at::Tensor view = b.whole.narrow(0, b.offsets[j], p.numel());
-          view.copy_(p.detach().reshape({-1}));
+          if (!is_hollow(p)) view.copy_(p.detach().reshape({-1}));  // (a deferred one: fill() brings it)
           p.set_data(view.view(p.sizes()));
         }
         const std::int64_t chunk = b.numel / world;
@@ -120,7 +121,7 @@ void GradReducer::lay_in_frozen(Bucket& b, std::int64_t rank, std::int64_t world
   for (std::size_t j = 0; j < b.frozen.size(); ++j) {
     at::Tensor& t = b.frozen[j];
     at::Tensor view = frozen_view(b.frozen_whole, b.frozen_offsets[j], t);
-    view.copy_(t.detach());
+    if (!is_hollow(t)) view.copy_(t.detach());
     t.set_data(view);
   }
   const std::int64_t chunk = b.frozen_bytes / world;
@@ -182,6 +183,40 @@ void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
   if (b.frozen_whole.defined()) group_->all_gather(b.frozen_whole, b.frozen_shard, what + " (its frozen weights)");
   trace_ = trace_ * 1000003u + unit + 1;
   record(true, unit);
+}
+
+namespace {
+// dst[lo, lo + dst.numel()) := the part of src placed at `offset` that falls there
+void copy_overlap(const at::Tensor& dst, std::int64_t lo, const at::Tensor& src, std::int64_t offset) {
+  const std::int64_t s = std::max(lo, offset), e = std::min(lo + dst.numel(), offset + src.numel());
+  if (s < e) dst.narrow(0, s - lo, e - s).copy_(src.narrow(0, s - offset, e - s));
+}
+}  // namespace
+
+bool GradReducer::fill(const at::Tensor& tensor, const at::Tensor& value) {
+  const auto* impl = tensor.unsafeGetTensorImpl();
+  const std::int64_t rank = group_->rank(), world = group_->size();
+  at::NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    for (std::size_t j = 0; j < b.params.size(); ++j) {
+      if (params_[b.params[j]].unsafeGetTensorImpl() != impl) continue;
+      if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
+      const std::int64_t chunk = b.numel / world;
+      copy_overlap(b.shard, rank * chunk, value.to(b.shard.scalar_type()).reshape({-1}).to(b.shard.device()),
+                   b.offsets[j]);
+      return true;
+    }
+    for (std::size_t j = 0; j < b.frozen.size(); ++j) {
+      if (b.frozen[j].unsafeGetTensorImpl() != impl) continue;
+      if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
+      const std::int64_t chunk = b.frozen_bytes / world;
+      const at::Tensor bytes =
+          value.to(b.frozen[j].scalar_type()).contiguous().reshape({-1}).view(at::kByte).to(b.frozen_shard.device());
+      copy_overlap(b.frozen_shard, rank * chunk, bytes, b.frozen_offsets[j]);
+      return true;
+    }
+  }
+  return false;
 }
 
 void GradReducer::input_grad_ready(std::size_t unit) {

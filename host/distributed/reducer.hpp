@@ -149,6 +149,11 @@ class GradReducer {
   /// The unit's whole buffer made, its contents undefined, with no collective
   /// (each rank about to fill it alike, from a file).
   void make_unit(std::size_t unit);
+  /// A deferred tensor's whole value (wick/kit/deferral.hpp; the tensor was
+  /// hollow when laid out): this rank's part of it into its chunk, converted
+  /// to the tensor's dtype. False when `tensor` is none of the units'. The
+  /// unit must be released (nothing gathered yet).
+  bool fill(const at::Tensor& tensor, const at::Tensor& value);
   /// The storages unit `unit`'s tensors view (its trainable parameters' and
   /// its frozen tensors'; to tell which tensors are its).
   std::vector<const c10::StorageImpl*> unit_storages(std::size_t unit) const;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "lua/runtime.hpp"
+#include "train/deferred.hpp"
 #include "train/partition.hpp"
 #include "wick/data.hpp"
 #include "wick/model.hpp"
@@ -275,11 +276,15 @@ int box_gc(lua_State* L) {
   return 0;
 }
 
-inline std::shared_ptr<Model> check_model(lua_State* L, int i, const char* fn) {
+/// `whole`: the method reads or changes the weights, so a deferred model
+/// (built without them) is made whole first; false for what needs only the
+/// model's structure (its blocks, a transform adding adapters).
+inline std::shared_ptr<Model> check_model(lua_State* L, int i, const char* fn, bool whole = true) {
   auto m = std::static_pointer_cast<Model>(check_box<Object>(L, i, kModelMt, fn));
   // shard = "parameters": a callback reading a model whose weights are divided
   if (const std::string why = weights_partitioned(*m); !why.empty())
     throw Error(std::string(fn) + ": the model cannot be used now: " + why);
+  if (whole) materialize_whole(*m, std::string("model:") + fn);
   return m;
 }
 

@@ -25,9 +25,11 @@ namespace {
 bool writes_files() { return dist_env().rank == 0; }
 
 int model_save(lua_State* L) {
-  auto m = check_model(L, 1, "save");
+  auto m = check_model(L, 1, "save", /*whole=*/false);
   const std::string path = check_string(L, 2, "save");
-  if (writes_files()) save_model(*m, path);
+  if (!writes_files()) return 0;
+  if (is_deferred(*m)) save_deferred(*m, path);  // a value at a time: the model stays deferred
+  else save_model(*m, path);
   return 0;
 }
 
@@ -38,7 +40,7 @@ int model_load(lua_State* L) {
 }
 
 int model_parameters(lua_State* L) {
-  auto m = check_model(L, 1, "parameters");
+  auto m = check_model(L, 1, "parameters", /*whole=*/false);
   std::int64_t total = 0, trainable = 0;
   for (const auto& p : m->parameters()) {
     total += p.numel();
@@ -54,7 +56,7 @@ int model_parameters(lua_State* L) {
 // trainable ones, as model:parameters() does
 int set_trainable_from_lua(lua_State* L, bool trainable) {
   const char* fn = trainable ? "unfreeze" : "freeze";
-  auto m = check_model(L, 1, fn);
+  auto m = check_model(L, 1, fn, /*whole=*/false);
   std::vector<std::string> patterns;
   if (lua_type(L, 2) == LUA_TSTRING) {
     patterns.push_back(lua_tostring(L, 2));
@@ -80,7 +82,7 @@ int model_freeze(lua_State* L) { return set_trainable_from_lua(L, false); }
 int model_unfreeze(lua_State* L) { return set_trainable_from_lua(L, true); }
 
 int model_blocks(lua_State* L) {
-  auto m = check_model(L, 1, "blocks");
+  auto m = check_model(L, 1, "blocks", /*whole=*/false);
   push_value(L, [&] {
     List l;
     for (auto& s : m->blocks()) l.push_back(Value(s));
@@ -90,7 +92,7 @@ int model_blocks(lua_State* L) {
 }
 
 int model_item_name(lua_State* L) {
-  auto m = check_model(L, 1, "item_name");
+  auto m = check_model(L, 1, "item_name", /*whole=*/false);
   lua_pushstring(L, m->item_name().c_str());
   return 1;
 }
@@ -98,7 +100,7 @@ int model_item_name(lua_State* L) {
 // model:window_coupled(): whether the model's loss couples the samples of a
 // window (contrastive), so the trainer computes it over the whole window.
 int model_window_coupled(lua_State* L) {
-  auto m = check_model(L, 1, "window_coupled");
+  auto m = check_model(L, 1, "window_coupled", /*whole=*/false);
   lua_pushboolean(L, coupled_windows(*m) != nullptr);
   return 1;
 }
@@ -350,7 +352,7 @@ void remember_adapters(lua_State* L, bool carries) {
 // core.adapters_of(model) -> the transform whose adapters it carries (or
 // nil), the number of its linear layers carrying one
 int core_adapters_of(lua_State* L) {
-  auto m = check_model(L, 1, "adapters_of");
+  auto m = check_model(L, 1, "adapters_of", /*whole=*/false);
   push_adapters_table(L);
   lua_pushvalue(L, 1);
   lua_rawget(L, -2);
@@ -372,7 +374,7 @@ int core_save_pretrained_weights(lua_State* L) {
 // transform:apply(model), :save(model, dir), :load(model, dir), :merge(model)
 int transform_apply(lua_State* L) {
   auto& t = check_transform(L, "apply");
-  t.apply(*check_model(L, 2, "apply"));
+  t.apply(*check_model(L, 2, "apply", /*whole=*/false));
   remember_adapters(L, true);
   return 0;
 }

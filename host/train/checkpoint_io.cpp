@@ -17,6 +17,7 @@
 
 #include "distributed/group.hpp"
 #include "distributed/reducer.hpp"
+#include "train/deferred.hpp"
 #include "train/run_options.hpp"  // kMonitorModeNames: the best checkpoints are the monitor's
 #include "train/trainer_internal.hpp"
 #include "util/checksum.hpp"
@@ -44,57 +45,83 @@ std::map<const c10::StorageImpl*, std::vector<std::size_t>> entries_by_storage(
 
 fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best) {
   check_not_finished("saving a checkpoint");
-  if (partitioned()) {
-    // ZeRO-3: one unit at a time gathered on every rank, rank 0 copying its
-    // weights to the host (FSDP's full state dict, offloaded to rank 0's
-    // CPU): a device holds one block's whole weights more, never the model
-    ReleaseUnits release{reducer_.get()};
-    reducer_->release_all();
-    const bool writer = cfg_.group->rank() == 0;
-    auto state = module_state(*model_);
-    auto of_storage = entries_by_storage(state);  // entries viewing each unit
-    // a failed copy on rank 0 (out of host memory) still takes part in every
-    // gather and in the join, and fails at the barrier with the others
-    std::string error;
-    for (std::size_t u = 0; u < reducer_->units(); ++u) {
-      reducer_->gather_unit(u, "gathering the weights of unit " + std::to_string(u) + " for checkpoint step " +
-                                   std::to_string(step_));
-      if (writer && error.empty())
-        for (const auto* storage : reducer_->unit_storages(u))
-          if (auto it = of_storage.find(storage); it != of_storage.end() && error.empty()) try {
-              for (auto j : it->second)
-                state[j].second = state[j].second.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
-            } catch (const std::exception& e) {
-              error = "copying the weights to the host for checkpoint step " + std::to_string(step_) + ": " + e.what();
-            }
-      reducer_->release_unit(u);
+  if (!partitioned()) return save_gathered(checkpoints_dir, extra, keep, keep_best);
+  // ZeRO-3: one unit at a time gathered on every rank, rank 0 writing its
+  // tensors into the file as they come (FSDP's full state dict, streamed to
+  // rank 0): a device holds one block's whole weights more, rank 0's host
+  // one tensor, never the model
+  ReleaseUnits release{reducer_.get()};
+  reducer_->release_all();
+  std::string error;
+  ModelWriter writer;
+  writer.write = [&](const fs::path& file) { write_divided_weights(file, error); };
+  writer.pair = [&] { stream_divided_weights(nullptr, error); };
+  return save_gathered(checkpoints_dir, extra, keep, keep_best, &writer);
+}
+
+void Trainer::write_divided_weights(const fs::path& file, std::string& error) {
+  std::vector<LazyTensor> declared;
+  for (const auto& [name, t] : module_state(*model_)) declared.push_back({name, t.scalar_type(), t.sizes().vec(), {}});
+  write_safetensors_placed(
+      file, declared,
+      [&](const PutTensor& put) {
+        stream_divided_weights(&put, error);
+        if (!error.empty()) throw Error(error);
+      },
+      {{"format", "pt"}});
+}
+
+void Trainer::stream_divided_weights(const PutTensor* put, std::string& error) {
+  auto state = module_state(*model_);
+  auto of_storage = entries_by_storage(state);  // entries viewing each unit
+  std::set<std::size_t> in_units;
+  for (std::size_t u = 0; u < reducer_->units(); ++u)
+    for (const auto* storage : reducer_->unit_storages(u))
+      if (auto it = of_storage.find(storage); it != of_storage.end()) in_units.insert(it->second.begin(), it->second.end());
+  auto put_safely = [&](std::size_t j) {
+    if (!put || !error.empty()) return;
+    try {
+      (*put)(state[j].first, state[j].second);
+    } catch (const std::exception& e) {
+      error = "writing " + state[j].first + " of checkpoint step " + std::to_string(step_) + ": " + e.what();
     }
-    return save_gathered(checkpoints_dir, extra, keep, keep_best, writer ? &state : nullptr, error);
+  };
+  for (std::size_t j = 0; j < state.size(); ++j)  // whole on every rank (no data: an empty tensor)
+    if (!in_units.count(j)) put_safely(j);
+  for (std::size_t u = 0; u < reducer_->units(); ++u) {
+    reducer_->gather_unit(u, "gathering the weights of unit " + std::to_string(u) + " for checkpoint step " +
+                                 std::to_string(step_));
+    for (const auto* storage : reducer_->unit_storages(u))
+      if (auto it = of_storage.find(storage); it != of_storage.end())
+        for (auto j : it->second) put_safely(j);
+    reducer_->release_unit(u);
   }
-  return save_gathered(checkpoints_dir, extra, keep, keep_best);
 }
 
 fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep, int keep_best,
-                                const std::vector<std::pair<std::string, at::Tensor>>* model_state,
-                                const std::string& failed) {
+                                const ModelWriter* model) {
   if (cfg_.group) {
     // Written once, by rank 0; no rank goes on until it is complete. Sharded,
     // every rank first sends its pieces' state to rank 0, which joins them.
     fs::path dir = checkpoints_dir / step_dir_name(step_);
-    std::string error = failed;
+    std::string error;
     std::map<std::string, at::Tensor> opt_state;
     try {  // every rank takes part in the join; a failure on rank 0 still reaches the barrier below
       opt_state = sharded() ? joined_state() : optim_->state();
     } catch (const std::exception& e) {
       if (error.empty()) error = e.what();
     }
+    bool wrote_model = false;
+    ModelWriter counted;
+    if (model) counted = {[&](const fs::path& f) { wrote_model = true; model->write(f); }, model->pair};
     if (cfg_.group->rank() == 0 && error.empty()) {
       try {
-        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state, model_state);
+        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state, model ? &counted : nullptr);
       } catch (const std::exception& e) {
         error = e.what();
       }
     }
+    if (model && !wrote_model) model->pair();  // the gathers rank 0's write makes, on every other rank
     cfg_.group->barrier("waiting for rank 0 to write checkpoint " + dir.string());
     if (!error.empty()) throw Error(error);
     return dir;
@@ -171,7 +198,7 @@ void prune_checkpoints(const fs::path& checkpoints_dir, const fs::path& final_di
 
 fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohmann::json& extra, int keep,
                                    int keep_best, const std::map<std::string, at::Tensor>& opt,
-                                   const std::vector<std::pair<std::string, at::Tensor>>* model_state) {
+                                   const ModelWriter* model) {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec) throw Error("cannot create checkpoint folder " + checkpoints_dir.string() + ": " + ec.message());
@@ -184,7 +211,7 @@ fs::path Trainer::write_checkpoint(const fs::path& checkpoints_dir, const nlohma
   const fs::path tmp = checkpoints_dir / ("." + step_dir_name(step_) + ".tmp");
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp);
-  if (model_state) write_safetensors(tmp / "model.safetensors", *model_state, {{"format", "pt"}});
+  if (model) model->write(tmp / "model.safetensors");
   else save_model(*model_, tmp / "model.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> opt_state;
   for (auto& [k, v] : opt) opt_state.emplace_back(k, v);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "train/deferred.hpp"
 #include "wick/model.hpp"
 
 namespace wick {
@@ -48,10 +49,11 @@ void to_half_precision(Model& model, Precision p) {
   if (!true_half(p)) return;
   at::NoGradGuard no_grad;
   const auto dtype = half_dtype(p);
+  // (a deferred model's hollow tensors change dtype with no bytes made)
   for (auto& t : model.parameters())
-    if (at::isFloatingType(t.scalar_type())) t.set_data(t.to(dtype));
+    if (at::isFloatingType(t.scalar_type())) t.set_data(moved(t, dtype));
   for (auto& b : model.buffers())
-    if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(dtype));
+    if (at::isFloatingType(b.scalar_type())) b.set_data(moved(b, dtype));
 }
 
 at::Tensor unscale_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params, const at::Tensor& scale) {

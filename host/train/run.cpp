@@ -174,7 +174,13 @@ nlohmann::json Run::go() {
   }
   summarize();
   reset_peaks();
-  trainer_->gather_weights_back();  // shard = "parameters": every rank, here, at once
+  // shard = "parameters": every rank, here, at once
+  if (r_.o.get_string("return_weights") == "file") {
+    trainer_->write_weights_back(out_ / "model.safetensors");
+    run_["weights"] = (out_ / "model.safetensors").string();
+  } else {
+    trainer_->gather_weights_back();
+  }
   // the whole run's peak on this rank: the start, every step and the end
   run_["memory"]["start_peak"] = start_peak_;
   const std::int64_t end_peak = tensor_peak(cuda_);

@@ -233,6 +233,13 @@ std::vector<RunOption> folder_options() {
   return {
       option(opt_string("out", Value(), "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)")),
       option(opt_int("save_every", 0, "checkpoint every N steps (0: only at the end); needs out").at_least(0)),
+      option(opt_string("return_weights", "gathered",
+                        "shard = \"parameters\" on several ranks: 'gathered' puts the trained weights back whole in "
+                        "every rank's model; 'file' writes them to out/model.safetensors a unit at a time (rank 0 "
+                        "writing) and returns the model deferred from that file on every rank, read when used (a "
+                        "save copies it a tensor at a time, a divided run makes its chunks from it), so no rank ever "
+                        "holds the whole model; needs out")
+                 .one_of({"gathered", "file"})),
       option(opt_int("keep_checkpoints", 3, "newest checkpoints kept").at_least(1)),
       option(opt_bool("resume", false,
                       "continue from the newest intact checkpoint in out/checkpoints (a finished run stays as it is)")),
@@ -374,6 +381,13 @@ void check_folder_rules(const std::string& label, const Checked& out) {
     throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
   if (out.at("save_every").as_int() > 0 && !has(out, "out"))
     throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
+  if (out.at("return_weights").as_string() == "file") {
+    if (!has(out, "out"))
+      throw Error(label + ": option 'return_weights': \"file\" needs 'out', the run folder to write model.safetensors in");
+    if (parse_shard(out.at("shard").as_string()) != ShardMode::Parameters)
+      throw Error(label + ": option 'return_weights': \"file\" is for shard = \"parameters\" (the weights divided); "
+                  "with shard = \"" + out.at("shard").as_string() + "\" every rank holds them whole already");
+  }
 }
 
 // monitor needs eval_data and out; its companions need monitor

@@ -17,11 +17,13 @@
 #include "distributed/reducer.hpp"
 #include "distributed/zero3.hpp"
 #include "train/activation_checkpoint.hpp"
+#include "train/deferred.hpp"
 #include "train/device_feed.hpp"
 #include "train/param_groups.hpp"
 #include "train/run_options.hpp"
 #include "train/trainer_internal.hpp"
 #include "util/system.hpp"
+#include "wick/kit/deferral.hpp"
 #include "wick/kit/safetensors.hpp"
 #include "wick/kit/weights.hpp"
 
@@ -126,12 +128,25 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
     : model_(std::move(model)), optim_(std::move(optim)), schedule_(std::move(schedule)), cfg_(std::move(cfg)) {
   check_config();
   const at::Device device(cfg_.device);
+  // a deferred model (built without its weights) is made as it is divided
+  // when the weights are (ZeRO-3 on several ranks; make_divided), else whole here
+  if (is_deferred(*model_)) {
+    if (cfg_.group && cfg_.group->size() > 1 && cfg_.shard == ShardMode::Parameters) {
+      for (const auto& [name, t] : module_state(*model_))
+        if (is_hollow(t)) hollow_.emplace(t.unsafeGetTensorImpl(), name);
+    } else {
+      materialize_whole(*model_, "wick.train");
+    }
+  }
   std::map<std::string, at::Tensor> originals;  // the trainable weights before rounding, for the masters
   if (cfg_.master_weights)
     for (const auto& p : model_->named_parameters(/*recurse=*/true))
       if (p.value().requires_grad() && at::isFloatingType(p.value().scalar_type()))
-        originals[p.key()] = p.value().detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+        originals[p.key()] = is_hollow(p.value())
+                                 ? moved(p.value(), at::kFloat, device)
+                                 : p.value().detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   to_half_precision(*model_, cfg_.precision);
+  move_hollow(*model_, device);
   model_->to(device);
   if (device.is_cuda() && cfg_.memory_fraction > 0)
     cuda_set_memory_fraction(cfg_.memory_fraction, device.index() < 0 ? 0 : device.index());
@@ -142,7 +157,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
       at::Tensor stepped = p.value();
       if (cfg_.master_weights) {
         auto it = originals.find(p.key());
-        stepped = (it != originals.end() ? it->second : p.value().detach().to(at::kFloat)).requires_grad_(true);
+        stepped = (it != originals.end() ? it->second : moved(p.value().detach(), at::kFloat)).requires_grad_(true);
       }
       params_.emplace_back(p.key(), stepped);
     }
@@ -162,6 +177,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   }
   if (cfg_.group && cfg_.shard != ShardMode::None) check_shardable_optimizer();
   if (cfg_.group) join_ranks();
+  if (!hollow_.empty()) make_divided();
   attach_optimizer();
   if (sharded_ema_) {
     // this rank's pieces of the average, in fp32, from what its optimizer steps
@@ -212,107 +228,6 @@ void Trainer::set_checkpointing() {
     }
   if (!chosen.empty()) block_runner_ = std::make_unique<CheckpointRunner>(chosen, ck.offload);
   model_->set_block_runner(block_runner_.get());
-}
-
-// Several ranks: rank 0's weights everywhere, the gradient reducer, and under
-// shard the division of masters (ZeRO-1/2 with master_weights) or of the
-// weights themselves (ZeRO-3).
-void Trainer::join_ranks() {
-  {  // Every rank starts from rank 0's weights. (Their detached handles
-     // go here: kept, they would keep the storages ZeRO-3 replaces below.)
-    std::vector<at::Tensor> state;
-    for (auto& [name, t] : module_state(*model_)) state.push_back(t.detach());
-    if (cfg_.master_weights)
-      for (auto& [name, p] : params_) state.push_back(p.detach());
-    cfg_.group->broadcast(state, "broadcasting rank 0's initial weights");
-  }
-  {
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < ema_.size(); ++i) ema_[i].second.copy_(params_[i].second);
-  }
-  // Sharded fp32 masters are divided: the reducer lays out shapes only (on
-  // the meta device), each rank keeps its pieces' masters (below) and the
-  // gathered updates go straight into the half-precision weights.
-  sharded_masters_ = cfg_.master_weights && cfg_.shard != ShardMode::None && cfg_.group->size() > 1;
-  const bool zero3 = cfg_.shard == ShardMode::Parameters && cfg_.group->size() > 1;
-  // ZeRO-3 divides the model's own (half-precision) weights, whose
-  // gradients it sums in fp32 with masters; the others lay out the masters'
-  // shapes (divided) or what the optimizer steps
-  std::vector<at::Tensor> trainable;
-  for (std::size_t k = 0; k < params_.size(); ++k) {
-    const at::Tensor& p = params_[k].second;
-    trainable.push_back(zero3 && cfg_.master_weights ? model_params_[k]
-                        : sharded_masters_ ? at::empty(p.sizes(), p.options().device(at::kMeta)).requires_grad_(true)
-                                           : p);
-  }
-  // ZeRO-3 divides what takes no gradient too (a LoRA's base, QLoRA's 4-bit
-  // codes): no rank keeps the whole model
-  const NamedTensorList frozen = zero3 ? frozen_tensors() : NamedTensorList{};
-  const Zero3Units z = zero3 ? zero3_units(params_, model_->blocks(), frozen) : Zero3Units{};
-  root_unit_ = z.root;
-  std::vector<std::vector<at::Tensor>> frozen_of_unit;
-  for (const auto& unit : z.frozen) {
-    std::set<const c10::TensorImpl*> seen;  // a tensor reached by two names is divided once
-    auto& list = frozen_of_unit.emplace_back();
-    for (auto k : unit)
-      if (seen.insert(frozen[k].second.unsafeGetTensorImpl()).second) list.push_back(frozen[k].second);
-  }
-  // ZeRO-3 frees each unit's whole weights as soon as this rank's chunks are
-  // taken (the division holds the model and one unit, not 1.5 models), so a
-  // failure from here on loses them, and the model says so when read
-  if (zero3)
-    mark_partitioned(model_, "its trainer failed while dividing its weights across the ranks (shard = "
-                             "\"parameters\"): they are lost in this process; build or load the model again");
-  try {
-    reducer_ = std::make_unique<GradReducer>(cfg_.group, trainable, cfg_.bucket_mb, cfg_.shard, z.units,
-                                             zero3 && cfg_.master_weights ? at::kFloat : at::ScalarType::Undefined,
-                                             frozen_of_unit, /*free_as_divided=*/zero3);
-  } catch (...) {
-    // a unit that cannot be laid out is refused before any weight moves
-    if (zero3 && !weights_moved(trainable, frozen_of_unit)) mark_partitioned(model_, "");
-    throw;
-  }
-  if (partitioned()) {
-    // model_ shares each parameter's TensorImpl, so a tensor reached by two
-    // names (tied) is one unit's or the run reads it freed
-    check_tied_units(params_, z, frozen);
-    partition_runner_ = std::make_unique<PartitionRunner>(reducer_.get(), z.unit_of_block, block_runner_.get());
-    model_->set_block_runner(partition_runner_.get());
-  }
-  if (!sharded_masters_) return;
-  for (const auto& piece : reducer_->my_pieces()) {  // this rank's masters, copied out of the whole ones
-    const at::Tensor p = params_[piece.param].second.detach();
-    stepped_.emplace_back(params_[piece.param].first,
-                          piece.numel == p.numel() ? p.clone() : p.reshape({-1}).narrow(0, piece.start, piece.numel).clone());
-  }
-  // the whole ones go (ZeRO-3 keeps their shapes: the reducer holds the model's weights)
-  for (std::size_t k = 0; k < params_.size(); ++k)
-    params_[k].second = zero3 ? at::empty(params_[k].second.sizes(), params_[k].second.options().device(at::kMeta))
-                              : trainable[k];
-}
-
-// Whether the division began: a tensor given to the reducer lost its storage.
-bool Trainer::weights_moved(const std::vector<at::Tensor>& trainable,
-                            const std::vector<std::vector<at::Tensor>>& frozen) const {
-  auto freed = [](const at::Tensor& t) { return t.defined() && t.numel() > 0 && !t.is_meta() && !t.storage().data(); };
-  for (const auto& t : trainable)
-    if (freed(t)) return true;
-  for (const auto& unit : frozen)
-    for (const auto& t : unit)
-      if (freed(t)) return true;
-  return false;
-}
-
-// The model's tensors that take no gradient and hold data: its frozen
-// parameters and its buffers, by name (a tied one under each of its names).
-std::vector<std::pair<std::string, at::Tensor>> Trainer::frozen_tensors() const {
-  std::set<const c10::TensorImpl*> trainable;
-  for (const auto& p : model_params_) trainable.insert(p.unsafeGetTensorImpl());
-  NamedTensorList out;
-  for (auto& [name, t] : module_state(*model_))
-    if (t.defined() && !t.is_meta() && t.numel() > 0 && !trainable.count(t.unsafeGetTensorImpl()))
-      out.emplace_back(name, t);
-  return out;
 }
 
 // The optimizer takes what it steps: every trainable tensor, or (sharded)
@@ -372,23 +287,6 @@ Trainer::~Trainer() {
     mark_partitioned(model_, "its trainer ended while its weights were divided across the ranks (shard = "
                              "\"parameters\": a run that failed, or a custom loop that did not call trainer:finish() "
                              "on every rank): they are lost in this process; load the last checkpoint");
-}
-
-void Trainer::gather_weights_back() {
-  if (!partitioned() || gathered_back_) return;
-  try {
-    reducer_->gather_all("gathering the trained weights at the end of the run", /*last=*/true);
-  } catch (...) {
-    mark_partitioned(model_, "the trained weights could not be gathered at the end of the run (shard = "
-                             "\"parameters\"); load the last checkpoint");
-    gathered_back_ = true;
-    throw;
-  }
-  gathered_back_ = true;
-  // the model runs its blocks as before the trainer divided them (the
-  // partition runner would free each block's weights after it ran)
-  if (model_->block_runner() == partition_runner_.get()) model_->set_block_runner(block_runner_.get());
-  mark_partitioned(model_, "");
 }
 
 void Trainer::check_not_finished(const std::string& what) const {

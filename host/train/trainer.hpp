@@ -182,6 +182,12 @@ class Trainer {
   /// point). Until then, and for good if the trainer ends without it, reading
   /// the model is refused by name (train/partition.hpp). Else nothing.
   void gather_weights_back();
+  /// shard = "parameters" on several ranks, in place of gather_weights_back:
+  /// the weights written to `file` a unit at a time (rank 0 writing, every
+  /// rank gathering), none gathered into the model, which every rank then
+  /// holds deferred from the file (train/deferred.hpp): no rank, device or
+  /// host, ever holds the whole model. On one rank, the whole model saved.
+  void write_weights_back(const std::filesystem::path& file);
 
   /// Bytes held by weights (parameters and buffers), gradients and optimizer state.
   std::map<std::string, std::int64_t> memory_breakdown() const;
@@ -223,19 +229,33 @@ class Trainer {
   /// (a rank whose forward differed would have paired its gathers with
   /// others' of other blocks); an error naming the ranks otherwise.
   void check_gathers();
-  /// save() once the weights are at hand: the model's own, or `model_state`
-  /// (ZeRO-3: rank 0's host copies of every tensor, gathered unit by unit).
+  /// How a checkpoint's model.safetensors is written when not from the
+  /// model's own weights (ZeRO-3: streamed unit by unit): `write` makes the
+  /// file (rank 0); `pair` runs on every rank that did not call write (the
+  /// others, or rank 0 after a failure before it), so the gathers pair up.
+  struct ModelWriter {
+    std::function<void(const std::filesystem::path&)> write;
+    std::function<void()> pair;
+  };
+  /// save() once the weights are at hand: the model's own, or through `model`.
   std::filesystem::path save_gathered(const std::filesystem::path& checkpoints_dir, const nlohmann::json& extra,
-                                      int keep, int keep_best,
-                                      const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr,
-                                      const std::string& failed = "");
+                                      int keep, int keep_best, const ModelWriter* model = nullptr);
+  /// ZeRO-3: every unit gathered in turn on every rank and released; with
+  /// `put` (rank 0), each of the model's tensors put as its unit is there. A
+  /// failed put is kept in `error` and the gathers go on (the other ranks
+  /// wait in them).
+  void stream_divided_weights(const std::function<void(const std::string&, const at::Tensor&)>* put,
+                              std::string& error);
+  /// Rank 0: the divided weights into `file` as they are gathered.
+  void write_divided_weights(const std::filesystem::path& file, std::string& error);
+  void end_divided();
   /// load()'s parts: ZeRO-3's weights read unit by unit; masters and average.
   void load_divided_weights(const std::filesystem::path& file);
   void restore_kept(const std::filesystem::path& checkpoint, const std::map<std::string, at::Tensor>& masters,
                     const std::map<std::string, at::Tensor>& averages);
   std::filesystem::path write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& extra, int keep,
                                          int keep_best, const std::map<std::string, at::Tensor>& opt_state,
-                                         const std::vector<std::pair<std::string, at::Tensor>>* model_state = nullptr);
+                                         const ModelWriter* model = nullptr);
   /// Forward and backward of every micro-batch of the window (each split in
   /// split_ parts); false when this or another rank ran out of memory.
   bool run_window(const std::vector<Batch>& window, StepStats& s, at::Tensor& loss_sum,
@@ -267,6 +287,7 @@ class Trainer {
   void join_ranks();
   std::vector<std::pair<std::string, at::Tensor>> frozen_tensors() const;
   bool weights_moved(const std::vector<at::Tensor>& trainable, const std::vector<std::vector<at::Tensor>>& frozen) const;
+  void make_divided();
   void attach_optimizer();
   void check_shardable_optimizer() const;
   /// Clears the gradients of the model's trainable tensors and, with master
@@ -286,6 +307,9 @@ class Trainer {
   // sharded master_weights: params_ are shapes on the meta device and each
   // rank's fp32 masters are its pieces in stepped_ (tensors of their own)
   bool sharded_masters_ = false;
+  // a deferred model (wick::Deferred) made as it is divided (ZeRO-3): the
+  // tensors hollow when the trainer got it, by name
+  std::map<const c10::TensorImpl*, std::string> hollow_;
   bool sharded_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
   void update_ema();
   std::int64_t step_ = 0;

@@ -169,6 +169,28 @@ class WindowCoupled {
   virtual ForwardResult window_loss(const std::vector<at::Tensor>& embeddings) = 0;
 };
 
+/// Capability: deferred construction (wick/kit/deferral.hpp). A model built
+/// deferred holds hollow tensors (shapes without bytes); materialize() makes
+/// their values one tensor at a time, in the order a whole build makes them,
+/// each handed to `sink` once, so the host keeps of each what it needs: under
+/// shard = "parameters" a rank keeps its chunks and no rank ever holds the
+/// whole model; elsewhere the host gives each tensor its whole value. The
+/// values have the bits a whole build gives them.
+class Deferred {
+ public:
+  virtual ~Deferred() = default;
+  /// Whether some of the model's tensors still wait for their values (are
+  /// hollow); false once the host gave each its storage.
+  virtual bool deferred() const = 0;
+  /// sink(tensor, value): `tensor` one of the model's parameters or buffers
+  /// (every hollow one, and any the build made at once whose values come
+  /// later, as a folder's norms), `value` its whole value (the dtype the
+  /// build makes it in, on the CPU), valid during the call only. May run more
+  /// than once, each time with the same values (a save streams them and
+  /// keeps none).
+  virtual void materialize(const std::function<void(const at::Tensor& tensor, const at::Tensor& value)>& sink) = 0;
+};
+
 /// The capability C of a model, or null when it has none.
 template <class C>
 C* capability(Model& m) {

@@ -94,7 +94,36 @@ void init_normal(at::Tensor& t, double std) {
   t.copy_(at::empty(t.sizes(), at::kFloat).normal_(0.0, std));
 }
 
+// init_normal now, or (a deferred build) as a recorded step making the same bits
+void init_or_defer(at::Tensor& t, double std, const Build& b) {
+  if (!b.deferral) return init_normal(t, std);
+  // (the dtype it is built in: the host may have changed the hollow tensor's since)
+  b.deferral->add_random([t, std, dtype = t.scalar_type()](const wick::Deferral::Emit& emit) {
+    at::Tensor v = at::empty(t.sizes(), at::TensorOptions().dtype(dtype));
+    init_normal(v, std);
+    emit(t, v);
+  });
+}
+
+// A deferred build's layer: hollow (quantized hollow with quantize_block
+// and init), its values a recorded step drawing what linear() draws below.
+wick::Linear deferred_linear(std::int64_t in, std::int64_t out, bool bias, const Config& c, const Build& b) {
+  wick::Linear l(in, out, bias, b.dtype, wick::LinearImpl::Hollow{});
+  const std::int64_t block = b.quantize_block;
+  if (!b.init) return l;  // a folder's values: the model records them
+  if (block > 0) l->hollow_nf4(at::kBFloat16, block);
+  b.deferral->add_random([l, block, dtype = b.dtype, std = c.init_range](const wick::Deferral::Emit& emit) {
+    at::Tensor w = at::empty({l->out_features, l->in_features}, dtype);
+    init_normal(w, std);
+    if (block > 0) l->emit_nf4(wick::nf4_quantize_chunked(w, block), emit);
+    else emit(l->weight, w);
+    if (l->bias.defined()) emit(l->bias, at::zeros({l->out_features}, dtype));
+  });
+  return l;
+}
+
 wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Config& c, const Build& b) {
+  if (b.deferral) return deferred_linear(in, out, bias, c, b);
   wick::Linear l(in, out, bias, b.dtype, /*init=*/false, b.defer_linear);
   if (!b.init) return l;
   if (!b.defer_linear) init_normal(l->weight, c.init_range);
@@ -303,10 +332,12 @@ at::Tensor LayerImpl::forward(at::Tensor x, const at::Tensor& cos, const at::Ten
 
 BodyImpl::BodyImpl(const Config& c, const Build& b) {
   // made in its dtype; a fresh one initialised as transformers does, else the folder's values fill it
+  const auto opts = at::TensorOptions().dtype(b.dtype);
   embed_tokens = register_module(
       "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab, c.hidden)
-                                               ._weight(at::empty({c.vocab, c.hidden}, at::TensorOptions().dtype(b.dtype)))));
-  if (b.init) init_normal(embed_tokens->weight, c.init_range);
+                                               ._weight(b.deferral ? wick::hollow({c.vocab, c.hidden}, opts)
+                                                                   : at::empty({c.vocab, c.hidden}, opts))));
+  if (b.init) init_or_defer(embed_tokens->weight, c.init_range, b);
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < c.layers; ++i) layers->push_back(Layer(c, b, i));
   norm = register_module("norm", RMSNorm(c.hidden, c.eps, b.dtype, c.gemma));
@@ -339,6 +370,32 @@ void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, cons
     it->second->quantize_nf4_from(t, at::kBFloat16, block);
     release_free_heap();
     return true;
+  });
+}
+
+void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
+                   const std::set<std::string>& ignore, const std::vector<std::pair<std::string, wick::Linear>>& layers,
+                   std::int64_t block, wick::Deferral& deferral) {
+  const wick::NamedTensorList state = wick::module_state(m);
+  wick::detail::check_fit(state, weights, source, ignore);
+  std::map<std::string, wick::Linear> quantized;  // "<layer>.weight" -> the layer
+  if (block > 0)
+    for (const auto& [name, lin] : layers) quantized.emplace(name + ".weight", lin);
+  std::map<std::string, at::Tensor> targets;
+  for (const auto& [name, t] : state)
+    if (!quantized.count(name)) targets.emplace(name, t);
+  for (auto& [name, lin] : quantized) lin->hollow_nf4(at::kBFloat16, block);
+  auto file = std::make_shared<wick::NamedTensorList>(std::move(weights));
+  deferral.add([file, targets, quantized, block](const wick::Deferral::Emit& emit) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, t] : *file) {
+      if (auto q = quantized.find(name); q != quantized.end()) {
+        q->second->emit_nf4(wick::nf4_quantize_chunked(t, block), emit);
+        release_free_heap();
+      } else if (auto it = targets.find(name); it != targets.end()) {
+        emit(it->second, t.to(it->second.scalar_type()));
+      }
+    }
   });
 }
 
@@ -504,8 +561,9 @@ std::int64_t pick_token(const at::Tensor& l, const wick::GenerateOptions& g, at:
 Decoder::Decoder(const Config& c, std::string body_prefix, const Build& b) : c_(c), prefix_(std::move(body_prefix)) {
   body = Body(c_, b);
   if (!c_.tie) {
-    lm_head = wick::Linear(c_.hidden, c_.vocab, /*bias=*/false, b.dtype, /*init=*/false);
-    if (b.init) init_normal(lm_head->weight, c_.init_range);
+    lm_head = b.deferral ? wick::Linear(c_.hidden, c_.vocab, /*bias=*/false, b.dtype, wick::LinearImpl::Hollow{})
+                         : wick::Linear(c_.hidden, c_.vocab, /*bias=*/false, b.dtype, /*init=*/false);
+    if (b.init) init_or_defer(lm_head->weight, c_.init_range, b);
   }
   std::tie(inv_freq_, rope_scale_) = rope_frequencies(c_, c_.max_positions);
   original_inv_freq_ = inv_freq_;

@@ -13,6 +13,7 @@
 
 #include <wick/model.hpp>
 #include <wick/options.hpp>
+#include <wick/kit/deferral.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/kit/weights.hpp>
 
@@ -43,11 +44,17 @@ constexpr std::int64_t kIgnore = -100;
 /// quantized to NF4 as soon as it is made (the same bytes as quantizing the
 /// whole model afterwards), so a from-scratch QLoRA model never holds more
 /// than one float layer.
+/// With `deferral` (a deferred build, wick/kit/deferral.hpp), the
+/// embeddings, the linear layers and the head are hollow (no bytes): their
+/// random values (init) are recorded as steps of the deferral, to be made
+/// where the host wants them; a folder's values are recorded by the model.
+/// The norms' weights (ones or zeros, a vector each) are made at once.
 struct Build {
   at::ScalarType dtype = at::kFloat;
   bool init = true;
   bool defer_linear = false;
   std::int64_t quantize_block = 0;
+  wick::Deferral* deferral = nullptr;
 };
 
 /// The model options of 4-bit weights (decoder_lm's and vlm's): quantize, quantize_block.
@@ -155,6 +162,16 @@ wick::NamedTensorList read_folder(const std::filesystem::path& dir, const std::s
 void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
                      const std::set<std::string>& ignore,
                      const std::vector<std::pair<std::string, wick::Linear>>& layers, std::int64_t block);
+
+/// The same for a deferred build (Build::deferral): `weights` are checked
+/// against `m` now (names and shapes), the layers to quantize become hollow
+/// NF4 ones, and one step is recorded that gives each tensor of the folder,
+/// in the files' order, to the deferral's emit (converted to the dtype its
+/// tensor is built in; quantized per layer with block > 0). The mapped files
+/// stay open until the step has run.
+void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
+                   const std::set<std::string>& ignore, const std::vector<std::pair<std::string, wick::Linear>>& layers,
+                   std::int64_t block, wick::Deferral& deferral);
 
 /// tie_word_embeddings with a separate `head` tensor in the weights that
 /// differs from `embed`: transformers then leaves the head untied and uses

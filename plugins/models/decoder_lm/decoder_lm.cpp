@@ -37,7 +37,11 @@ dec::Config config_of(const wick::Options& o, const nlohmann::json* hf, const fs
   return c;
 }
 
-class DecoderLM : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
+class DecoderLM : public wick::Model,
+                  public wick::Predictor,
+                  public wick::Generator,
+                  public wick::AdapterTargets,
+                  public wick::Deferred {
  public:
   explicit DecoderLM(const wick::Options& o) {
     std::unique_ptr<nlohmann::json> hf;
@@ -63,9 +67,13 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
     b.init = !hf;
     b.defer_linear = hf && nf4;          // a folder's weights arrive quantized, tensor by tensor
     b.quantize_block = nf4 ? block : 0;  // random ones are quantized layer by layer as they are made
+    if (o.get_bool("deferred")) b.deferral = &deferral_;
     dec_ = std::make_unique<dec::Decoder>(c, "model", b);
     dec_->register_with(*this, "model", *this);
-    if (hf)
+    if (hf && b.deferral)
+      dec::defer_loading(*this, std::move(weights), dir.string(), dec_->ignored_on_load(), dec_->linear_layers(),
+                         nf4 ? block : 0, deferral_);
+    else if (hf)
       dec::load_quantizing(*this, std::move(weights), dir.string(), dec_->ignored_on_load(), dec_->linear_layers(),
                            nf4 ? block : 0);
     dec_->set_loss_chunk(o.has("loss_chunk") ? o.get_int("loss_chunk") : dec::kDefaultLossChunk);
@@ -112,6 +120,18 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   std::vector<std::string> blocks() const override { return dec_->blocks(); }
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
+  // deferred while a tensor still waits (after the host gave each its
+  // storage, or a run gathered the divided weights back, none does)
+  bool deferred() const override {
+    if (deferral_.empty()) return false;
+    for (const auto& [name, t] : wick::module_state(const_cast<DecoderLM&>(*this)))
+      if (wick::is_hollow(t)) return true;
+    return false;
+  }
+  void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
+    deferral_.run(sink);
+  }
+
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
     return {{"vocab_size", c.vocab}, {"hidden_size", c.hidden}, {"layers", c.layers}, {"family", c.family},
@@ -123,6 +143,7 @@ class DecoderLM : public wick::Model, public wick::Predictor, public wick::Gener
   }
 
  private:
+  wick::Deferral deferral_;  // deferred = true: the steps that make the weights
   std::unique_ptr<dec::Decoder> dec_;
   std::string source_;
 };
@@ -138,6 +159,11 @@ wick::OptionSchema schema() {
                   .optional());
   for (auto& o : dec::quantize_options()) s.push_back(o);
   for (auto& o : dec::loss_options()) s.push_back(o);
+  s.push_back(wick::opt_bool("deferred", false,
+                             "make no weights now (DeepSpeed's zero.Init, FSDP's meta device): under wick.train's "
+                             "shard = \"parameters\" on several ranks each rank makes only its chunks, so no rank "
+                             "holds the whole model; any other use makes the whole model first. The same values as "
+                             "a whole build (the random draws replayed, or the folder's tensors read one at a time)"));
   return s;
 }
 

@@ -146,6 +146,16 @@ class LinearImpl : public torch::nn::Module {
     }
   }
 
+  /// The layer deferred (wick/kit/deferral.hpp): its weight and bias hollow,
+  /// their values made later by the build's recorded steps.
+  struct Hollow {};
+  LinearImpl(std::int64_t in, std::int64_t out, bool bias, at::ScalarType dtype, Hollow)
+      : in_features(in), out_features(out) {
+    const auto opts = at::TensorOptions().dtype(dtype);
+    weight = register_parameter("weight", hollow({out, in}, opts));
+    if (bias) this->bias = register_parameter("bias", hollow({out}, opts));
+  }
+
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor y;
     if (nf4_) {
@@ -194,6 +204,21 @@ class LinearImpl : public torch::nn::Module {
       throw std::invalid_argument("wick::Linear: a weight of shape " + c10::str(w.sizes()) + " for a layer of [" +
                                   std::to_string(out_features) + ", " + std::to_string(in_features) + "]");
     adopt_nf4(nf4_quantize_chunked(w, block), compute);
+  }
+
+  /// A deferred layer's weight as hollow NF4 tensors (their values come
+  /// from emit_nf4 in the build's recorded steps).
+  void hollow_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
+    if (nf4_) throw std::logic_error("wick::Linear: the weight is quantized already");
+    adopt_nf4(nf4_hollow({out_features, in_features}, block), compute);
+  }
+  /// A deferred NF4 layer's values: each of q's tensors to its hollow one.
+  void emit_nf4(const Nf4Weight& q, const Deferral::Emit& emit) const {
+    if (!nf4_) throw std::logic_error("wick::Linear: emit_nf4 on a layer that is not quantized");
+    emit(nf4_->packed, q.packed);
+    emit(nf4_->absmax_q, q.absmax_q);
+    emit(nf4_->absmax_scale, q.absmax_scale);
+    emit(nf4_->absmax_offset, q.absmax_offset);
   }
 
   /// The NF4 block size of a quantized weight (0 when not quantized).

@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "wick/kit/deferral.hpp"
 #include "wick/kit/dynamic_map.hpp"
 
 namespace wick {
@@ -87,6 +88,23 @@ struct Nf4Weight {
     return static_cast<std::int64_t>(packed.nbytes() + absmax_q.nbytes() + absmax_scale.nbytes() + absmax_offset.nbytes());
   }
 };
+
+/// A quantized weight's tensors as hollow ones (wick/kit/deferral.hpp): the
+/// shapes nf4_quantize gives a weight of `shape`, no bytes (a deferred build).
+inline Nf4Weight nf4_hollow(const std::vector<std::int64_t>& shape, std::int64_t block = 64,
+                            std::int64_t scale_block = 256) {
+  Nf4Weight q;
+  q.shape = shape;
+  q.block = block;
+  q.scale_block = scale_block;
+  const std::int64_t n = q.numel(), blocks = n / block, groups = (blocks + scale_block - 1) / scale_block;
+  const auto bytes = at::TensorOptions().dtype(at::kByte), floats = at::TensorOptions().dtype(at::kFloat);
+  q.packed = hollow({n / 2}, bytes);
+  q.absmax_q = hollow({blocks}, bytes);
+  q.absmax_scale = hollow({groups}, floats);
+  q.absmax_offset = hollow({}, floats);
+  return q;
+}
 
 /// Double quantization: the absmax constants (float [blocks]) into q's
 /// absmax_offset (their mean), absmax_scale (the largest |absmax - offset|

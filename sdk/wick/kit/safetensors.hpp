@@ -83,6 +83,20 @@ struct LazyTensor {
 inline void write_safetensors(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
+/// Puts one declared tensor's values into a file being written.
+using PutTensor = std::function<void(const std::string& name, const at::Tensor& values)>;
+
+/// The same, with the tensors arriving in any order: `tensors` declare them
+/// (name, dtype, shape; `make` unused), and `produce(put)` calls put once for
+/// each, in whatever order it makes them (a divided model's units as they
+/// are gathered, a deferred model's values as they are made), so only the
+/// tensor being put exists. A tensor put twice, not declared, of another
+/// dtype or shape than declared, or never put, is an error naming it, and the
+/// file is left as it was.
+inline void write_safetensors_placed(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
+                                     const std::function<void(const PutTensor&)>& produce,
+                                     const std::map<std::string, std::string>& metadata = {});
+
 /// Writes `bytes` to `file` atomically (temporary file, fsync, rename).
 inline void write_file_atomic(const std::filesystem::path& file, const std::string& bytes);
 
@@ -265,8 +279,12 @@ inline TensorFile read_safetensors(const std::filesystem::path& file) {
   return out;
 }
 
-inline void write_safetensors(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+namespace detail {
+// The header (its length first, then the JSON, padded so the data starts
+// 8-byte aligned, as the reference writer does) and each tensor's data offset.
+inline std::string safetensors_header(const std::vector<LazyTensor>& tensors,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::vector<std::uint64_t>* offsets) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
@@ -274,25 +292,63 @@ inline void write_safetensors(const std::filesystem::path& file, const std::vect
     std::uint64_t bytes = c10::elementSize(t.dtype);
     for (auto d : t.shape) bytes *= static_cast<std::uint64_t>(d);
     header[t.name] = {{"dtype", detail::dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    if (offsets) offsets->push_back(offset);
     offset += bytes;
   }
   std::string h = header.dump();
-  while ((h.size() + 8) % 8) h.push_back(' ');  // data starts 8-byte aligned, as the reference writer does
+  while ((h.size() + 8) % 8) h.push_back(' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  return out + h;
+}
+
+// t on the CPU and contiguous, checked against its declaration.
+inline at::Tensor declared(const LazyTensor& lazy, const at::Tensor& made, const char* who) {
+  const at::Tensor t = made.detach().to(at::kCPU).contiguous();
+  if (t.scalar_type() != lazy.dtype || t.sizes() != at::IntArrayRef(lazy.shape))
+    throw std::logic_error(std::string(who) + ": " + lazy.name + " was made " + detail::dtype_name(t.scalar_type()) +
+                           " " + c10::str(t.sizes()) + ", declared " + detail::dtype_name(lazy.dtype) + " " +
+                           c10::str(at::IntArrayRef(lazy.shape)));
+  return t;
+}
+}  // namespace detail
+
+inline void write_safetensors(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string head = detail::safetensors_header(tensors, metadata, nullptr);
   write_file_atomic(file, [&](std::ostream& out) {
-    char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
-    out.write(len, 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    out.write(head.data(), static_cast<std::streamsize>(head.size()));
     // one tensor at a time: only it is made, copied to the CPU or made contiguous
     for (const auto& lazy : tensors) {
-      const at::Tensor t = lazy.make().detach().to(at::kCPU).contiguous();
-      if (t.scalar_type() != lazy.dtype || t.sizes() != at::IntArrayRef(lazy.shape))
-        throw std::logic_error("write_safetensors: " + lazy.name + " was made " + detail::dtype_name(t.scalar_type()) +
-                               " " + c10::str(t.sizes()) + ", declared " + detail::dtype_name(lazy.dtype) + " " +
-                               c10::str(at::IntArrayRef(lazy.shape)));
+      const at::Tensor t = detail::declared(lazy, lazy.make(), "write_safetensors");
       out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
       if (!out) return;  // the caller reports the failed stream
     }
+  });
+}
+
+inline void write_safetensors_placed(const std::filesystem::path& file, const std::vector<LazyTensor>& tensors,
+                                     const std::function<void(const PutTensor&)>& produce,
+                                     const std::map<std::string, std::string>& metadata) {
+  std::vector<std::uint64_t> offsets;
+  const std::string head = detail::safetensors_header(tensors, metadata, &offsets);
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+  write_file_atomic(file, [&](std::ostream& out) {
+    out.write(head.data(), static_cast<std::streamsize>(head.size()));
+    std::vector<bool> put(tensors.size(), false);
+    produce([&](const std::string& name, const at::Tensor& values) {
+      auto it = index.find(name);
+      if (it == index.end()) throw std::logic_error("write_safetensors_placed: " + name + " was not declared");
+      if (put[it->second]) throw std::logic_error("write_safetensors_placed: " + name + " was put twice");
+      const at::Tensor t = detail::declared(tensors[it->second], values, "write_safetensors_placed");
+      out.seekp(static_cast<std::streamoff>(head.size() + offsets[it->second]));
+      out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+      if (!out) throw Error("cannot write " + file.string() + ": " + std::strerror(errno));
+      put[it->second] = true;
+    });
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (!put[i]) throw std::logic_error("write_safetensors_placed: " + tensors[i].name + " was never put");
   });
 }
 

@@ -1043,3 +1043,189 @@ def test_plan_on_ranks_gives_each_shard_settings_per_rank_figures(tmp_path, reci
     p = subprocess.run([WICK, "plan", recipe, "--ranks", "2"], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, WORLD_SIZE="2"))
     assert p.returncode == 2 and "already one of WORLD_SIZE=2 ranks" in p.stderr, p.stderr
+
+
+DEFERRED = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("text", { file = a.data, max_length = 24, cache_dir = "none" })
+wick.seed(3 + (a.seed_apart and wick.rank or 0))
+local hidden = tonumber(a.hidden or 128)
+local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = hidden, intermediate_size = 2 * hidden,
+  layers = tonumber(a.layers or 3), heads = 4, deferred = a.deferred == true, quantize = a.quantize or "none",
+  path = a.path })
+if a.kind then wick.optim(a.kind, a.kind == "qlora" and { r = 4, compute_dtype = "fp32" } or { r = 4 }):apply(model) end
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4,
+  accumulate = 1, max_steps = 2, shuffle = false, quiet = true, seed = 1, shard = a.shard or "parameters",
+  checkpointing = true, precision = a.precision or "fp32", master_weights = a.masters == true }
+if wick.rank == 0 then model:save(a.result) end
+print(string.format("PEAKS %d %d %d", wick.rank, run.memory.start_peak, run.memory.weights))
+"""
+
+# a Hugging Face folder for the cases that read one: bf16, as transformers saves it
+FOLDER = """
+local wick = require "wick"
+wick.seed(11)
+wick.save_pretrained(wick.model("decoder_lm", { vocab_size = 257, hidden_size = 128, intermediate_size = 256,
+  layers = 6, heads = 4, dtype = "bf16" }), wick.args.out)
+"""
+
+
+def sentences(path, n=32, seed=7):
+    import random
+    rnd = random.Random(seed)
+    words = ["red", "circle", "moves", "blue", "square", "up", "down", "left", "a", "the", "slowly", "fast"]
+    path.write_text("".join('{"text": "%s"}\n' % " ".join(rnd.choice(words) for _ in range(12)) for _ in range(n)))
+
+
+@pytest.mark.parametrize("case", ["full", "bf16-masters", "lora", "qlora", "folder", "folder-qlora"])
+def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_path, run_wick, case):
+    """decoder_lm with deferred = true under shard = "parameters" on 2 ranks:
+    no weight exists until the trainer divides the model; each rank then
+    makes every value one tensor at a time (the random draws replayed from
+    the states the build recorded, or the folder's tensors read) and keeps
+    its chunks. The trained model has the bits of the run from a whole
+    build, for full training (fp32; bf16-true with fp32 masters), LoRA,
+    QLoRA over the model's own NF4 layers, and a folder (plain and
+    quantized on load); and the rank's start holds about half the weights
+    where the whole build holds all of them."""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "a.lua").write_text(DEFERRED)
+    more = {"full": [], "bf16-masters": ["precision=bf16-true", "masters=true"], "lora": ["kind=lora"],
+            "qlora": ["kind=qlora", "quantize=nf4"], "folder": [], "folder-qlora": ["kind=qlora", "quantize=nf4"]}[case]
+    if case.startswith("folder"):
+        (tmp_path / "f.lua").write_text(FOLDER)
+        run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
+        more.append(f"path={tmp_path / 'hf'}")
+
+    def launch(deferred):
+        p = run_wick("launch", "--nproc-per-node", 2, tmp_path / "a.lua", f"data={tmp_path / 'd.jsonl'}", "layers=6", *more,
+                     f"deferred={str(deferred).lower()}", f"result={tmp_path / f'{deferred}.safetensors'}")
+        out = p.stdout.replace("[rank 1] ", "")
+        return {int(l.split()[1]): [int(x) for x in l.split()[2:]] for l in out.splitlines() if l.startswith("PEAKS ")}
+    whole, deferred = launch(False), launch(True)
+    assert_same_entries(tmp_path / "True.safetensors", tmp_path / "False.safetensors")
+    if "qlora" not in case:  # (a small NF4 model's per-tensor quantizing temporaries outweigh its half)
+        for r in range(2):
+            weights = whole[r][1]  # this rank's chunks: half the model's weights
+            assert whole[r][0] >= 1.8 * weights, (case, r, whole[r])  # the whole build's start: all of them
+            assert deferred[r][0] <= 1.5 * weights, (case, r, deferred[r], weights)  # half, a unit, a tensor
+    print(case, whole, deferred)
+
+
+def test_a_deferred_model_is_made_whole_where_it_is_not_divided(tmp_path, run_wick):
+    """One rank, or shard other than "parameters": the deferred model is made
+    whole when wick.train gets it (saying so), with the bits of a whole
+    build; a model method before training makes it whole too."""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "a.lua").write_text(DEFERRED)
+    common = [tmp_path / "a.lua", f"data={tmp_path / 'd.jsonl'}", "shard=none"]
+    run_wick("run", *common, "deferred=false", f"result={tmp_path / 'whole.safetensors'}")
+    p = run_wick("run", *common, "deferred=true", f"result={tmp_path / 'one.safetensors'}")
+    assert "wick: wick.train: the model was built deferred; its weights are made whole now" in p.stderr, p.stderr
+    assert_same_entries(tmp_path / "one.safetensors", tmp_path / "whole.safetensors")
+    run_wick("launch", "--nproc-per-node", 2, *common, "deferred=false", f"result={tmp_path / 'w2.safetensors'}")
+    run_wick("launch", "--nproc-per-node", 2, *common, "deferred=true", "shard=gradients",
+             f"result={tmp_path / 'z2.safetensors'}")
+    run_wick("launch", "--nproc-per-node", 2, *common, "deferred=false", "shard=gradients",
+             f"result={tmp_path / 'z2w.safetensors'}")
+    assert_same_entries(tmp_path / "z2.safetensors", tmp_path / "z2w.safetensors")
+    # model:save streams a deferred model a value at a time (it stays
+    # deferred); a method that reads the weights makes it whole first
+    (tmp_path / "s.lua").write_text('local wick = require "wick"\nwick.seed(3)\n'
+                                    'local m = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 32, '
+                                    'intermediate_size = 64, layers = 1, heads = 4, deferred = wick.args.deferred })\n'
+                                    'print(m:blocks()[1], m:parameters())\nm:save(wick.args.result)\n'
+                                    'print("SAVED")\nwick.save_pretrained(m, wick.args.hf)\n')
+    run_wick("run", tmp_path / "s.lua", "deferred=false", f"result={tmp_path / 's0.safetensors'}",
+             f"hf={tmp_path / 'hf0'}")
+    p = run_wick("run", tmp_path / "s.lua", "deferred=true", f"result={tmp_path / 's1.safetensors'}",
+                 f"hf={tmp_path / 'hf1'}")
+    assert "model.layers.0\t" in p.stdout and "SAVED" in p.stdout, p.stdout
+    assert p.stderr.count("its weights are made whole now") == 1, p.stderr
+    assert "wick: model:save_pretrained: the model was built deferred; its weights are made whole now" in p.stderr
+    assert_same_entries(tmp_path / "s1.safetensors", tmp_path / "s0.safetensors")
+    assert_same_entries(tmp_path / "hf1" / "model.safetensors", tmp_path / "hf0" / "model.safetensors")
+
+
+def test_ranks_seeded_apart_cannot_make_one_deferred_model(tmp_path, run_wick):
+    """Each rank makes the deferred model's values from its own random state:
+    ranks seeded apart would divide two different models. Refused on every
+    rank, naming it, before a step."""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "a.lua").write_text(DEFERRED)
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", str(tmp_path / "a.lua"), f"data={tmp_path / 'd.jsonl'}",
+                        "deferred=true", "seed_apart=true", f"result={tmp_path / 'x.safetensors'}"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert re.search(r"rank 1's deferred model \(made from the random state before wick\.model, or from a folder: seed "
+                     r"every rank alike\) differs from rank 0's", p.stderr), p.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+CAPPED = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("text", { file = a.data, max_length = 24, cache_dir = "none" })
+wick.seed(3)
+local model = wick.model("decoder_lm", { path = a.path, deferred = a.deferred == true, quantize = a.quantize or "none" })
+wick.optim(a.kind or "lora", { r = 4 }):apply(model)
+local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4,
+  accumulate = 1, shuffle = false, quiet = true, seed = 1, shard = a.shard or "parameters",
+  checkpointing = true, out = a.out, save_every = a.out and 2 or 0, resume = a.resume == true,
+  return_weights = a.out and "file" or "gathered", max_steps = tonumber(a.max_steps or 4) }
+if wick.rank == 0 then model:save(a.result) end
+print(string.format("PEAKS %d %d %d %d %d", wick.rank, run.memory.start_peak, run.memory.end_peak,
+  run.memory.run_peak, wick.memory(false).cpu_tensors))
+"""
+
+
+def peaks_of(stdout):
+    out = stdout.replace("[rank 1] ", "")
+    return {int(l.split()[1]): [int(x) for x in l.split()[2:]] for l in out.splitlines() if l.startswith("PEAKS ")}
+
+
+def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
+    """A LoRA decoder (a 126 MB bf16 base, 24 blocks) on 2 ranks, each capped
+    by WICK_CPU_MEMORY_LIMIT at 0.85x the whole model's bytes: built deferred
+    from a folder, trained under shard = "parameters" with checkpoints
+    streamed to rank 0's file a unit at a time, returned in
+    out/model.safetensors (return_weights = "file"), saved by model:save a
+    tensor at a time, stopped at step 2 and resumed, all under the cap. The
+    trained weights equal an uncapped run's from a whole build, gathered back
+    as usual; the whole build under the same cap is refused at once. (QLoRA's
+    4-bit base is a quarter as large: at this size a rank's fixed costs
+    outweigh the half it saves; test_a_deferred_model_is_made_divided covers
+    its bits.)"""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "f.lua").write_text(FOLDER.replace("hidden_size = 128, intermediate_size = 256", "hidden_size = 512, "
+                                                   "intermediate_size = 1024").replace("layers = 6", "layers = 24"))
+    run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
+    (tmp_path / "c.lua").write_text(CAPPED)
+    common = [tmp_path / "c.lua", f"data={tmp_path / 'd.jsonl'}", f"path={tmp_path / 'hf'}", "kind=lora"]
+    plain = run_wick("launch", "--nproc-per-node", 2, *common, f"result={tmp_path / 'plain.safetensors'}")
+    whole = peaks_of(plain.stdout)[0][3]  # the model as built, whole, with its adapters
+    cap = str(int(0.85 * whole))  # measured: a rank's whole run peaks at 0.71x
+    env = {**os.environ, "WICK_CPU_MEMORY_LIMIT": cap}
+    refused = subprocess.run([WICK, "launch", "--nproc-per-node", "2", *map(str, common),
+                              f"result={tmp_path / 'no.safetensors'}"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "WICK_CPU_MEMORY_LIMIT" in refused.stderr, refused.stderr[-2000:]
+
+    def capped(*more):
+        p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", *map(str, common), "deferred=true", *more],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return peaks_of(p.stdout)
+    run_dir = tmp_path / "run"
+    got = capped(f"out={run_dir}", f"result={tmp_path / 'capped.safetensors'}")
+    for r in range(2):
+        assert got[r][2] <= int(cap), (r, got[r], cap)  # the whole run's peak
+        assert got[r][3] <= 0.1 * whole, (r, got[r])  # after the run: the model deferred to the file
+    assert_same_entries(tmp_path / "capped.safetensors", tmp_path / "plain.safetensors")
+    assert_same_entries(run_dir / "model.safetensors", tmp_path / "plain.safetensors")
+    # stopped at step 2 (its checkpoint streamed), resumed under the cap: the unbroken run's end
+    part = tmp_path / "part"
+    capped(f"out={part}", "max_steps=2", f"result={tmp_path / 'two.safetensors'}")
+    capped(f"out={part}", "resume=true", f"result={tmp_path / 'resumed.safetensors'}")
+    assert_same_entries(tmp_path / "resumed.safetensors", tmp_path / "plain.safetensors")

@@ -93,6 +93,17 @@ TEST(RunOptionsRules, RunFolderOptionsNeedOutAndResumeExcludesOverwrite) {
   EXPECT_EQ(error_of({{"out", Value("runs/a")}, {"resume", Value(true)}, {"save_every", Value(10)}}), "");
 }
 
+TEST(RunOptionsRules, ReturningTheWeightsInAFileNeedsOutAndDividedWeights) {
+  EXPECT_THAT(error_of({{"return_weights", Value("file")}, {"shard", Value("parameters")}}),
+              HasSubstr("option 'return_weights': \"file\" needs 'out'"));
+  EXPECT_THAT(error_of({{"return_weights", Value("file")}, {"out", Value("runs/a")}, {"shard", Value("gradients")}}),
+              HasSubstr("option 'return_weights': \"file\" is for shard = \"parameters\" (the weights divided); with "
+                        "shard = \"gradients\" every rank holds them whole already"));
+  EXPECT_THAT(error_of({{"return_weights", Value("disk")}}),
+              HasSubstr("option 'return_weights': expected one of"));
+  EXPECT_EQ(error_of({{"return_weights", Value("file")}, {"out", Value("runs/a")}, {"shard", Value("parameters")}}), "");
+}
+
 TEST(RunOptionsRules, MonitorNeedsEvalDataAndOutAndItsCompanionsNeedMonitor) {
   EXPECT_THAT(error_of({{"monitor", Value("eval_loss")}, {"out", Value("runs/a")}}),
               HasSubstr("option 'monitor' needs 'eval_data'"));

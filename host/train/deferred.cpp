@@ -1,0 +1,137 @@
+#include "train/deferred.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cstdio>
+#include <mutex>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "wick/kit/deferral.hpp"
+#include "wick/kit/safetensors.hpp"
+#include "wick/kit/weights.hpp"
+#include "wick/model.hpp"
+
+namespace wick {
+
+namespace {
+// Models deferred to a file (a divided run's end): the file, by model; a
+// model gone since frees its address for another.
+std::mutex files_mu;
+std::map<const Model*, std::pair<std::weak_ptr<Model>, std::filesystem::path>>& deferred_files() {
+  static std::map<const Model*, std::pair<std::weak_ptr<Model>, std::filesystem::path>> m;
+  return m;
+}
+std::optional<std::filesystem::path> file_of(const Model& model) {
+  std::lock_guard<std::mutex> lock(files_mu);
+  auto& all = deferred_files();
+  auto it = all.find(&model);
+  if (it == all.end()) return std::nullopt;
+  if (it->second.first.expired()) {
+    all.erase(it);
+    return std::nullopt;
+  }
+  return it->second.second;
+}
+bool any_hollow(Model& model) {
+  for (const auto& [name, t] : module_state(model))
+    if (is_hollow(t)) return true;
+  return false;
+}
+}  // namespace
+
+void defer_to_file(const std::shared_ptr<Model>& model, const std::filesystem::path& file) {
+  std::lock_guard<std::mutex> lock(files_mu);
+  deferred_files()[model.get()] = {model, file};
+}
+
+bool is_deferred(Model& model) {
+  if (file_of(model) && any_hollow(model)) return true;
+  auto* d = capability<Deferred>(model);
+  return d && d->deferred();
+}
+
+void run_deferred(Model& model, const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) {
+  if (const auto file = file_of(model); file && any_hollow(model)) {
+    TensorFile f;
+    try {
+      f = read_safetensors(*file);
+    } catch (const std::exception& e) {
+      throw Error(std::string(e.what()) + " (the weights a run with return_weights = \"file\" left there; rank 0 "
+                  "wrote it: a rank on another node without a shared file system cannot read it)");
+    }
+    std::map<std::string, const at::Tensor*> by_name;
+    for (const auto& [name, t] : f.tensors) by_name.emplace(name, &t);
+    for (const auto& [name, t] : module_state(model))
+      if (auto it = by_name.find(name); it != by_name.end()) sink(t, *it->second);
+    return;
+  }
+  capability<Deferred>(model)->materialize(sink);
+}
+
+void materialize_whole(Model& model, const std::string& who) {
+  if (!is_deferred(model)) return;
+  const auto file = file_of(model);
+  if (file)
+    std::fprintf(stderr, "wick: %s: the model's weights are in %s (a divided run's return_weights = \"file\"); they "
+                         "are read whole now\n", who.c_str(), file->c_str());
+  else
+    std::fprintf(stderr, "wick: %s: the model was built deferred; its weights are made whole now\n", who.c_str());
+  at::NoGradGuard no_grad;
+  run_deferred(model, [](const at::Tensor& t, const at::Tensor& value) {
+    t.set_data(value.to(t.scalar_type()).contiguous().clone());
+  });
+  for (const auto& [name, t] : module_state(model))
+    if (is_hollow(t))
+      throw Error(who + ": the model's deferred weights hold no value for " + name +
+                  (file ? " (" + file->string() + " has none)" : " (its plugin's materialize gives none)"));
+}
+
+void save_deferred(Model& model, const std::filesystem::path& file) {
+  const NamedTensorList state = module_state(model);
+  std::vector<LazyTensor> declared;
+  std::map<const c10::TensorImpl*, std::vector<std::size_t>> entries;  // a tensor's names (tied: two)
+  for (std::size_t j = 0; j < state.size(); ++j) {
+    const auto& [name, t] = state[j];
+    declared.push_back({name, t.scalar_type(), t.sizes().vec(), {}});
+    entries[t.unsafeGetTensorImpl()].push_back(j);
+  }
+  write_safetensors_placed(
+      file, declared,
+      [&](const PutTensor& put) {
+        std::vector<bool> done(state.size(), false);
+        run_deferred(model, [&](const at::Tensor& t, const at::Tensor& value) {
+          auto it = entries.find(t.unsafeGetTensorImpl());
+          if (it == entries.end()) return;  // (not the model's: materialize_whole names it)
+          const at::Tensor v = value.to(t.scalar_type());
+          for (auto j : it->second) {
+            put(state[j].first, v);
+            done[j] = true;
+          }
+        });
+        for (std::size_t j = 0; j < state.size(); ++j)
+          if (!done[j]) {
+            if (is_hollow(state[j].second))
+              throw Error("saving " + file.string() + ": the model's deferred build made no value for " +
+                          state[j].first);
+            put(state[j].first, state[j].second);
+          }
+      },
+      {{"format", "pt"}});
+}
+
+at::Tensor moved(const at::Tensor& t, std::optional<at::ScalarType> dtype, std::optional<at::Device> device) {
+  const at::ScalarType to_dtype = dtype.value_or(t.scalar_type());
+  const at::Device to_device = device.value_or(t.device());
+  if (is_hollow(t)) return hollow(t.sizes(), t.options().dtype(to_dtype).device(to_device));
+  return t.to(to_device, to_dtype);
+}
+
+void move_hollow(torch::nn::Module& module, at::Device device) {
+  for (auto& [name, t] : module_state(module))
+    if (is_hollow(t) && t.device() != device) t.set_data(moved(t, std::nullopt, device));
+}
+
+}  // namespace wick

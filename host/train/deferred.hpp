@@ -1,0 +1,56 @@
+#pragma once
+// Models built deferred (wick::Deferred, wick/kit/deferral.hpp): their
+// tensors hollow until made. A run that divides the weights (shard =
+// "parameters" on several ranks) keeps each rank's chunks of each value as
+// it is made (trainer.cpp, GradReducer::fill); every other use makes the
+// model whole first, here.
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace wick {
+
+class Model;
+
+/// Whether the model waits for its values: a plugin's deferred build
+/// (wick::Deferred), or weights a divided run left in a file (defer_to_file).
+bool is_deferred(Model& model);
+
+/// Makes each waiting value once, in turn, for sink(tensor, value) (as
+/// wick::Deferred::materialize): the file's tensors when the model was
+/// deferred to one, else the plugin's steps.
+void run_deferred(Model& model, const std::function<void(const at::Tensor&, const at::Tensor&)>& sink);
+
+/// The model's values are `file`'s (safetensors, the model's names), read
+/// when they are wanted; its tensors are hollow (a divided run's end with
+/// return_weights = "file").
+void defer_to_file(const std::shared_ptr<Model>& model, const std::filesystem::path& file);
+
+/// Every deferred value made and kept whole (each hollow tensor given its
+/// own storage), saying so on stderr as `who`; nothing when the model is not
+/// deferred. Throws, naming it, when a hollow tensor got no value.
+void materialize_whole(Model& model, const std::string& who);
+
+/// Writes a deferred model's weights to `file` as save_model does, a value
+/// at a time as it is made (its own tensors for the rest), so the model is
+/// never whole and stays deferred.
+void save_deferred(Model& model, const std::filesystem::path& file);
+
+/// t in `dtype` on `device` (as Tensor::to); a hollow tensor stays hollow,
+/// with no bytes read or made.
+at::Tensor moved(const at::Tensor& t, std::optional<at::ScalarType> dtype, std::optional<at::Device> device = {});
+
+/// The module's hollow tensors onto `device`, still hollow, so that
+/// Module::to(device) after moves only the others.
+void move_hollow(torch::nn::Module& module, at::Device device);
+
+}  // namespace wick
