@@ -1,6 +1,6 @@
 #include "lib/decoder/config.hpp"
 
-#include <wick/kit/dtype_names.hpp>
+#include <wick/kit/hf_dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 
 #include <sys/sysinfo.h>

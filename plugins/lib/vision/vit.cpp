@@ -2,7 +2,7 @@
 
 #include "lib/vision/vit.hpp"
 
-#include <wick/kit/dtype_names.hpp>
+#include <wick/kit/hf_dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 #include <wick/kit/safetensors.hpp>
 

@@ -31,7 +31,7 @@
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
-#include <wick/kit/dtype_names.hpp>
+#include <wick/kit/hf_dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 
 #include "lib/decoder/decoder.hpp"
