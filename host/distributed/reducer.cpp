@@ -186,7 +186,9 @@ void GradReducer::gather_unit(std::size_t unit, const std::string& what) {
 }
 
 namespace {
-// dst[lo, lo + dst.numel()) := the part of src placed at `offset` that falls there
+// dst[lo, lo + dst.numel()) := the part of the flat src placed at `offset`
+// that falls there, cut before it is converted to dst's dtype (and device):
+// of a tensor read from a mapped file, only this rank's bytes are read
 void copy_overlap(const at::Tensor& dst, std::int64_t lo, const at::Tensor& src, std::int64_t offset) {
   const std::int64_t s = std::max(lo, offset), e = std::min(lo + dst.numel(), offset + src.numel());
   if (s < e) dst.narrow(0, s - lo, e - s).copy_(src.narrow(0, s - offset, e - s));
@@ -202,16 +204,15 @@ bool GradReducer::fill(const at::Tensor& tensor, const at::Tensor& value) {
       if (params_[b.params[j]].unsafeGetTensorImpl() != impl) continue;
       if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
       const std::int64_t chunk = b.numel / world;
-      copy_overlap(b.shard, rank * chunk, value.to(b.shard.scalar_type()).reshape({-1}).to(b.shard.device()),
-                   b.offsets[j]);
+      copy_overlap(b.shard, rank * chunk, value.reshape({-1}), b.offsets[j]);  // (copy_ converts)
       return true;
     }
     for (std::size_t j = 0; j < b.frozen.size(); ++j) {
       if (b.frozen[j].unsafeGetTensorImpl() != impl) continue;
       if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
       const std::int64_t chunk = b.frozen_bytes / world;
-      const at::Tensor bytes =
-          value.to(b.frozen[j].scalar_type()).contiguous().reshape({-1}).view(at::kByte).to(b.frozen_shard.device());
+      // bytes of the tensor's own dtype (a value in another is converted whole first)
+      const at::Tensor bytes = value.to(b.frozen[j].scalar_type()).contiguous().reshape({-1}).view(at::kByte);
       copy_overlap(b.frozen_shard, rank * chunk, bytes, b.frozen_offsets[j]);
       return true;
     }

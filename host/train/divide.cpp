@@ -142,13 +142,11 @@ void Trainer::make_divided() {
     if (!reducer_->fill(t, value))
       throw Error("wick.train: the deferred model made a value for a tensor of shape " + c10::str(t.sizes()) +
                   " that is not its own (a model plugin's materialize must give only its parameters and buffers)");
-    if (auto it = masters.find(impl); it != masters.end()) {
-      const at::Tensor flat = value.to(at::kFloat).reshape({-1});
-      for (auto i : it->second) {
+    if (auto it = masters.find(impl); it != masters.end())
+      for (auto i : it->second) {  // (copy_ converts this piece alone)
         const auto& piece = reducer_->my_pieces()[i];
-        stepped_[i].second.reshape({-1}).copy_(flat.narrow(0, piece.start, piece.numel));
+        stepped_[i].second.reshape({-1}).copy_(value.reshape({-1}).narrow(0, piece.start, piece.numel));
       }
-    }
     const at::Tensor head = value.contiguous().reshape({-1}).narrow(0, 0, std::min<std::int64_t>(value.numel(), 1024));
     digest = crc32c(head.data_ptr(), static_cast<std::size_t>(head.nbytes()), digest);
     made.insert(impl);
