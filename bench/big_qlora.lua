@@ -3,7 +3,8 @@
 -- `layers` of its layers, NF4 weights made layer by layer as they are built,
 -- QLoRA r8 on every linear layer (alpha 16, dropout 0.05), the 8-bit AdamW,
 -- bf16-mixed, checkpointing, micro-batch 1 x `seq` tokens; two steps
--- (deferred=true: built with no weights, each rank making its chunks). Every
+-- (deferred=true: built with no weights, each rank making its chunks; with
+-- out=DIR the run ends by writing the weights there a unit at a time). Every
 -- rank prints its step peak with the breakdown, its peaks at the run's start
 -- and end, and the bytes its tensors held once the model was built (all
 -- bytes held by tensors).
@@ -30,6 +31,8 @@ local run = wick.train {
   model = model, data = data, optim = wick.optim("adamw8bit", { lr = 2e-4, weight_decay = 0, min_8bit_size = 4096 }),
   micro_batch = 1, accumulate = 1, max_steps = steps, quiet = true, shuffle = false, shard = a.shard or "none",
   precision = "bf16-mixed", checkpointing = true, seed = 1,
+  -- (a run folder: the trained weights written there a unit at a time, not gathered back)
+  out = a.out, return_weights = a.out and "file" or "gathered",
 }
 os.remove(file)
 local m = run.memory

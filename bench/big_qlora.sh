@@ -12,7 +12,9 @@
 # where it begins, with the whole model held. Goals: 13B under 8 GiB a rank (a pair of 8 GB cards), 70B under 24 GiB
 # (Answer.AI's FSDP + QLoRA on two 24 GB cards).
 # shard "deferred": "parameters" with the model built deferred (deferred =
-# true): no weights until the trainer divides it, each rank making its chunks.
+# true): no weights until the trainer divides it, each rank making its chunks,
+# and the run ending in a file (return_weights = "file": the weights written
+# a unit at a time by rank 0, never gathered back whole).
 # The divided rows need k of 4 or more: a rank holds two or three units
 # gathered at once (the first block's, kept to its backward's end, and the
 # next one prefetched), which fewer layers would extrapolate as every layer's.
@@ -37,7 +39,8 @@ for model in ${models//,/ }; do
   full=40; goal=8; [ "$model" = 70b ] && { full=80; goal=24; }
   for shard in ${setups//,/ }; do
     n=2; [ "$shard" = none ] && n=1
-    opts=(shard=$shard); [ "$shard" = deferred ] && opts=(shard=parameters deferred=true)
+    opts=(shard=$shard); tmp=""
+    if [ "$shard" = deferred ]; then tmp=$(mktemp -d); opts=(shard=parameters deferred=true "out=$tmp/run"); fi
     declare -A v=()
     for layers in $k $((2 * k)); do
       if [ "$n" = 1 ]; then
@@ -49,7 +52,9 @@ for model in ${models//,/ }; do
       read -r _ _ peak w _ _ _ start end run secs built < <(echo "$out" | sed -n 's/^\(\[rank [0-9]*\] \)\{0,1\}RESULT //p' |
         sort -k9 -n | tail -1 | sed 's/^/x /')
       v[$layers]="$peak $w $start $end $run $secs $built"
+      [ -n "$tmp" ] && rm -rf "$tmp/run"
     done
+    [ -n "$tmp" ] && rm -rf "$tmp"
     read -r p1 w1 s1 e1 r1 t1 b1 <<<"${v[$k]}"
     read -r p2 w2 s2 e2 r2 t2 b2 <<<"${v[$((2 * k))]}"
     built=$(extra "$b1" "$b2" $full); step=$(extra "$p1" "$p2" $full)
