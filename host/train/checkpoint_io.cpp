@@ -53,18 +53,22 @@ fs::path Trainer::save(const fs::path& checkpoints_dir, const nlohmann::json& ex
   ReleaseUnits release{reducer_.get()};
   reducer_->release_all();
   std::string error;
+  bool streamed = false;
   ModelWriter writer;
-  writer.write = [&](const fs::path& file) { write_divided_weights(file, error); };
-  writer.pair = [&] { stream_divided_weights(nullptr, error); };
+  writer.write = [&](const fs::path& file) { write_divided_weights(file, error, streamed); };
+  writer.pair = [&] {
+    if (!streamed) stream_divided_weights(nullptr, error);
+  };
   return save_gathered(checkpoints_dir, extra, keep, keep_best, &writer);
 }
 
-void Trainer::write_divided_weights(const fs::path& file, std::string& error) {
+void Trainer::write_divided_weights(const fs::path& file, std::string& error, bool& streamed) {
   std::vector<LazyTensor> declared;
   for (const auto& [name, t] : module_state(*model_)) declared.push_back({name, t.scalar_type(), t.sizes().vec(), {}});
   write_safetensors_placed(
       file, declared,
       [&](const PutTensor& put) {
+        streamed = true;  // the gathers begin: from here on this rank pairs with the others
         stream_divided_weights(&put, error);
         if (!error.empty()) throw Error(error);
       },
@@ -111,17 +115,14 @@ fs::path Trainer::save_gathered(const fs::path& checkpoints_dir, const nlohmann:
     } catch (const std::exception& e) {
       if (error.empty()) error = e.what();
     }
-    bool wrote_model = false;
-    ModelWriter counted;
-    if (model) counted = {[&](const fs::path& f) { wrote_model = true; model->write(f); }, model->pair};
     if (cfg_.group->rank() == 0 && error.empty()) {
       try {
-        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state, model ? &counted : nullptr);
+        dir = write_checkpoint(checkpoints_dir, extra, keep, keep_best, opt_state, model);
       } catch (const std::exception& e) {
         error = e.what();
       }
     }
-    if (model && !wrote_model) model->pair();  // the gathers rank 0's write makes, on every other rank
+    if (model) model->pair();  // the gathers rank 0's write makes, on every rank that did not make them
     cfg_.group->barrier("waiting for rank 0 to write checkpoint " + dir.string());
     if (!error.empty()) throw Error(error);
     return dir;

@@ -209,8 +209,7 @@ void Trainer::write_weights_back(const fs::path& file) {
   std::string error;
   bool streamed = false;
   if (writer) try {
-      ModelWriter counted{[&](const fs::path& f) { streamed = true; write_divided_weights(f, error); }, {}};
-      counted.write(file);
+      write_divided_weights(file, error, streamed);
     } catch (const std::exception& e) {
       if (error.empty()) error = e.what();
     }

@@ -231,8 +231,9 @@ class Trainer {
   void check_gathers();
   /// How a checkpoint's model.safetensors is written when not from the
   /// model's own weights (ZeRO-3: streamed unit by unit): `write` makes the
-  /// file (rank 0); `pair` runs on every rank that did not call write (the
-  /// others, or rank 0 after a failure before it), so the gathers pair up.
+  /// file (rank 0); `pair` then runs on every rank and makes the gathers
+  /// `write` did not (all of them on the others, or on rank 0 after a failure
+  /// before its gathers began), so they pair up.
   struct ModelWriter {
     std::function<void(const std::filesystem::path&)> write;
     std::function<void()> pair;
@@ -246,8 +247,11 @@ class Trainer {
   /// wait in them).
   void stream_divided_weights(const std::function<void(const std::string&, const at::Tensor&)>* put,
                               std::string& error);
-  /// Rank 0: the divided weights into `file` as they are gathered.
-  void write_divided_weights(const std::filesystem::path& file, std::string& error);
+  /// Rank 0: the divided weights into `file` as they are gathered;
+  /// `streamed` is set once the gathers begin (a failure before them, as an
+  /// unwritable file, leaves it false: the rank then pairs with
+  /// stream_divided_weights(nullptr) so the others are not left waiting).
+  void write_divided_weights(const std::filesystem::path& file, std::string& error, bool& streamed);
   void end_divided();
   /// load()'s parts: ZeRO-3's weights read unit by unit; masters and average.
   void load_divided_weights(const std::filesystem::path& file);
