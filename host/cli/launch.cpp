@@ -269,7 +269,7 @@ int launch(const LaunchOptions& o) {
         failed_rank = c.rank;
         failed_status = status;
         // a rank whose recipe returned says so itself before its connections
-        // close (announce_clean_end): it may not be reaped yet, but it ended first
+        // close (announce_end): it may not be reaped yet, but it ended first
         for (const auto& o : children) {
           std::error_code ec;
           if (&o != &c && !news_dir.empty() &&

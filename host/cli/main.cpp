@@ -330,7 +330,7 @@ int cmd_run(const std::string& recipe, const std::vector<std::string>& pairs) {
   wick::LuaRuntime rt(wick::RunContext(std::move(kv)));
   const int rc = rt.run_file(recipe);
   if (rc == 0) warn_unused(rt.context());
-  if (rc == 0) wick::announce_clean_end();  // a rank still waiting for this one learns why at once
+  wick::announce_end(rc);  // a rank still waiting for this one learns why at once
   return rc;
 }
 

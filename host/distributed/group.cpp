@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <condition_variable>
@@ -132,14 +133,6 @@ DistEnv dist_env() {
   return parse_dist_env(env);
 }
 
-void announce_clean_end() {
-  const char* news = std::getenv("WICK_LAUNCH_NEWS");
-  if (!news || !*news) return;
-  // what the launcher writes once it has reaped the rank, written before
-  // the rank's sockets close: the others' failed collective comes after it
-  std::ofstream(std::filesystem::path(news) / ("ended-" + std::to_string(dist_env().rank))) << "0\n";
-}
-
 std::chrono::milliseconds dist_timeout() {
   const char* s = std::getenv("WICK_DIST_TIMEOUT");
   if (!s || !*s) return std::chrono::seconds(kDefaultDistTimeout);
@@ -195,28 +188,71 @@ std::string waited_text(std::chrono::seconds waited, std::chrono::milliseconds t
          ", WICK_DIST_TIMEOUT)";
 }
 
-// The ranks `wick launch` saw end with exit code 0 while others still ran:
-// files ended-<rank> in WICK_LAUNCH_NEWS (host/cli/launch.cpp writes them);
-// none without the launcher (torchrun, SLURM).
-std::vector<int> ended_ranks(int world_size) {
-  std::vector<int> out;
+// A rank's end, told to the ranks still waiting for it. Under `wick launch`
+// the launcher writes ended-<rank> files in WICK_LAUNCH_NEWS for ranks that
+// ended with exit code 0 while others still ran (host/cli/launch.cpp; it
+// stops every rank when one fails). Without it (torchrun, SLURM) each rank
+// says so itself in the store before its connections close: wick/end/<rank>
+// is "0" (its recipe returned) or "1" (it stopped with an error), and the
+// counter wick/ends says when to look.
+struct Ended {
+  int rank;
+  bool clean;
+};
+const std::string kEndsKey = "wick/ends";
+std::string end_key(int rank) { return "wick/end/" + std::to_string(rank); }
+
+const char* launch_news() {
   const char* news = std::getenv("WICK_LAUNCH_NEWS");
-  if (!news || !*news) return out;
-  for (int r = 0; r < world_size; ++r) {
-    std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec)) out.push_back(r);
+  return news && *news ? news : nullptr;
+}
+
+std::vector<Ended> ended_ranks(c10d::Store* store, int world_size) {
+  std::vector<Ended> out;
+  if (const char* news = launch_news()) {
+    for (int r = 0; r < world_size; ++r) {
+      std::error_code ec;
+      if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec))
+        out.push_back({r, true});
+    }
+    return out;
+  }
+  if (!store) return out;
+  try {
+    if (store->add(kEndsKey, 0) == 0) return out;  // one round trip while nobody has ended
+    for (int r = 0; r < world_size; ++r)
+      if (store->check({end_key(r)})) {
+        const auto v = store->get(end_key(r));
+        out.push_back({r, !v.empty() && v[0] == '0'});
+      }
+  } catch (const std::exception&) {  // the store's host is gone: the caller's own wait says so
   }
   return out;
+}
+
+void say_end(c10d::Store& store, int rank, bool clean) {
+  try {
+    store.set(end_key(rank), std::string(clean ? "0" : "1"));
+    store.add(kEndsKey, 1);
+  } catch (const std::exception&) {  // nobody left to tell
+  }
+}
+
+// How a rank that ended is named to one that waited for it.
+std::string ended_text(const Ended& e, const char* had = "") {
+  return "rank " + std::to_string(e.rank) + " " + had + (e.clean ? "ended (exit code 0)" : "stopped with an error (its "
+                                                                                          "own output says why)");
 }
 
 // While a blocking call waits for other ranks, a thread says so on stderr.
 
 class WaitNotice {
  public:
-  explicit WaitNotice(std::function<std::string(std::chrono::seconds waited)> what)
-      : thread_([this, what = std::move(what)] {
+  explicit WaitNotice(std::function<std::string(std::chrono::seconds waited)> what,
+                      std::chrono::seconds first = kFirstNotice)
+      : thread_([this, what = std::move(what), first] {
           const auto start = std::chrono::steady_clock::now();
-          auto next = start + kFirstNotice;
+          auto next = start + first;
           std::unique_lock<std::mutex> lock(mu_);
           while (!cv_.wait_until(lock, next, [this] { return done_; })) {
             notice(what(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)));
@@ -241,15 +277,23 @@ class WaitNotice {
 
 }  // namespace
 
-Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backend_(backend) {
-  const auto timeout = dist_timeout();
+namespace {
+
+std::string where_text(const DistEnv& env) {
+  return env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")";
+}
+
+// The ranks' store: rank 0 opens it (or torchrun's agent holds it), the
+// others reach it, within `timeout`. `why` says what the rank waits for.
+c10::intrusive_ptr<c10d::Store> open_store(const DistEnv& env, std::chrono::milliseconds timeout,
+                                           const std::string& why, std::chrono::seconds first_notice) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(env.master_port);
   o.isServer = env.rank == 0 && !env.agent_store;
   o.numWorkers = env.world_size;
-  o.waitWorkers = false;  // arrivals are checked below, naming who is missing
+  o.waitWorkers = false;  // arrivals are checked by the caller, naming who is missing
   o.timeout = timeout;
-  const std::string where = env.master_addr + ":" + std::to_string(env.master_port) + " (" + env.source + ")";
+  const std::string where = where_text(env);
   // a name that does not resolve would be retried until the timeout and end
   // as "Interrupted system call"
   {
@@ -263,17 +307,76 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
                   ": the rendezvous address '" + env.master_addr + "' (" + env.source + ") does not resolve: " +
                   ::gai_strerror(rc) + "; expected a host name or IP address of rank 0's machine");
   }
+  // rank 0 opens the rendezvous at once; the others wait to reach it
+  const std::string me = "wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+  const bool opens = o.isServer;
+  WaitNotice waiting(
+      [&](std::chrono::seconds waited) {
+        return me + ": " + why + waiting_text(waited) +
+               (opens ? " to open the rendezvous at " : " for rank 0 to open the rendezvous at ") + where + " " +
+               waited_text(waited, timeout);
+      },
+      first_notice);
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  if (env.agent_store)  // the agent's store outlives attempts: this attempt's keys apart
+    store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
+  return store;
+}
+
+// Rank 0 hosts the store (unless torchrun's agent does): after its own end it
+// keeps the store until every other rank has said its end, so that a rank
+// still on its way to the rendezvous, or waiting at the store, reads why
+// rank 0 will not come instead of waiting out WICK_DIST_TIMEOUT; and a rank
+// that ends after rank 0 can still say so.
+void host_until_every_end(c10d::Store& store, const DistEnv& env) {
+  const auto timeout = dist_timeout();
+  const auto start = std::chrono::steady_clock::now(), deadline = start + timeout;
+  constexpr auto kFirst = std::chrono::seconds(10);  // ranks ending together say nothing
+  auto next_notice = start + kFirst;
+  std::vector<std::string> keys;
+  for (int r = 1; r < env.world_size; ++r) keys.push_back(end_key(r));
+  const std::string me = "wick: rank 0 of " + std::to_string(env.world_size);
   try {
-    // rank 0 opens the rendezvous at once; the others wait to reach it
-    const std::string me = "wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
-    const bool opens = o.isServer;
-    WaitNotice waiting([&](std::chrono::seconds waited) {
-      return me + ": " + waiting_text(waited) + (opens ? " to open the rendezvous at " : " for rank 0 to open the rendezvous at ") +
-             where + " " + waited_text(waited, timeout);
-    });
-    store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
-    if (env.agent_store)  // the agent's store outlives attempts: this attempt's keys apart
-      store_ = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store_);
+    while (!store.check(keys)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) {
+        notice(me + ": the recipe ended; gave up waiting for the other ranks to end after " + seconds_text(timeout) +
+               " (WICK_DIST_TIMEOUT); ranks still on their way to the rendezvous will not find it");
+        return;
+      }
+      if (now >= next_notice) {
+        std::vector<int> missing;
+        for (int r = 1; r < env.world_size; ++r)
+          if (!store.check({end_key(r)})) missing.push_back(r);
+        const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start);
+        notice(me + ": the recipe ended; " + waiting_text(waited) + " for " + rank_list(missing) +
+               " to end, as this rank hosts the ranks' store at " + where_text(env) + " " +
+               waited_text(waited, timeout));
+        next_notice += next_notice == start + kFirst ? kNoticeEvery - kFirst : kNoticeEvery;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const std::exception&) {  // the store failed under us: nothing more to tell
+  }
+}
+
+std::mutex& world_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::shared_ptr<Group>& world_slot() {
+  static std::shared_ptr<Group> group;
+  return group;
+}
+
+}  // namespace
+
+Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backend_(backend) {
+  const auto timeout = dist_timeout();
+  const std::string where = where_text(env);
+  try {
+    store_ = open_store(env, timeout, "", kFirstNotice);
   } catch (const c10::Error& e) {
     fail("reaching the rendezvous at " + where,
          std::string(e.what_without_backtrace()) +
@@ -291,6 +394,7 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
       throw Error("unknown backend '" + backend + "' (expected gloo or nccl)");
     }
   } catch (const c10::Error& e) {
+    say_end(*store_, env_.rank, false);
     fail("joining the " + backend + " group at " + where, e.what_without_backtrace());
   }
 }
@@ -309,17 +413,21 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
       return rank_list(out);
     };
     const std::string me = "rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size);
-    // (wick launch's news: a rank that has already ended will never arrive)
-    while (!store_->check(keys)) {
+    // a rank that has already ended will never arrive
+    for (int turn = 0; !store_->check(keys); ++turn) {
       const auto now = std::chrono::steady_clock::now();
-      for (int r : ended_ranks(env_.world_size))
-        if (!store_->check({keys[static_cast<std::size_t>(r)]}))
-          throw Error(me + ": rank " + std::to_string(r) + " ended (exit code 0) without reaching the rendezvous "
-                      "at " + where + ": its recipe returned before this wick.train; every rank must make the "
-                      "same wick.train calls");
-      if (now > deadline)
+      for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size) : std::vector<Ended>{})
+        if (!store_->check({keys[static_cast<std::size_t>(e.rank)]})) {
+          say_end(*store_, env_.rank, false);
+          throw Error(me + ": " + ended_text(e) + " without reaching the rendezvous at " + where + ": its recipe " +
+                      (e.clean ? "returned" : "failed") + " before this wick.train; every rank must make the same "
+                      "wick.train calls");
+        }
+      if (now > deadline) {
+        say_end(*store_, env_.rank, false);
         throw Error(me + ": the rendezvous at " + where + " timed out after " + seconds_text(timeout) + ": " +
                     missing() + " never arrived (WICK_DIST_TIMEOUT sets how long ranks wait)");
+      }
       if (now >= next_notice) {  // say, at once and then now and then, who is awaited
         const auto waited = std::chrono::duration_cast<std::chrono::seconds>(now - start);
         notice("wick: " + me + ": " + waiting_text(waited) + " for " + missing() + " at " + where + " " +
@@ -333,6 +441,64 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
   }
 }
 
+void announce_end(int rc) {
+  if (const char* news = launch_news()) {
+    // what the launcher writes once it has reaped the rank, written before
+    // the rank's sockets close: the others' failed collective comes after it
+    if (rc == 0) std::ofstream(std::filesystem::path(news) / ("ended-" + std::to_string(dist_env().rank))) << "0\n";
+    return;
+  }
+  DistEnv env;
+  try {
+    env = dist_env();
+  } catch (const std::exception&) {
+    return;
+  }
+  if (env.world_size < 2) return;
+  std::shared_ptr<Group> group;
+  {
+    std::lock_guard<std::mutex> lock(world_mutex());
+    group = world_slot();
+  }
+  if (group) {
+    group->end(rc == 0);
+    return;
+  }
+  const bool hosts = env.rank == 0 && !env.agent_store;
+  // a rank that failed before any wick.train tells the others if the store
+  // is there within 10 s (a rank waiting at the rendezvous); rank 0
+  // would have to open it and wait for the others, and a failing rank exits
+  if (rc != 0) {
+    if (hosts) return;
+    try {
+      const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(10), dist_timeout());
+      say_end(*open_store(env, window, "", std::chrono::seconds(60)), env.rank, false);
+    } catch (const std::exception&) {  // nobody there: the others' own waits name this rank
+    }
+    return;
+  }
+  // a rank whose recipe returned before any wick.train: it tells the others
+  // through the store, which rank 0 opens for this if it has none
+  try {
+    auto store = open_store(env, dist_timeout(), "the recipe ended before any wick.train; to say so, ",
+                            std::chrono::seconds(10));
+    say_end(*store, env.rank, true);
+    if (hosts) host_until_every_end(*store, env);
+  } catch (const std::exception& e) {
+    notice("wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+           ": the recipe ended, but the other ranks could not be told (" +
+           std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")");
+  }
+}
+
+void Group::end(bool clean) {
+  // said before the backend's connections close: a rank inside a collective
+  // with this one then fails at once and finds the reason in the store
+  say_end(*store_, env_.rank, clean);
+  pg_.reset();
+  if (clean && env_.rank == 0 && !env_.agent_store) host_until_every_end(*store_, env_);
+}
+
 Group::~Group() = default;
 
 void Group::fail(const std::string& what, const std::string& why) const {
@@ -341,18 +507,19 @@ void Group::fail(const std::string& what, const std::string& why) const {
                 " failed: ranks share one GPU, which NCCL refuses (" + why.substr(0, why.find('\n')) +
                 "); give each rank its own GPU, or set WICK_DIST_BACKEND=gloo to run the ranks' collectives "
                 "through host memory");
-  // a peer that ended cleanly closes its connections at once: under wick
-  // launch, the rank is named (the launcher hears of its end within 0.1 s)
-  std::vector<int> ended = ended_ranks(env_.world_size);
-  const char* news = std::getenv("WICK_LAUNCH_NEWS");
-  for (int k = 0; ended.empty() && news && *news && k < 25; ++k) {
+  // a peer that ended closes its connections at once, having said so (under
+  // wick launch the launcher hears of its end within 0.1 s)
+  std::vector<Ended> ended = ended_ranks(store_.get(), env_.world_size);
+  for (int k = 0; ended.empty() && k < 25; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ended = ended_ranks(env_.world_size);
+    ended = ended_ranks(store_.get(), env_.world_size);
   }
   std::string cause = " -- another rank probably stopped, crashed or stalled";
   if (!ended.empty())
-    cause = " -- rank " + std::to_string(ended[0]) + " had ended (exit code 0): its recipe returned while this "
-            "rank was still in wick.train; every rank must make the same wick.train calls";
+    cause = " -- " + ended_text(ended[0], "had ") + (ended[0].clean ? ": its recipe returned while this rank was still in "
+                                                              "wick.train; every rank must make the same wick.train "
+                                                              "calls"
+                                                            : "");
   throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " + what +
               " failed (" + backend_ + ", timeout " + seconds_text(dist_timeout()) + "): " + why + cause);
 }
@@ -371,9 +538,8 @@ std::string dist_backend(const std::string& device) {
 }
 
 std::shared_ptr<Group> Group::world(const std::string& device) {
-  static std::mutex mu;
-  static std::shared_ptr<Group> group;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(world_mutex());
+  std::shared_ptr<Group>& group = world_slot();
   if (group) return group;
   const DistEnv env = dist_env();
   const std::string backend = dist_backend(device);
@@ -511,21 +677,17 @@ void Group::recv(at::Tensor& t, int src, const std::string& what) {
 }
 
 void Group::wait_keys(const std::vector<std::string>& keys, const std::string& what) {
-  const char* news = std::getenv("WICK_LAUNCH_NEWS");
-  if (!news || !*news) {
-    store_->wait(keys, dist_timeout());
-    return;
-  }
-  // under wick launch: a rank it saw end will never set its key; say so at
-  // once rather than after WICK_DIST_TIMEOUT
+  // a rank that has ended will never set its key: said at once rather than
+  // after WICK_DIST_TIMEOUT
   const auto deadline = std::chrono::steady_clock::now() + dist_timeout();
-  while (!store_->check(keys)) {
-    for (int r : ended_ranks(env_.world_size))
-      if (!store_->check({keys[static_cast<std::size_t>(r)]}))
-        throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": rank " +
-                    std::to_string(r) + " ended (exit code 0) while this rank waited for it (" + what +
-                    "): its recipe returned where this one went on to another wick.train; every rank must make "
-                    "the same wick.train calls");
+  for (int turn = 0; !store_->check(keys); ++turn) {
+    for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size) : std::vector<Ended>{})
+      if (!store_->check({keys[static_cast<std::size_t>(e.rank)]}))
+        throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " +
+                    ended_text(e) + " while this rank waited for it (" + what + "): its recipe " +
+                    (e.clean ? "returned where this one went on to another wick.train; every rank must make the "
+                               "same wick.train calls"
+                             : "failed"));
     if (std::chrono::steady_clock::now() > deadline)
       fail(what, "waited " + seconds_text(dist_timeout()) + " for every rank's answer");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -49,10 +49,14 @@ int rank_cuda_device(int local_rank, int local_world_size, int visible);
 DistEnv parse_dist_env(const std::map<std::string, std::string>& env);
 DistEnv dist_env();  // of this process
 
-/// Under `wick launch`: says that this rank's recipe returned cleanly, before
-/// its connections close at exit, so a rank still waiting for it (at a
-/// collective or the store) names it at once rather than guessing.
-void announce_clean_end();
+/// Says how this rank's recipe ended (rc 0: it returned), before its
+/// connections close at exit, so a rank still waiting for it (at a collective,
+/// the store or the rendezvous) names it at once rather than waiting out
+/// WICK_DIST_TIMEOUT. Under `wick launch` a clean end is a file the launcher
+/// reads; under torchrun or SLURM it is a key in the ranks' store, and rank 0,
+/// which hosts the store, keeps it open until every rank has said its end
+/// (opening it for this if the recipe made no wick.train).
+void announce_end(int rc);
 
 /// The first host of a SLURM node list: "gpu[03-05,07],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
@@ -87,6 +91,10 @@ class Group {
   int size() const { return env_.world_size; }
   const std::string& backend() const { return backend_; }
   const at::Device& device() const { return device_; }
+
+  /// This rank's end (announce_end): said in the store, the backend closed,
+  /// and on the store's host after a clean end, the others' ends awaited.
+  void end(bool clean);
 
   /// Sums in place on every rank (blocking).
   void all_reduce(std::vector<at::Tensor>& tensors, const std::string& what);

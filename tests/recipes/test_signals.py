@@ -119,7 +119,8 @@ def test_a_write_over_ulimit_f_is_an_error_naming_the_file(tmp_path):
 LAUNCHED = """
 local wick = require "wick"
 local a = wick.args
-if a.early == true and wick.rank == 1 then print("rank 1 returns early") return end
+if a.early ~= nil and wick.rank == tonumber(a.early) then print("rank " .. wick.rank .. " returns early") return end
+if a.fails ~= nil and wick.rank == tonumber(a.fails) then error("rank " .. wick.rank .. " fails early") end
 local data = wick.data("synthetic", { size = 100000, inputs = 8, classes = 3, seed = 1 })
 local model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 })
 local f = io.open(a.ready .. wick.rank, "w") f:write(tostring(wick.core.process().pid)) f:close()
@@ -163,7 +164,7 @@ def test_ranks_die_with_a_launcher_killed_outright(tmp_path):
 def test_a_rank_that_returns_before_wick_train_ends_the_run_at_once_named(tmp_path):
     (tmp_path / "l.lua").write_text(LAUNCHED)
     t0 = time.monotonic()
-    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", tmp_path / "l.lua", "early=true",
+    p = subprocess.run([WICK, "launch", "--nproc-per-node", "2", tmp_path / "l.lua", "early=1",
                         f"ready={tmp_path / 'ready'}"], capture_output=True, text=True, timeout=300,
                        env={**ENV, "WICK_DIST_TIMEOUT": "240"})
     took = time.monotonic() - t0
@@ -185,7 +186,7 @@ local model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 })
 local function train() wick.train { model = model, data = data, optim = wick.optim("sgd", { lr = 0.01 }),
   micro_batch = 4, epochs = 1, quiet = true } end
 train()
-if wick.rank == 1 then return end
+if wick.rank == tonumber(wick.args.quits or 1) then return end
 train()
 """,
     "more steps": """
@@ -195,7 +196,7 @@ local loader = wick.loader(data, { micro_batch = 4 })
 local t = wick.trainer { model = wick.model("mlp", { inputs = 8, hidden = { 8 }, outputs = 3 }),
   optim = wick.optim("sgd", { lr = 0.01 }) }
 loader:start_epoch(0, 0)
-for _ = 1, (wick.rank == 1 and 2 or 100) do t:step(loader:next()) end
+for _ = 1, (wick.rank == tonumber(wick.args.quits or 1) and 2 or 100) do t:step(loader:next()) end
 """,
 }
 
@@ -215,3 +216,102 @@ def test_a_rank_that_returns_after_wick_train_while_another_goes_on_ends_the_run
     assert "wick launch: rank 1 ended with code 0 while the others still ran" in p.stderr, p.stderr
     assert "rank 0 then exited with code 1" in p.stderr, p.stderr
     assert "wick launch: rank 0 exited" not in p.stderr, p.stderr
+
+
+# Without the launcher (torchrun-style variables, SLURM's, torchrun itself)
+# each rank says its end in the ranks' store, and rank 0, which hosts it,
+# keeps it open until every rank has said its end.
+
+def free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return str(port)
+
+
+def rank_envs(how):
+    port = free_port()
+    if how == "torchrun-style variables":
+        return [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(2)]
+    return [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_NTASKS_PER_NODE": "2",
+             "SLURM_NODELIST": "localhost", "MASTER_PORT": port} for r in range(2)]
+
+
+def run_ranks(recipe, args, how):
+    """Both ranks of `how` run `recipe`; their exit codes and stderr, and the
+    seconds until the last ended."""
+    procs = []
+    t0 = time.monotonic()
+    for env in rank_envs(how):
+        e = {k: v for k, v in ENV.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "LOCAL_"))}
+        e.update(env, WICK_DIST_TIMEOUT="240")
+        procs.append(subprocess.Popen([WICK, "run", str(recipe), *args], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], [err for _, err in outs], time.monotonic() - t0
+
+
+HOWS = ["torchrun-style variables", "SLURM"]
+
+
+@pytest.mark.parametrize("early", [0, 1])
+@pytest.mark.parametrize("how", HOWS)
+def test_without_the_launcher_a_rank_that_returns_before_wick_train_ends_the_run_at_once_named(tmp_path, how, early):
+    (tmp_path / "l.lua").write_text(LAUNCHED)
+    rcs, errs, took = run_ranks(tmp_path / "l.lua", [f"early={early}", f"ready={tmp_path / 'ready'}"], how)
+    other = 1 - early
+    assert rcs[early] == 0 and rcs[other] == 1, (rcs, errs)
+    assert took < 60, (took, errs)  # not the 240 s of WICK_DIST_TIMEOUT
+    assert f"rank {other} of 2: rank {early} ended (exit code 0) without reaching the rendezvous" in errs[other], errs
+    assert "every rank must make the same wick.train calls" in errs[other], errs
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_without_the_launcher_a_rank_that_fails_before_wick_train_is_named_at_once(tmp_path, how):
+    (tmp_path / "l.lua").write_text(LAUNCHED)
+    rcs, errs, took = run_ranks(tmp_path / "l.lua", ["fails=1", f"ready={tmp_path / 'ready'}"], how)
+    assert rcs == [1, 1], (rcs, errs)
+    assert took < 60, (took, errs)
+    assert "rank 1 fails early" in errs[1], errs
+    assert "rank 0 of 2: rank 1 stopped with an error (its own output says why) without reaching the rendezvous" \
+        in errs[0], errs
+
+
+@pytest.mark.parametrize("quits", [0, 1])
+@pytest.mark.parametrize("where", sorted(AFTER))
+def test_without_the_launcher_a_rank_that_returns_after_wick_train_ends_the_run_at_once_named(tmp_path, where,
+                                                                                             quits):
+    (tmp_path / "l.lua").write_text(AFTER[where])
+    rcs, errs, took = run_ranks(tmp_path / "l.lua", [f"quits={quits}"], HOWS[quits])
+    other = 1 - quits
+    assert rcs[quits] == 0 and rcs[other] == 1, (rcs, errs)
+    assert took < 60, (took, errs)
+    assert (f"rank {other} of 2: rank {quits} ended (exit code 0) while this rank waited for it" in errs[other]
+            or f"rank {quits} had ended (exit code 0)" in errs[other]), errs
+
+
+def test_under_torchrun_a_rank_that_returns_before_wick_train_ends_the_run_at_once_named(tmp_path):
+    """The real torchrun (the venv's): its agent hosts the store; rank 0
+    reads there that rank 1's recipe returned and stops, and torchrun ends."""
+    import sys
+
+    (tmp_path / "l.lua").write_text(LAUNCHED)
+    e = {k: v for k, v in ENV.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_", "LOCAL_"))}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", free_port(), "--no-python", WICK, "run", str(tmp_path / "l.lua"), "early=1",
+                        f"ready={tmp_path / 'ready'}"], env={**e, "WICK_DIST_TIMEOUT": "240"}, capture_output=True,
+                       text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert took < 60, (took, p.stderr)
+    assert "rank 0 of 2: rank 1 ended (exit code 0) without reaching the rendezvous" in p.stderr, p.stderr
