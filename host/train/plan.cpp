@@ -152,10 +152,13 @@ void Planner::measure(Row& row) {
   const auto window = data_window(*r_.obj.data, n, m);
   trainer.step(window);  // first: allocates the optimizer state
   reset_peaks();
-  // the median of three steps: one step's noise (another process on the
-  // core) must not decide between settings
+  // the median of five steps: one step's noise (another process on the
+  // core) must not decide between settings, nor the slower step after it
+  // (caches cold once the other process leaves, measured about 2x on a 10 MB
+  // model), which a median of three would take
+  constexpr int kTimed = 5;
   std::vector<double> times;
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kTimed; ++k) {
     const double t0 = now_seconds();
     attempt(row, [&] {
       trainer.step(window);
@@ -169,7 +172,7 @@ void Planner::measure(Row& row) {
   reset_peaks();
   trainer.gather_weights_back();  // a shard = "parameters" row: the model whole again for the next row
   row.edge_peak = static_cast<double>(std::max(start_peak, tensor_peak(cuda_)) - *host_only_);
-  row.seconds = times[1] / static_cast<double>(n) * static_cast<double>(per_rank_);
+  row.seconds = times[kTimed / 2] / static_cast<double>(n) * static_cast<double>(per_rank_);
   if (group_) gather_ranks(row);
 }
 
