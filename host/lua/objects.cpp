@@ -363,11 +363,10 @@ int core_adapters_of(lua_State* L) {
 // core.save_pretrained_weights(model, file, merge): the weights a Hugging
 // Face folder holds (train/pretrained.hpp), written by rank 0
 int core_save_pretrained_weights(lua_State* L) {
-  auto m = check_model(L, 1, "save_pretrained");
+  // a deferred model is written as its values are made, never whole
+  auto m = check_model(L, 1, "save_pretrained", /*whole=*/false);
   const std::string path = check_string(L, 2, "save_pretrained");
-  const bool merge = lua_toboolean(L, 3);
-  auto state = pretrained_tensors(*m, merge);  // on every rank: the same refusals
-  if (writes_files()) write_safetensors(path, state, {{"format", "pt"}});
+  save_pretrained_weights(*m, path, lua_toboolean(L, 3), writes_files());
   return 0;
 }
 

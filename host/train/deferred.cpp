@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "wick/kit/deferral.hpp"
@@ -89,37 +91,68 @@ void materialize_whole(Model& model, const std::string& who) {
                   (file ? " (" + file->string() + " has none)" : " (its plugin's materialize gives none)"));
 }
 
-void save_deferred(Model& model, const std::filesystem::path& file) {
-  const NamedTensorList state = module_state(model);
-  std::vector<LazyTensor> declared;
-  std::map<const c10::TensorImpl*, std::vector<std::size_t>> entries;  // a tensor's names (tied: two)
-  for (std::size_t j = 0; j < state.size(); ++j) {
-    const auto& [name, t] = state[j];
-    declared.push_back({name, t.scalar_type(), t.sizes().vec(), {}});
-    entries[t.unsafeGetTensorImpl()].push_back(j);
-  }
+void write_deferred(Model& model, const std::filesystem::path& file, const std::vector<LazyTensor>& out,
+                    const std::vector<std::vector<at::Tensor>>& uses, const std::map<std::string, std::string>& metadata) {
+  if (uses.size() != out.size()) throw std::logic_error("write_deferred: a list of uses for each tensor written");
+  // for each hollow tensor an entry uses, those entries; the entries still
+  // waiting for a value, by how many they wait for
+  std::map<const c10::TensorImpl*, std::vector<std::size_t>> users;
+  std::vector<int> waiting(out.size(), 0);
+  for (std::size_t j = 0; j < out.size(); ++j)
+    for (const auto& t : uses[j])
+      if (is_hollow(t)) {
+        auto& u = users[t.unsafeGetTensorImpl()];
+        if (std::find(u.begin(), u.end(), j) != u.end()) continue;
+        u.push_back(j);
+        ++waiting[j];
+      }
+  std::vector<bool> written(out.size(), false);
   write_safetensors_placed(
-      file, declared,
+      file, out,
       [&](const PutTensor& put) {
-        std::vector<bool> done(state.size(), false);
+        auto emit = [&](std::size_t j) {
+          put(out[j].name, out[j].make());
+          written[j] = true;
+        };
+        for (std::size_t j = 0; j < out.size(); ++j)  // entries of values the model holds
+          if (waiting[j] == 0) emit(j);
+        at::NoGradGuard no_grad;
         run_deferred(model, [&](const at::Tensor& t, const at::Tensor& value) {
-          auto it = entries.find(t.unsafeGetTensorImpl());
-          if (it == entries.end()) return;  // (not the model's: materialize_whole names it)
-          const at::Tensor v = value.to(t.scalar_type());
-          for (auto j : it->second) {
-            put(state[j].first, v);
-            done[j] = true;
-          }
+          auto it = users.find(t.unsafeGetTensorImpl());
+          if (it == users.end() || !is_hollow(t)) return;
+          // the value in the tensor while the entries using it are made, then
+          // hollow again: one layer's values at a time
+          t.set_data(value.to(t.scalar_type()).contiguous().clone());
+          std::vector<std::size_t> done;
+          for (auto j : it->second)
+            if (--waiting[j] == 0) {
+              emit(j);
+              done.push_back(j);
+            }
+          for (auto j : done)
+            for (const auto& u : uses[j]) {
+              auto ut = users.find(u.unsafeGetTensorImpl());
+              if (ut == users.end() || is_hollow(u)) continue;
+              const bool all = std::all_of(ut->second.begin(), ut->second.end(), [&](std::size_t k) { return written[k]; });
+              if (all) u.set_data(hollow(u.sizes(), u.options()));
+            }
         });
-        for (std::size_t j = 0; j < state.size(); ++j)
-          if (!done[j]) {
-            if (is_hollow(state[j].second))
-              throw Error("saving " + file.string() + ": the model's deferred build made no value for " +
-                          state[j].first);
-            put(state[j].first, state[j].second);
-          }
+        for (std::size_t j = 0; j < out.size(); ++j)
+          if (!written[j])
+            throw Error("saving " + file.string() + ": the model's deferred weights made no value for " + out[j].name +
+                        " (a tensor it is made from stayed hollow)");
       },
-      {{"format", "pt"}});
+      metadata);
+}
+
+void save_deferred(Model& model, const std::filesystem::path& file) {
+  std::vector<LazyTensor> out;
+  std::vector<std::vector<at::Tensor>> uses;
+  for (const auto& [name, t] : module_state(model)) {
+    out.push_back({name, t.scalar_type(), t.sizes().vec(), [t] { return t; }});
+    uses.push_back({t});
+  }
+  write_deferred(model, file, out, uses, {{"format", "pt"}});
 }
 
 at::Tensor moved(const at::Tensor& t, std::optional<at::ScalarType> dtype, std::optional<at::Device> device) {

@@ -9,9 +9,13 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "wick/kit/safetensors.hpp"
 
 namespace torch::nn {
 class Module;
@@ -39,6 +43,15 @@ void defer_to_file(const std::shared_ptr<Model>& model, const std::filesystem::p
 /// own storage), saying so on stderr as `who`; nothing when the model is not
 /// deferred. Throws, naming it, when a hollow tensor got no value.
 void materialize_whole(Model& model, const std::string& who);
+
+/// Writes `out` to `file` (safetensors) from a deferred model: entry j is
+/// made (out[j].make()) from the model's tensors uses[j], once each of them
+/// holds its value. The model's values are made in turn (run_deferred), each
+/// put into its hollow tensor while the entries using it are made and dropped
+/// after, so the model holds about one layer's values at a time and stays
+/// deferred. An entry whose tensors never get a value is an error naming it.
+void write_deferred(Model& model, const std::filesystem::path& file, const std::vector<LazyTensor>& out,
+                    const std::vector<std::vector<at::Tensor>>& uses, const std::map<std::string, std::string>& metadata);
 
 /// Writes a deferred model's weights to `file` as save_model does, a value
 /// at a time as it is made (its own tensors for the rest), so the model is

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "train/deferred.hpp"
 #include "wick/kit/linear.hpp"
 #include "wick/options.hpp"
 
@@ -43,8 +44,16 @@ std::int64_t adapted_layers(Model& model) {
   return n;
 }
 
-std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge) {
+std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge, std::vector<std::vector<at::Tensor>>* uses) {
   const NamedTensorList state = module_state(model);
+  // a layer's own tensors (weight or 4-bit codes and constants, bias, adapters), by its name
+  auto layer_tensors = [&state](const std::string& layer) {
+    std::vector<at::Tensor> ts;
+    for (const auto& [name, t] : state)
+      if (name.size() > layer.size() && name.compare(0, layer.size(), layer) == 0 && name[layer.size()] == '.')
+        ts.push_back(t);
+    return ts;
+  };
   const at::ScalarType dtype = model_dtype(state);
   // the layers whose weight is written anew, by the name it takes: made
   // when the writer comes to it, one layer's float weight at a time
@@ -66,13 +75,18 @@ std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge) {
     rewritten.insert(name);
   }
   std::vector<LazyTensor> out;
-  auto as_is = [&out](const std::string& name, const at::Tensor& t) {
+  auto as_is = [&](const std::string& name, const at::Tensor& t) {
     out.push_back({name, t.scalar_type(), t.sizes().vec(), [t] { return t; }});
+    if (uses) uses->push_back({t});
+  };
+  auto layer_weight = [&](const std::string& layer) {
+    out.push_back(made.at(layer + ".weight"));
+    if (uses) uses->push_back(layer_tensors(layer));
   };
   std::set<std::string> placed;  // quantized layers whose weight is in `out`
   for (const auto& [name, t] : state) {
-    if (auto it = made.find(name); it != made.end()) {  // a float layer's weight, its adapter folded in
-      out.push_back(it->second);
+    if (made.count(name)) {  // a float layer's weight, its adapter folded in
+      layer_weight(name.substr(0, name.size() - std::string(".weight").size()));
       continue;
     }
     const auto nf4 = name.find(".nf4.");
@@ -88,9 +102,19 @@ std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge) {
       throw Error("save_pretrained: " + name + " belongs to no linear layer the model offers (its AdapterTargets), "
                   "expected float weights a Hugging Face folder holds");
     // a quantized layer's weight where its first 4-bit tensor was
-    if (nf4 != std::string::npos && placed.insert(layer).second) out.push_back(made.at(layer + ".weight"));
+    if (nf4 != std::string::npos && placed.insert(layer).second) layer_weight(layer);
   }
   return out;
+}
+
+void save_pretrained_weights(Model& model, const std::filesystem::path& file, bool merge, bool write) {
+  std::vector<std::vector<at::Tensor>> uses;
+  const auto out = pretrained_tensors(model, merge, &uses);  // on every rank: the same refusals
+  if (!write) return;
+  if (is_deferred(model))
+    write_deferred(model, file, out, uses, {{"format", "pt"}});
+  else
+    write_safetensors(file, out, {{"format", "pt"}});
 }
 
 }  // namespace wick

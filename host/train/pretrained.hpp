@@ -4,6 +4,8 @@
 // memory (4-bit NF4 base weights, LoRA adapters beside them).
 
 #include <cstdint>
+#include <filesystem>
+#include <vector>
 
 #include "wick/kit/safetensors.hpp"
 #include "wick/kit/weights.hpp"
@@ -18,8 +20,16 @@ namespace wick {
 /// `merge`, a layer carrying an adapter is an error (the caller writes the
 /// adapters as PEFT does). Those weights are made as write_safetensors comes
 /// to them, one at a time (a 7B QLoRA model never holds its float weights all
-/// at once); the model itself is left as it is.
-std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge);
+/// at once); the model itself is left as it is. `uses`, when given, gets for
+/// each entry the model's tensors it is made from.
+std::vector<LazyTensor> pretrained_tensors(Model& model, bool merge,
+                                           std::vector<std::vector<at::Tensor>>* uses = nullptr);
+
+/// Writes pretrained_tensors(model, merge) to `file` when `write` (rank 0);
+/// every rank checks. A deferred model (built deferred, or left in a divided
+/// run's file) is written as its values are made, a layer at a time, and
+/// stays deferred: it is never whole.
+void save_pretrained_weights(Model& model, const std::filesystem::path& file, bool merge, bool write);
 
 /// The linear layers of the model (Model's AdapterTargets) carrying a LoRA
 /// adapter now.

@@ -1131,22 +1131,29 @@ def test_a_deferred_model_is_made_whole_where_it_is_not_divided(tmp_path, run_wi
     run_wick("launch", "--nproc-per-node", 2, *common, "deferred=false", "shard=gradients",
              f"result={tmp_path / 'z2w.safetensors'}")
     assert_same_entries(tmp_path / "z2.safetensors", tmp_path / "z2w.safetensors")
-    # model:save streams a deferred model a value at a time (it stays
-    # deferred); a method that reads the weights makes it whole first
-    (tmp_path / "s.lua").write_text('local wick = require "wick"\nwick.seed(3)\n'
+    # model:save and wick.save_pretrained stream a deferred model a value at a
+    # time (it stays deferred), NF4 layers dequantized and LoRA adapters
+    # merged as they come; a method that needs the weights whole (model:load)
+    # makes it whole first, saying so
+    (tmp_path / "s.lua").write_text('local wick = require "wick"\nwick.seed(3)\nlocal a = wick.args\n'
                                     'local m = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 32, '
-                                    'intermediate_size = 64, layers = 1, heads = 4, deferred = wick.args.deferred })\n'
-                                    'print(m:blocks()[1], m:parameters())\nm:save(wick.args.result)\n'
-                                    'print("SAVED")\nwick.save_pretrained(m, wick.args.hf)\n')
-    run_wick("run", tmp_path / "s.lua", "deferred=false", f"result={tmp_path / 's0.safetensors'}",
-             f"hf={tmp_path / 'hf0'}")
-    p = run_wick("run", tmp_path / "s.lua", "deferred=true", f"result={tmp_path / 's1.safetensors'}",
-                 f"hf={tmp_path / 'hf1'}")
-    assert "model.layers.0\t" in p.stdout and "SAVED" in p.stdout, p.stdout
-    assert p.stderr.count("its weights are made whole now") == 1, p.stderr
-    assert "wick: model:save_pretrained: the model was built deferred; its weights are made whole now" in p.stderr
-    assert_same_entries(tmp_path / "s1.safetensors", tmp_path / "s0.safetensors")
-    assert_same_entries(tmp_path / "hf1" / "model.safetensors", tmp_path / "hf0" / "model.safetensors")
+                                    'intermediate_size = 64, layers = 2, heads = 4, deferred = a.deferred, '
+                                    'quantize = a.quantize })\n'
+                                    'if a.lora then wick.optim("lora", { r = 4 }):apply(m) end\n'
+                                    'print(m:blocks()[1], m:parameters())\nm:save(a.result)\n'
+                                    'print("SAVED")\nwick.save_pretrained(m, a.hf, { merge = a.lora and true or nil })\n'
+                                    'print("PRETRAINED")\nm:load(a.result)\n')
+    for name, more in [("plain", []), ("qlora", ["quantize=nf4", "lora=true"])]:
+        run_wick("run", tmp_path / "s.lua", "deferred=false", f"result={tmp_path / f'{name}0.safetensors'}",
+                 f"hf={tmp_path / f'{name}_hf0'}", *more)
+        p = run_wick("run", tmp_path / "s.lua", "deferred=true", f"result={tmp_path / f'{name}1.safetensors'}",
+                     f"hf={tmp_path / f'{name}_hf1'}", *more)
+        assert "model.layers.0\t" in p.stdout and "PRETRAINED" in p.stdout, p.stdout
+        # only model:load made it whole
+        assert p.stderr.count("its weights are made whole now") == 1, p.stderr
+        assert "wick: model:load: the model was built deferred; its weights are made whole now" in p.stderr
+        assert_same_entries(tmp_path / f"{name}1.safetensors", tmp_path / f"{name}0.safetensors")
+        assert_same_entries(tmp_path / f"{name}_hf1" / "model.safetensors", tmp_path / f"{name}_hf0" / "model.safetensors")
 
 
 def test_ranks_seeded_apart_cannot_make_one_deferred_model(tmp_path, run_wick):
@@ -1176,8 +1183,10 @@ local run = wick.train { model = model, data = data, optim = wick.optim("adamw",
   checkpointing = true, out = a.out, save_every = a.out and 2 or 0, resume = a.resume == true,
   return_weights = a.out and "file" or "gathered", max_steps = tonumber(a.max_steps or 4) }
 if wick.rank == 0 then model:save(a.result) end
+local held = wick.memory(false).cpu_tensors
+if a.hf then wick.save_pretrained(model, a.hf, { merge = true }) end
 print(string.format("PEAKS %d %d %d %d %d", wick.rank, run.memory.start_peak, run.memory.end_peak,
-  run.memory.run_peak, wick.memory(false).cpu_tensors))
+  run.memory.run_peak, held))
 """
 
 
@@ -1192,7 +1201,8 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
     from a folder, trained under shard = "parameters" with checkpoints
     streamed to rank 0's file a unit at a time, returned in
     out/model.safetensors (return_weights = "file"), saved by model:save a
-    tensor at a time, stopped at step 2 and resumed, all under the cap. The
+    tensor at a time and by wick.save_pretrained with the adapters merged a
+    layer at a time, stopped at step 2 and resumed, all under the cap. The
     trained weights equal an uncapped run's from a whole build, gathered back
     as usual; the whole build under the same cap is refused at once. (QLoRA's
     4-bit base is a quarter as large: at this size a rank's fixed costs
@@ -1204,7 +1214,8 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
     run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
     (tmp_path / "c.lua").write_text(CAPPED)
     common = [tmp_path / "c.lua", f"data={tmp_path / 'd.jsonl'}", f"path={tmp_path / 'hf'}", "kind=lora"]
-    plain = run_wick("launch", "--nproc-per-node", 2, *common, f"result={tmp_path / 'plain.safetensors'}")
+    plain = run_wick("launch", "--nproc-per-node", 2, *common, f"result={tmp_path / 'plain.safetensors'}",
+                     f"hf={tmp_path / 'plain_hf'}")
     whole = peaks_of(plain.stdout)[0][3]  # the model as built, whole, with its adapters
     cap = str(int(0.85 * whole))  # measured: a rank's whole run peaks at 0.71x
     env = {**os.environ, "WICK_CPU_MEMORY_LIMIT": cap}
@@ -1219,12 +1230,13 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
         assert p.returncode == 0, p.stderr[-3000:]
         return peaks_of(p.stdout)
     run_dir = tmp_path / "run"
-    got = capped(f"out={run_dir}", f"result={tmp_path / 'capped.safetensors'}")
+    got = capped(f"out={run_dir}", f"result={tmp_path / 'capped.safetensors'}", f"hf={tmp_path / 'capped_hf'}")
     for r in range(2):
         assert got[r][2] <= int(cap), (r, got[r], cap)  # the whole run's peak
         assert got[r][3] <= 0.1 * whole, (r, got[r])  # after the run: the model deferred to the file
     assert_same_entries(tmp_path / "capped.safetensors", tmp_path / "plain.safetensors")
     assert_same_entries(run_dir / "model.safetensors", tmp_path / "plain.safetensors")
+    assert_same_entries(tmp_path / "capped_hf" / "model.safetensors", tmp_path / "plain_hf" / "model.safetensors")
     # stopped at step 2 (its checkpoint streamed), resumed under the cap: the unbroken run's end
     part = tmp_path / "part"
     capped(f"out={part}", "max_steps=2", f"result={tmp_path / 'two.safetensors'}")
