@@ -136,6 +136,14 @@ wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Config& 
 }
 }  // namespace
 
+wick::OptionSpec deferred_option(const std::string& what) {
+  return wick::opt_bool("deferred", false,
+                        "make no weights of " + what + " now (DeepSpeed's zero.Init, FSDP's meta device): under "
+                        "wick.train's shard = \"parameters\" on several ranks each rank makes only its chunks, so no "
+                        "rank holds them whole; any other use makes the whole model first. The same values as a whole "
+                        "build (the random draws replayed, or the folder's tensors read one at a time)");
+}
+
 wick::OptionSchema quantize_options() {
   return {wick::opt_string("quantize", "none",
                            "nf4: every linear layer of the language model but the head is stored as 4-bit NF4 "

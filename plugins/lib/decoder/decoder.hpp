@@ -59,6 +59,9 @@ struct Build {
 
 /// The model options of 4-bit weights (decoder_lm's and vlm's): quantize, quantize_block.
 wick::OptionSchema quantize_options();
+/// The `deferred` option (decoder_lm's and vlm's), saying which of the
+/// model's weights `what` it defers.
+wick::OptionSpec deferred_option(const std::string& what);
 /// quantize_block must divide every layer's linear weight count (and leave an
 /// even count); throws naming the first layer (under `prefix`) it does not.
 void check_nf4_block(const Config& c, std::int64_t block, const std::string& prefix, const std::string& who);

@@ -159,11 +159,7 @@ wick::OptionSchema schema() {
                   .optional());
   for (auto& o : dec::quantize_options()) s.push_back(o);
   for (auto& o : dec::loss_options()) s.push_back(o);
-  s.push_back(wick::opt_bool("deferred", false,
-                             "make no weights now (DeepSpeed's zero.Init, FSDP's meta device): under wick.train's "
-                             "shard = \"parameters\" on several ranks each rank makes only its chunks, so no rank "
-                             "holds the whole model; any other use makes the whole model first. The same values as "
-                             "a whole build (the random draws replayed, or the folder's tensors read one at a time)"));
+  s.push_back(dec::deferred_option("the model"));
   return s;
 }
 

@@ -80,7 +80,11 @@ TORCH_MODULE(Projector);
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
-class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, public wick::AdapterTargets {
+class Vlm : public wick::Model,
+            public wick::Predictor,
+            public wick::Generator,
+            public wick::AdapterTargets,
+            public wick::Deferred {
  public:
   explicit Vlm(const wick::Options& o) {
     Parts parts = read_parts(o);
@@ -237,6 +241,10 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     build.defer_linear = from_folder && nf4;     // a folder's weights arrive quantized, tensor by tensor
     build.quantize_block = nf4 ? block : 0;      // random ones are quantized layer by layer as they are made
     quantize_block_ = nf4 ? block : 0;
+    // deferred: the language model's weights (most of a LLaVA's) wait for
+    // the host; the tower and projector are built whole
+    deferred_build_ = o.get_bool("deferred");
+    if (deferred_build_) build.deferral = &deferral_;
     dec_ = std::make_unique<dec::Decoder>(p.lc, "model.language_model", build);
     dec_->register_with(*inner, "language_model", *this);
   }
@@ -313,8 +321,14 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
     std::vector<std::pair<std::string, wick::Linear>> layers;  // named as in the body
     const std::string mine = "model.language_model.";
     for (auto& [n, l] : dec_->linear_layers()) layers.emplace_back(n.substr(mine.size()), l);
-    dec::load_quantizing(*dec_->body, std::move(body), dir + " (language model under " + body_prefix + ")", {}, layers,
-                         quantize_block_);
+    const std::string source = dir + " (language model under " + body_prefix + ")";
+    if (deferred_build_) {  // each tensor read when the host makes it
+      dec::defer_loading(*dec_->body, std::move(body), source, {}, layers, quantize_block_, deferral_);
+      if (dec_->lm_head)
+        dec::defer_loading(*dec_->lm_head, std::move(head), dir + " (" + head_name + ")", {}, {}, 0, deferral_);
+      return;
+    }
+    dec::load_quantizing(*dec_->body, std::move(body), source, {}, layers, quantize_block_);
     if (dec_->lm_head) wick::load_state(*dec_->lm_head, std::move(head), dir + " (" + head_name + ")");
   }
 
@@ -583,6 +597,17 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
   // The language model's linear layers: lora / qlora adapt the LM only.
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
+  // deferred while a tensor still waits (decoder_lm's rule)
+  bool deferred() const override {
+    if (deferral_.empty()) return false;
+    for (const auto& [name, t] : wick::module_state(const_cast<Vlm&>(*this)))
+      if (wick::is_hollow(t)) return true;
+    return false;
+  }
+  void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
+    deferral_.run(sink);
+  }
+
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();
     const auto& v = vit_->config();
@@ -640,6 +665,8 @@ class Vlm : public wick::Model, public wick::Predictor, public wick::Generator, 
  private:
   vis::Vit vit_{nullptr};
   Projector projector_{nullptr};
+  wick::Deferral deferral_;  // deferred = true: the steps that make the language model's weights
+  bool deferred_build_ = false;
   std::unique_ptr<dec::Decoder> dec_;
   std::string vision_prefix_, select_;
   vis::PixelStats stats_;
@@ -703,6 +730,7 @@ wick::OptionSchema schema() {
   s.push_back(wick::opt_bool("quantize_vision", false,
                              "with quantize = \"nf4\": the frozen vision tower's linear weights as NF4 too"));
   for (auto& o : dec::loss_options()) s.push_back(o);
+  s.push_back(dec::deferred_option("the language model (the vision tower and projector are built whole)"));
   return s;
 }
 

@@ -1114,6 +1114,65 @@ def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_pat
     print(case, whole, deferred)
 
 
+DEFERRED_VLM = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("video_folder", { manifest = a.manifest, max_frames = 2, image_size = 32, resize = "exact",
+  tokenizer = "bytes", prompt = "<image>", text_length = 16 })
+wick.seed(0)
+local opts = a.path and { path = a.path } or { image_size = 32, patch_size = 8, vision_hidden_size = 64,
+  vision_intermediate_size = 128, vision_layers = 2, vision_heads = 4, hidden_size = 128, intermediate_size = 256,
+  layers = 2, heads = 4, projector = "mlp2x_gelu", vision_style = "clip", vocab_size = data.vocab_size }
+opts.image_token_id = data.image_token_id
+opts.freeze_vision = false
+opts.deferred = a.deferred == true
+opts.quantize = a.quantize or "none"
+local m = wick.model("vlm", opts)
+local built = wick.memory(false).cpu_tensors
+if a.save then wick.save_pretrained(m, a.save) return end
+if a.kind then wick.optim(a.kind, { r = 4 }):apply(m) end
+wick.train { model = m, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 2,
+  max_steps = 2, checkpointing = true, shuffle = false, quiet = true, seed = 1, shard = "parameters" }
+if wick.rank == 0 then m:save(a.result) end
+print(string.format("BUILT %d %d", wick.rank, built))
+"""
+
+
+@pytest.mark.parametrize("case", ["options", "folder-qlora"])
+def test_a_deferred_vlm_defers_its_language_model_with_the_bits_of_a_whole_build(tmp_path, run_wick, case):
+    """vlm with deferred = true: its language model (LLaVA's bulk) is built
+    hollow, the vision tower and projector whole; under shard = "parameters"
+    on 2 ranks each rank makes its chunks of the language model, drawn as a
+    whole build draws them (options) or read from a LLaVA folder and
+    quantized to NF4 as each tensor comes (under QLoRA). The trained model
+    has the bits of a whole build's run, and the deferred build holds none of
+    the language model's bytes."""
+    clips = tmp_path / "clips"
+    subprocess.run([WICK, "make-clips", str(clips), "--classes", "2", "--per-class", "4", "--size", "64x48",
+                    "--seconds", "0.6", "--no-extras", "--no-images"], check=True, capture_output=True)
+    (tmp_path / "v.lua").write_text(DEFERRED_VLM)
+    common = [tmp_path / "v.lua", f"manifest={clips / 'manifest.csv'}"]
+    more = []
+    if case == "folder-qlora":
+        run_wick("run", *common, f"save={tmp_path / 'hf'}")
+        more = [f"path={tmp_path / 'hf'}", "quantize=nf4", "kind=qlora"]
+
+    def launch(deferred):
+        p = run_wick("launch", "--nproc-per-node", 2, *common, *more, f"deferred={str(deferred).lower()}",
+                     f"result={tmp_path / f'{deferred}.safetensors'}")
+        out = p.stdout.replace("[rank 1] ", "")
+        return {int(l.split()[1]): int(l.split()[2]) for l in out.splitlines() if l.startswith("BUILT ")}
+    whole, deferred = launch(False), launch(True)
+    trained = assert_same_entries(tmp_path / "True.safetensors", tmp_path / "False.safetensors")
+    language = sum(t.numel() * t.element_size() for k, t in trained.items()
+                   if k.startswith(("model.language_model.", "lm_head.")) and "lora_" not in k)
+    # what a deferred build holds of the language model: its norms, and for
+    # each random step the generator's state (5 KB) to replay it from
+    for r in range(2):
+        assert whole[r] - deferred[r] >= 0.9 * language, (case, r, whole[r], deferred[r], language)
+    print(case, whole, deferred, language)
+
+
 def test_a_deferred_model_is_made_whole_where_it_is_not_divided(tmp_path, run_wick):
     """One rank, or shard other than "parameters": the deferred model is made
     whole when wick.train gets it (saying so), with the bits of a whole
