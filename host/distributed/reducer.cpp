@@ -211,9 +211,17 @@ bool GradReducer::fill(const at::Tensor& tensor, const at::Tensor& value) {
       if (b.frozen[j].unsafeGetTensorImpl() != impl) continue;
       if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
       const std::int64_t chunk = b.frozen_bytes / world;
-      // bytes of the tensor's own dtype (a value in another is converted whole first)
-      const at::Tensor bytes = value.to(b.frozen[j].scalar_type()).contiguous().reshape({-1}).view(at::kByte);
-      copy_overlap(b.frozen_shard, rank * chunk, bytes, b.frozen_offsets[j]);
+      // bytes of the tensor's own dtype: only the elements whose bytes fall
+      // in this rank's chunk are converted (and, of a mapped file, read)
+      const at::ScalarType dtype = b.frozen[j].scalar_type();
+      const std::int64_t size = static_cast<std::int64_t>(c10::elementSize(dtype));
+      const std::int64_t off = b.frozen_offsets[j], lo = std::max(rank * chunk, off),
+                         hi = std::min((rank + 1) * chunk, off + value.numel() * size);
+      if (lo >= hi) return true;
+      const std::int64_t first = (lo - off) / size, last = (hi - off + size - 1) / size;
+      const at::Tensor bytes =
+          value.reshape({-1}).slice(0, first, last).to(dtype).contiguous().view(at::kByte);
+      copy_overlap(b.frozen_shard, rank * chunk, bytes, off + first * size);
       return true;
     }
   }

@@ -401,7 +401,7 @@ void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const 
         q->second->emit_nf4(wick::nf4_quantize_chunked(t, block), emit);
         release_free_heap();
       } else if (auto it = targets.find(name); it != targets.end()) {
-        emit(it->second, t.to(it->second.scalar_type()));
+        emit(it->second, t);  // in the file's dtype: the host converts what it keeps (a rank its chunk)
       }
     }
   });

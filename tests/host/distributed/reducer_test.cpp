@@ -188,5 +188,33 @@ TEST(GradReducer, ParametersDivideFrozenTensorsOfAnyDtypeAndFreeThemAfterTheInpu
   });
 }
 
+// A deferred model's value arrives in the dtype it was made or stored in (a
+// bf16 file for an fp32 model): each rank converts only the elements whose
+// bytes fall in its chunks, and a gather gives the value in each tensor's dtype.
+TEST(GradReducer, FillKeepsThisRanksBytesOfAValueInAnotherDtype) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    at::Tensor w = at::randn({64, 64}, gen).requires_grad_();
+    at::Tensor f = at::randn({64, 48}, gen).to(at::kBFloat16);
+    at::Tensor codes = at::randint(0, 256, {1000}, gen).to(at::kByte);
+    at::Tensor scale = at::randn({7}, gen).to(at::kDouble);
+    GradReducer red(g, {w}, 25, ShardMode::Parameters, {{0}}, at::ScalarType::Undefined, {{f, codes, scale}});
+    red.release_all();
+    const at::Tensor wv = at::randn({64, 64}, gen).to(at::kDouble), fv = at::randn({64, 48}, gen),
+                     cv = at::randint(0, 256, {1000}, gen), sv = at::randn({7}, gen);  // fp64, fp32, int64, fp32
+    EXPECT_TRUE(red.fill(w, wv));
+    EXPECT_TRUE(red.fill(f, fv));
+    EXPECT_TRUE(red.fill(codes, cv));
+    EXPECT_TRUE(red.fill(scale, sv));
+    EXPECT_FALSE(red.fill(at::zeros({3}), at::zeros({3})));  // not the unit's
+    red.gather_unit(0, "test");
+    EXPECT_TRUE(at::equal(w.detach(), wv.to(at::kFloat)));
+    EXPECT_TRUE(at::equal(f, fv.to(at::kBFloat16)));
+    EXPECT_TRUE(at::equal(codes, cv.to(at::kByte)));
+    EXPECT_TRUE(at::equal(scale, sv.to(at::kDouble)));
+    red.release_all();
+  });
+}
+
 }  // namespace
 }  // namespace wick

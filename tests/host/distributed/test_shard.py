@@ -1054,7 +1054,7 @@ wick.seed(3 + (a.seed_apart and wick.rank or 0))
 local hidden = tonumber(a.hidden or 128)
 local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = hidden, intermediate_size = 2 * hidden,
   layers = tonumber(a.layers or 3), heads = 4, deferred = a.deferred == true, quantize = a.quantize or "none",
-  path = a.path })
+  path = a.path, dtype = a.dtype })
 if a.kind then wick.optim(a.kind, a.kind == "qlora" and { r = 4, compute_dtype = "fp32" } or { r = 4 }):apply(model) end
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4,
   accumulate = 1, max_steps = 2, shuffle = false, quiet = true, seed = 1, shard = a.shard or "parameters",
@@ -1079,7 +1079,7 @@ def sentences(path, n=32, seed=7):
     path.write_text("".join('{"text": "%s"}\n' % " ".join(rnd.choice(words) for _ in range(12)) for _ in range(n)))
 
 
-@pytest.mark.parametrize("case", ["full", "bf16-masters", "lora", "qlora", "folder", "folder-qlora"])
+@pytest.mark.parametrize("case", ["full", "bf16-masters", "lora", "qlora", "folder", "folder-fp32", "folder-qlora"])
 def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_path, run_wick, case):
     """decoder_lm with deferred = true under shard = "parameters" on 2 ranks:
     no weight exists until the trainer divides the model; each rank then
@@ -1087,13 +1087,14 @@ def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_pat
     the states the build recorded, or the folder's tensors read) and keeps
     its chunks. The trained model has the bits of the run from a whole
     build, for full training (fp32; bf16-true with fp32 masters), LoRA,
-    QLoRA over the model's own NF4 layers, and a folder (plain and
-    quantized on load); and the rank's start holds about half the weights
-    where the whole build holds all of them."""
+    QLoRA over the model's own NF4 layers, and a folder (plain, read into
+    fp32 from its bf16, and quantized on load); and the rank's start holds
+    about half the weights where the whole build holds all of them."""
     sentences(tmp_path / "d.jsonl")
     (tmp_path / "a.lua").write_text(DEFERRED)
     more = {"full": [], "bf16-masters": ["precision=bf16-true", "masters=true"], "lora": ["kind=lora"],
-            "qlora": ["kind=qlora", "quantize=nf4"], "folder": [], "folder-qlora": ["kind=qlora", "quantize=nf4"]}[case]
+            "qlora": ["kind=qlora", "quantize=nf4"], "folder": [], "folder-fp32": ["dtype=fp32"],
+            "folder-qlora": ["kind=qlora", "quantize=nf4"]}[case]
     if case.startswith("folder"):
         (tmp_path / "f.lua").write_text(FOLDER)
         run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
