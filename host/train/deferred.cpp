@@ -73,10 +73,11 @@ void run_deferred(Model& model, const std::function<void(const at::Tensor&, cons
   capability<Deferred>(model)->materialize(sink);
 }
 
-void materialize_whole(Model& model, const std::string& who) {
+void materialize_whole(Model& model, const std::string& who, bool say) {
   if (!is_deferred(model)) return;
   const auto file = file_of(model);
-  if (file)
+  if (!say) {
+  } else if (file)
     std::fprintf(stderr, "wick: %s: the model's weights are in %s (a divided run's return_weights = \"file\"); they "
                          "are read whole now\n", who.c_str(), file->c_str());
   else

@@ -40,9 +40,9 @@ void run_deferred(Model& model, const std::function<void(const at::Tensor&, cons
 void defer_to_file(const std::shared_ptr<Model>& model, const std::filesystem::path& file);
 
 /// Every deferred value made and kept whole (each hollow tensor given its
-/// own storage), saying so on stderr as `who`; nothing when the model is not
-/// deferred. Throws, naming it, when a hollow tensor got no value.
-void materialize_whole(Model& model, const std::string& who);
+/// own storage), saying so on stderr as `who` when `say`; nothing when the
+/// model is not deferred. Throws, naming it, when a hollow tensor got no value.
+void materialize_whole(Model& model, const std::string& who, bool say = true);
 
 /// Writes `out` to `file` (safetensors) from a deferred model: entry j is
 /// made (out[j].make()) from the model's tensors uses[j], once each of them

@@ -197,6 +197,23 @@ void Trainer::end_divided() {
   mark_partitioned(model_, "");
 }
 
+void Trainer::drop_weights_back(const std::set<const c10::TensorImpl*>& keep) {
+  if (!partitioned() || gathered_back_) return;
+  std::map<std::string, at::Tensor> kept;
+  {
+    ReleaseUnits release{reducer_.get()};
+    reducer_->release_all();
+    std::string error;
+    const PutTensor put = [&](const std::string& name, const at::Tensor& t) {
+      if (keep.count(t.unsafeGetTensorImpl())) kept[name] = t.detach().clone();
+    };
+    stream_divided_weights(&put, error);
+  }
+  end_divided();
+  for (const auto& [name, t] : module_state(*model_))
+    if (auto it = kept.find(name); it != kept.end()) t.set_data(it->second);
+}
+
 void Trainer::write_weights_back(const fs::path& file) {
   if (!partitioned()) {
     if (!cfg_.group || cfg_.group->rank() == 0) save_model(*model_, file);

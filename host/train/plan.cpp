@@ -8,13 +8,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <set>
 
 #include "observe/format.hpp"
 #include "observe/progress.hpp"
+#include "train/deferred.hpp"
+#include "train/partition.hpp"
 #include "train/run_internal.hpp"
 #include "train/run_options.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
+#include "wick/kit/deferral.hpp"
+#include "wick/kit/weights.hpp"
 
 namespace wick {
 namespace {
@@ -96,6 +101,12 @@ class Planner {
   Value given_ck_, all_ck_;
   std::vector<Row> rows_;
   std::optional<std::int64_t> host_only_;
+  // a model built deferred (or left in a file): its hollow tensors, made
+  // hollow again after each row so every row starts as the run would; and
+  // whether the run ends in a file (return_weights = "file")
+  std::vector<at::Tensor> hollow_at_start_;
+  bool ends_in_file_ = false;
+  void make_deferred_again();
 };
 
 Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_(req), r_(resolve(req)) {
@@ -113,12 +124,33 @@ Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_
   given_ck_ = r_.o.at("checkpointing");
   all_ck_ = blocks_.empty() ? given_ck_ : Value(true);
   rows_.reserve(64);  // rows are handed out by reference while more are added
+  if (is_deferred(*r_.obj.model))
+    for (const auto& [name, t] : module_state(*r_.obj.model))
+      if (is_hollow(t)) hollow_at_start_.push_back(t);
+  ends_in_file_ = r_.o.get_string("return_weights") == "file";
+}
+
+void Planner::make_deferred_again() {
+  if (hollow_at_start_.empty()) return;
+  for (const auto& t : hollow_at_start_)
+    if (!is_hollow(t)) t.set_data(hollow(t.sizes(), t.options()));
+  // the others (norms, adapters) their own storage: a view of a gathered
+  // unit's buffer would keep the whole unit
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : module_state(*r_.obj.model))
+    if (!is_hollow(t) && t.has_storage() && t.storage().nbytes() > t.nbytes()) t.set_data(t.detach().clone());
+  for (auto& p : r_.obj.model->parameters()) p.mutable_grad() = at::Tensor();  // (a row's gradients)
+  mark_partitioned(r_.obj.model, "");  // (a row's end dropped the weights, or failed: they are made again)
 }
 
 Row& Planner::add_row(const std::string& name, Setting o) {
   rows_.push_back(Row{name, std::move(o)});
   Row& row = rows_.back();
   attempt(row, [&] { measure(row); });
+  // the next row starts without this one's optimizer state (or its start
+  // would count it) and, a deferred model, deferred again
+  attempt(row, [&] { r_.optim->load_state({}); });
+  make_deferred_again();
   return row;
 }
 
@@ -128,13 +160,16 @@ void Planner::measure(Row& row) {
   opts["checkpointing"] = row.o.checkpointing;
   opts["shard"] = Value(row.o.shard);
   opts["on_oom"] = Value("fail");
+  if (row.o.shard != "parameters") opts["return_weights"] = Value("gathered");  // (a file is ZeRO-3's end)
   std::map<std::string, Value> given;
   for (const auto& opt : run_options())
     if (opt.run && !opts[opt.name].is_nil()) given[opt.name] = opts[opt.name];
   Resolved rr = r_;
   rr.o = validate_run_options(L_, given, {}, false);
   reset_peaks();
-  Trainer trainer(r_.obj.model, r_.optim, nullptr, make_trainer_config(rr, 1));
+  TrainerConfig tc = make_trainer_config(rr, 1);
+  tc.quiet_deferred = true;  // made whole again each row that does not divide it
+  Trainer trainer(r_.obj.model, r_.optim, nullptr, tc);
   const auto start_peak = tensor_peak(cuda_);
   // each row from no optimizer state: a shard row's pieces must not meet the
   // whole tensors' state an earlier row left in the shared optimizer
@@ -170,7 +205,19 @@ void Planner::measure(Row& row) {
   row.breakdown = trainer.memory_breakdown();
   row.peak = static_cast<double>(tensor_peak(cuda_) - *host_only_);
   reset_peaks();
-  trainer.gather_weights_back();  // a shard = "parameters" row: the model whole again for the next row
+  // a shard = "parameters" row's end: the model whole again for the next
+  // row, or (a deferred model ending in a file) each unit gathered in turn
+  // as the run's write does, the model then made deferred again
+  if (ends_in_file_ && !hollow_at_start_.empty()) {
+    std::set<const c10::TensorImpl*> keep;  // what the deferral does not make: norms, adapters
+    std::set<const c10::TensorImpl*> made;
+    for (const auto& t : hollow_at_start_) made.insert(t.unsafeGetTensorImpl());
+    for (const auto& [name, t] : module_state(*r_.obj.model))
+      if (!made.count(t.unsafeGetTensorImpl())) keep.insert(t.unsafeGetTensorImpl());
+    trainer.drop_weights_back(keep);
+  }
+  else
+    trainer.gather_weights_back();
   row.edge_peak = static_cast<double>(std::max(start_peak, tensor_peak(cuda_)) - *host_only_);
   row.seconds = times[kTimed / 2] / static_cast<double>(n) * static_cast<double>(per_rank_);
   if (group_) gather_ranks(row);
@@ -251,8 +298,16 @@ void Planner::print_rows() const {
   std::printf("  one step as given: peak %s = weights %s + gradients %s + optimizer %s + activations and data %s\n",
               fmt_bytes(base.peak).c_str(), b("weights").c_str(), b("gradients").c_str(), b("optimizer").c_str(),
               fmt_bytes(std::max(0.0, base.peak - state)).c_str());
-  std::printf("  the run's start and end as given (the model moved to the device%s, gathered back): peak %s\n",
-              world_ > 1 ? ", divided under shard = \"parameters\"" : "", fmt_bytes(base.edge_peak).c_str());
+  const bool deferred = !hollow_at_start_.empty(), divided = world_ > 1 && shard_ == "parameters";
+  std::printf("  the run's start and end as given (the model %s, %s): peak %s\n",
+              deferred && divided ? "built deferred, each rank making its chunks"
+              : divided           ? "moved to the device, divided under shard = \"parameters\""
+              : deferred          ? "built deferred, made whole on the device"
+                                  : "moved to the device",
+              ends_in_file_ && deferred && divided ? "written to a file a unit at a time"
+              : ends_in_file_ && divided           ? "gathered back (the run writes a file; measured so for a deferred model)"
+                                                   : "gathered back",
+              fmt_bytes(base.edge_peak).c_str());
   std::printf("  estimate as given: %lld bytes on the device\n", static_cast<long long>(base.run_peak()));
   std::printf("  %-44s %12s %8s %14s %12s %12s\n", "setting", "peak", "saving", "time per batch", "state",
               "start/end");

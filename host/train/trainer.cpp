@@ -135,7 +135,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
       for (const auto& [name, t] : module_state(*model_))
         if (is_hollow(t)) hollow_.emplace(t.unsafeGetTensorImpl(), name);
     } else {
-      materialize_whole(*model_, "wick.train");
+      materialize_whole(*model_, "wick.train", !cfg_.quiet_deferred);
     }
   }
   std::map<std::string, at::Tensor> originals;  // the trainable weights before rounding, for the masters

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,9 @@ struct TrainerConfig {
   /// trainable weights, whose fp32 gradients sum every micro-batch's; the
   /// model's half-precision weights are rounded from them after each step.
   bool master_weights = false;
+  /// A model built deferred and not divided here is made whole without the
+  /// note on stderr (wick plan's rows, which make it again each row).
+  bool quiet_deferred = false;
   /// An exponential moving average of the trainable weights, in fp32, updated
   /// after every optimizer step: ema = decay * ema + (1 - decay) * weight,
   /// from step ema_start on (before it, a copy of the weights). 0: none.
@@ -182,6 +186,12 @@ class Trainer {
   /// point). Until then, and for good if the trainer ends without it, reading
   /// the model is refused by name (train/partition.hpp). Else nothing.
   void gather_weights_back();
+  /// shard = "parameters": the end of write_weights_back (every unit gathered
+  /// in turn and released), with nothing written: of the divided weights only
+  /// the tensors in `keep` are whole after it, the others gone (wick plan's
+  /// rows measure a run that ends in a file, then make the deferred model
+  /// again; `keep` holds what the deferral does not make). Else nothing.
+  void drop_weights_back(const std::set<const c10::TensorImpl*>& keep);
   /// shard = "parameters" on several ranks, in place of gather_weights_back:
   /// the weights written to `file` a unit at a time (rank 0 writing, every
   /// rank gathering), none gathered into the model, which every rank then

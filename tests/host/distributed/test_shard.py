@@ -1058,7 +1058,8 @@ local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = hidden,
 if a.kind then wick.optim(a.kind, a.kind == "qlora" and { r = 4, compute_dtype = "fp32" } or { r = 4 }):apply(model) end
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4,
   accumulate = 1, max_steps = 2, shuffle = false, quiet = true, seed = 1, shard = a.shard or "parameters",
-  checkpointing = true, precision = a.precision or "fp32", master_weights = a.masters == true }
+  checkpointing = true, precision = a.precision or "fp32", master_weights = a.masters == true, out = a.out,
+  return_weights = a.rw }
 if wick.rank == 0 then model:save(a.result) end
 print(string.format("PEAKS %d %d %d", wick.rank, run.memory.start_peak, run.memory.weights))
 """
@@ -1113,6 +1114,39 @@ def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_pat
             assert whole[r][0] >= 1.8 * weights, (case, r, whole[r])  # the whole build's start: all of them
             assert deferred[r][0] <= 1.5 * weights, (case, r, deferred[r], weights)  # half, a unit, a tensor
     print(case, whole, deferred)
+
+
+def test_plan_measures_a_deferred_model_as_its_run_holds_it(tmp_path, run_wick):
+    """wick plan --ranks 2 of a recipe that builds deferred and ends in a file:
+    every row starts from the deferred model (each rank making its chunks)
+    and a shard = "parameters" row ends as the run's file end does (each unit
+    gathered in turn), so the start/end column is that run's, not a whole
+    build's; rows of other shards make the model whole, as their runs would.
+    Nothing is written."""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "a.lua").write_text(DEFERRED)
+    common = [tmp_path / "a.lua", "--ranks", "2", f"data={tmp_path / 'd.jsonl'}", "layers=6",
+              f"result={tmp_path / 'x.safetensors'}"]
+
+    def edges(out):
+        rows = {}
+        for line in out.splitlines():
+            m = re.match(r"  (\S.*?)\s{2,}[\d.]+ [KM]iB .* ([\d.]+) MiB\s*$", line)
+            if m:
+                rows[m.group(1)] = float(m.group(2))
+        return rows
+    whole = run_wick("plan", *common, "deferred=false").stdout
+    plan = run_wick("plan", *common, "deferred=true", "rw=file", f"out={tmp_path / 'run'}").stdout
+    assert "failed:" not in plan, plan
+    assert ("the run's start and end as given (the model built deferred, each rank making its chunks, written to a "
+            "file a unit at a time)") in plan, plan
+    w, d = edges(whole), edges(plan)
+    assert set(d) == set(w) and len(d) >= 7, (w, d)
+    # measured: 9.8 MiB where the whole build gathered back holds 13.0 (allocation sizes, deterministic)
+    assert d["as given"] <= 0.85 * w["as given"], (d, w)
+    for name in ("precision = \"bf16-mixed\"", "all of these"):  # later rows start deferred too
+        assert d[name] <= 1.1 * d["as given"], (name, d)
+    assert not (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "x.safetensors").exists()
 
 
 DEFERRED_VLM = """
