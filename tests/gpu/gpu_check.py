@@ -73,7 +73,8 @@ if a.model == "decoder" then
   data = wick.data("text", { files = files, max_length = 64, pack = true, pack_attention = a.pack_attention })
   wick.seed(3)
   model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128,
-                                     layers = 2, heads = 4, kv_heads = 2, loss_chunk = tonumber(a.loss_chunk) })
+                                     layers = 2, heads = 4, kv_heads = 2, loss_chunk = tonumber(a.loss_chunk),
+                                     deferred = flag("deferred"), quantize = flag("nf4") and "nf4" or "none" })
   if flag("qlora") then wick.optim("qlora", { r = 4, alpha = 8, compute_dtype = a.compute or "fp32" }):apply(model) end
 elseif a.model == "video" then
   data = wick.data("video_folder", { root = a.root, max_frames = 4, image_size = 32 })
@@ -665,6 +666,23 @@ def check_shard(shard):
     return check
 
 
+def check_deferred(r: Runner):
+    # a decoder built deferred (no weight bytes until the trainer divides it)
+    # on 2 ranks under shard = "parameters": each rank makes its chunks on the
+    # CPU and moves them to the device (move_hollow, GradReducer::fill); the
+    # weights equal the whole build's run, plain and QLoRA over NF4 layers
+    env = {"WICK_DIST_BACKEND": "gloo" if r.device == "cpu" or gpu_count() < 2 else "nccl"}
+    common = dict(launch=2, device=launch_device(r), model="decoder", micro=4, acc=1, steps=4, shard="parameters",
+                  env=env)
+    runs = r.runs(dict(common, deferred="true"), dict(common, deferred="false"),
+                  dict(common, deferred="true", nf4="true", qlora="true"),
+                  dict(common, deferred="false", nf4="true", qlora="true"))
+    plain = max_weight_diff(runs[0]["weights"], runs[1]["weights"])
+    qlora = max_weight_diff(runs[2]["weights"], runs[3]["weights"])
+    return ("2 ranks, whole build", f"2 ranks ({env['WICK_DIST_BACKEND']}), built deferred: plain, QLoRA",
+            f"max |dw| {plain:.1e}, {qlora:.1e} (< 1e-5)", plain < 1e-5 and qlora < 1e-5)
+
+
 def check_one_rank_launch(r: Runner):
     # WICK_DIST_BACKEND names a backend, so one launched rank joins a group of
     # one: NCCL's init and its all-reduce, reduce-scatter (shard = "gradients")
@@ -721,6 +739,7 @@ CHECKS = {
     "shard optimizer": check_shard("optimizer"),
     "shard gradients": check_shard("gradients"),
     "shard parameters": check_shard("parameters"),
+    "deferred (shard parameters)": check_deferred,
     "1 rank (NCCL group of one)": check_one_rank_launch,
     "clip + ema + eval": check_ema_clip_eval,
     "resume": check_resume,
