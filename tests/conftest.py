@@ -17,3 +17,14 @@ def run_wick():
         return p
 
     return run
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (a rendezvous for ranks started by hand)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return str(port)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import WICK
+from conftest import WICK, free_port
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -221,16 +221,6 @@ def test_a_rank_that_returns_after_wick_train_while_another_goes_on_ends_the_run
 # Without the launcher (torchrun-style variables, SLURM's, torchrun itself)
 # each rank says its end in the ranks' store, and rank 0, which hosts it,
 # keeps it open until every rank has said its end.
-
-def free_port():
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return str(port)
-
 
 def rank_envs(how):
     port = free_port()

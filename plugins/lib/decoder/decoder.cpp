@@ -144,6 +144,13 @@ wick::OptionSpec deferred_option(const std::string& what) {
                         "build (the random draws replayed, or the folder's tensors read one at a time)");
 }
 
+bool waits_for_values(const torch::nn::Module& model, const wick::Deferral& deferral) {
+  if (deferral.empty()) return false;
+  for (const auto& [name, t] : wick::module_state(const_cast<torch::nn::Module&>(model)))
+    if (wick::is_hollow(t)) return true;
+  return false;
+}
+
 wick::OptionSchema quantize_options() {
   return {wick::opt_string("quantize", "none",
                            "nf4: every linear layer of the language model but the head is stored as 4-bit NF4 "

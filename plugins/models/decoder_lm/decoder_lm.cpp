@@ -120,14 +120,7 @@ class DecoderLM : public wick::Model,
   std::vector<std::string> blocks() const override { return dec_->blocks(); }
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
-  // deferred while a tensor still waits (after the host gave each its
-  // storage, or a run gathered the divided weights back, none does)
-  bool deferred() const override {
-    if (deferral_.empty()) return false;
-    for (const auto& [name, t] : wick::module_state(const_cast<DecoderLM&>(*this)))
-      if (wick::is_hollow(t)) return true;
-    return false;
-  }
+  bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
   void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
     deferral_.run(sink);
   }

@@ -597,13 +597,8 @@ class Vlm : public wick::Model,
   // The language model's linear layers: lora / qlora adapt the LM only.
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
-  // deferred while a tensor still waits (decoder_lm's rule)
-  bool deferred() const override {
-    if (deferral_.empty()) return false;
-    for (const auto& [name, t] : wick::module_state(const_cast<Vlm&>(*this)))
-      if (wick::is_hollow(t)) return true;
-    return false;
-  }
+  // deferred while a tensor still waits (dec::waits_for_values)
+  bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
   void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
     deferral_.run(sink);
   }

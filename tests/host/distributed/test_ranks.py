@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import WICK  # tests/conftest.py
+from conftest import WICK, free_port  # tests/conftest.py
 
 RECIPE = """
 local wick = require "wick"
@@ -98,16 +98,6 @@ def start_ranks(recipe, args, envs):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err
     return outs
-
-
-def free_port():
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return str(port)
 
 
 def test_wick_run_joins_under_torchrun_and_slurm_variables(tmp_path, recipe, run_wick):
