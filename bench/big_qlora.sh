@@ -67,5 +67,6 @@ for model in ${models//,/ }; do
   echo "  goal for $model on 2 ranks: under $goal GiB each"
 done
 echo "Figures at $full layers are extrapolated per layer from $k and $((2 * k)); CPU figures (bytes held by tensors):"
-echo "a GPU adds the CUDA context and the allocator's cache. built: the model as the recipe built it, whole on every"
-echo "rank; start: dividing it; end: the weights gathered back whole, as wick.train returns them."
+echo "a GPU adds the CUDA context and the allocator's cache. built: the model as the recipe built it (whole on every"
+echo "rank; deferred: hollow); start: dividing it (deferred: each rank making its chunks); end: the weights gathered"
+echo "back whole, as wick.train returns them (deferred: written to out/model.safetensors a unit at a time)."
