@@ -207,12 +207,12 @@ const char* launch_news() {
   return news && *news ? news : nullptr;
 }
 
-std::vector<Ended> ended_ranks(c10d::Store* store, int world_size) {
+std::vector<Ended> ended_ranks(c10d::Store* store, int world_size, int self) {
   std::vector<Ended> out;
   if (const char* news = launch_news()) {
     for (int r = 0; r < world_size; ++r) {
       std::error_code ec;
-      if (std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec))
+      if (r != self && std::filesystem::exists(std::filesystem::path(news) / ("ended-" + std::to_string(r)), ec))
         out.push_back({r, true});
     }
     return out;
@@ -221,7 +221,7 @@ std::vector<Ended> ended_ranks(c10d::Store* store, int world_size) {
   try {
     if (store->add(kEndsKey, 0) == 0) return out;  // one round trip while nobody has ended
     for (int r = 0; r < world_size; ++r)
-      if (store->check({end_key(r)})) {
+      if (r != self && store->check({end_key(r)})) {
         const auto v = store->get(end_key(r));
         out.push_back({r, !v.empty() && v[0] == '0'});
       }
@@ -284,9 +284,9 @@ std::string where_text(const DistEnv& env) {
 }
 
 // The ranks' store: rank 0 opens it (or torchrun's agent holds it), the
-// others reach it, within `timeout`. `why` says what the rank waits for.
+// others reach it, within `timeout`, saying so after `first_notice`.
 c10::intrusive_ptr<c10d::Store> open_store(const DistEnv& env, std::chrono::milliseconds timeout,
-                                           const std::string& why, std::chrono::seconds first_notice) {
+                                           std::chrono::seconds first_notice) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(env.master_port);
   o.isServer = env.rank == 0 && !env.agent_store;
@@ -312,7 +312,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const DistEnv& env, std::chrono::mill
   const bool opens = o.isServer;
   WaitNotice waiting(
       [&](std::chrono::seconds waited) {
-        return me + ": " + why + waiting_text(waited) +
+        return me + ": " + waiting_text(waited) +
                (opens ? " to open the rendezvous at " : " for rank 0 to open the rendezvous at ") + where + " " +
                waited_text(waited, timeout);
       },
@@ -376,7 +376,7 @@ Group::Group(const DistEnv& env, const std::string& backend) : env_(env), backen
   const auto timeout = dist_timeout();
   const std::string where = where_text(env);
   try {
-    store_ = open_store(env, timeout, "", kFirstNotice);
+    store_ = open_store(env, timeout, kFirstNotice);
   } catch (const c10::Error& e) {
     fail("reaching the rendezvous at " + where,
          std::string(e.what_without_backtrace()) +
@@ -416,7 +416,7 @@ void Group::rendezvous(std::chrono::milliseconds timeout, const std::string& whe
     // a rank that has already ended will never arrive
     for (int turn = 0; !store_->check(keys); ++turn) {
       const auto now = std::chrono::steady_clock::now();
-      for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size) : std::vector<Ended>{})
+      for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size, env_.rank) : std::vector<Ended>{})
         if (!store_->check({keys[static_cast<std::size_t>(e.rank)]})) {
           say_end(*store_, env_.rank, false);
           throw Error(me + ": " + ended_text(e) + " without reaching the rendezvous at " + where + ": its recipe " +
@@ -464,30 +464,16 @@ void announce_end(int rc) {
     group->end(rc == 0);
     return;
   }
-  const bool hosts = env.rank == 0 && !env.agent_store;
-  // a rank that failed before any wick.train tells the others if the store
-  // is there within 10 s (a rank waiting at the rendezvous); rank 0
-  // would have to open it and wait for the others, and a failing rank exits
-  if (rc != 0) {
-    if (hosts) return;
-    try {
-      const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(10), dist_timeout());
-      say_end(*open_store(env, window, "", std::chrono::seconds(60)), env.rank, false);
-    } catch (const std::exception&) {  // nobody there: the others' own waits name this rank
-    }
-    return;
-  }
-  // a rank whose recipe returned before any wick.train: it tells the others
-  // through the store, which rank 0 opens for this if it has none
+  // A rank that never joined (its recipe returned or failed before any
+  // wick.train) tells the others if their store is there within 10 s (a rank
+  // waiting at the rendezvous). Rank 0 opens no store for this: a process
+  // that only looks like rank 0 of several (an sbatch script's own step under
+  // --ntasks, RANK=0 set by hand) would wait at exit for ranks that never come.
+  if (env.rank == 0 && !env.agent_store) return;
   try {
-    auto store = open_store(env, dist_timeout(), "the recipe ended before any wick.train; to say so, ",
-                            std::chrono::seconds(10));
-    say_end(*store, env.rank, true);
-    if (hosts) host_until_every_end(*store, env);
-  } catch (const std::exception& e) {
-    notice("wick: rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
-           ": the recipe ended, but the other ranks could not be told (" +
-           std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")");
+    const auto window = std::min<std::chrono::milliseconds>(std::chrono::seconds(10), dist_timeout());
+    say_end(*open_store(env, window, std::chrono::seconds(60)), env.rank, rc == 0);
+  } catch (const std::exception&) {  // nobody there: the others' own waits name this rank
   }
 }
 
@@ -509,10 +495,15 @@ void Group::fail(const std::string& what, const std::string& why) const {
                 "through host memory");
   // a peer that ended closes its connections at once, having said so (under
   // wick launch the launcher hears of its end within 0.1 s)
-  std::vector<Ended> ended = ended_ranks(store_.get(), env_.world_size);
-  for (int k = 0; ended.empty() && k < 25; ++k) {
+  // (the store's host may be gone without closing its sockets: a short wait)
+  if (store_ && !launch_news()) try {
+      store_->setTimeout(std::chrono::seconds(2));
+    } catch (const std::exception&) {
+    }
+  std::vector<Ended> ended = ended_ranks(store_.get(), env_.world_size, env_.rank);
+  for (int k = 0; ended.empty() && launch_news() && k < 25; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ended = ended_ranks(store_.get(), env_.world_size);
+    ended = ended_ranks(store_.get(), env_.world_size, env_.rank);
   }
   std::string cause = " -- another rank probably stopped, crashed or stalled";
   if (!ended.empty())
@@ -681,7 +672,7 @@ void Group::wait_keys(const std::vector<std::string>& keys, const std::string& w
   // after WICK_DIST_TIMEOUT
   const auto deadline = std::chrono::steady_clock::now() + dist_timeout();
   for (int turn = 0; !store_->check(keys); ++turn) {
-    for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size) : std::vector<Ended>{})
+    for (const Ended& e : turn % 5 == 0 ? ended_ranks(store_.get(), env_.world_size, env_.rank) : std::vector<Ended>{})
       if (!store_->check({keys[static_cast<std::size_t>(e.rank)]}))
         throw Error("rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) + ": " +
                     ended_text(e) + " while this rank waited for it (" + what + "): its recipe " +

@@ -95,19 +95,25 @@ void materialize_whole(Model& model, const std::string& who, bool say) {
 void write_deferred(Model& model, const std::filesystem::path& file, const std::vector<LazyTensor>& out,
                     const std::vector<std::vector<at::Tensor>>& uses, const std::map<std::string, std::string>& metadata) {
   if (uses.size() != out.size()) throw std::logic_error("write_deferred: a list of uses for each tensor written");
-  // for each hollow tensor an entry uses, those entries; the entries still
-  // waiting for a value, by how many they wait for
+  // the entries using each tensor; an entry waits for its hollow tensors'
+  // values. One whose tensors all hold bytes is written after the values are
+  // made: the deferral may still give one of them its value (a folder's
+  // norms, which a deferred build holds as ones until then)
   std::map<const c10::TensorImpl*, std::vector<std::size_t>> users;
+  std::set<const c10::TensorImpl*> hollow_before;
   std::vector<int> waiting(out.size(), 0);
   for (std::size_t j = 0; j < out.size(); ++j)
-    for (const auto& t : uses[j])
+    for (const auto& t : uses[j]) {
+      auto& u = users[t.unsafeGetTensorImpl()];
+      if (std::find(u.begin(), u.end(), j) != u.end()) continue;
+      u.push_back(j);
       if (is_hollow(t)) {
-        auto& u = users[t.unsafeGetTensorImpl()];
-        if (std::find(u.begin(), u.end(), j) != u.end()) continue;
-        u.push_back(j);
         ++waiting[j];
+        hollow_before.insert(t.unsafeGetTensorImpl());
       }
+    }
   std::vector<bool> written(out.size(), false);
+  std::set<const c10::TensorImpl*> given;  // a tensor's value comes once (a tied one is named twice)
   write_safetensors_placed(
       file, out,
       [&](const PutTensor& put) {
@@ -115,15 +121,15 @@ void write_deferred(Model& model, const std::filesystem::path& file, const std::
           put(out[j].name, out[j].make());
           written[j] = true;
         };
-        for (std::size_t j = 0; j < out.size(); ++j)  // entries of values the model holds
-          if (waiting[j] == 0) emit(j);
         at::NoGradGuard no_grad;
         run_deferred(model, [&](const at::Tensor& t, const at::Tensor& value) {
           auto it = users.find(t.unsafeGetTensorImpl());
-          if (it == users.end() || !is_hollow(t)) return;
-          // the value in the tensor while the entries using it are made, then
-          // hollow again: one layer's values at a time
+          if (it == users.end() || !given.insert(t.unsafeGetTensorImpl()).second) return;
+          const bool was_hollow = is_hollow(t);
+          // the value in the tensor while the entries using it are made; a
+          // hollow one is hollow again after: one layer's values at a time
           t.set_data(value.to(t.scalar_type()).contiguous().clone());
+          if (!was_hollow) return;  // (its entries are written at the end, with this value)
           std::vector<std::size_t> done;
           for (auto j : it->second)
             if (--waiting[j] == 0) {
@@ -132,12 +138,14 @@ void write_deferred(Model& model, const std::filesystem::path& file, const std::
             }
           for (auto j : done)
             for (const auto& u : uses[j]) {
-              auto ut = users.find(u.unsafeGetTensorImpl());
-              if (ut == users.end() || is_hollow(u)) continue;
-              const bool all = std::all_of(ut->second.begin(), ut->second.end(), [&](std::size_t k) { return written[k]; });
-              if (all) u.set_data(hollow(u.sizes(), u.options()));
+              if (!hollow_before.count(u.unsafeGetTensorImpl()) || is_hollow(u)) continue;
+              const auto& us = users.at(u.unsafeGetTensorImpl());
+              if (std::all_of(us.begin(), us.end(), [&](std::size_t k) { return written[k]; }))
+                u.set_data(hollow(u.sizes(), u.options()));
             }
         });
+        for (std::size_t j = 0; j < out.size(); ++j)
+          if (!written[j] && waiting[j] == 0) emit(j);
         for (std::size_t j = 0; j < out.size(); ++j)
           if (!written[j])
             throw Error("saving " + file.string() + ": the model's deferred weights made no value for " + out[j].name +

@@ -105,6 +105,9 @@ class Planner {
   // hollow again after each row so every row starts as the run would; and
   // whether the run ends in a file (return_weights = "file")
   std::vector<at::Tensor> hollow_at_start_;
+  // the others (norms, adapters: what the deferral does not make), copied:
+  // a row that fails while the weights are divided loses them
+  std::vector<std::pair<at::Tensor, at::Tensor>> made_at_start_;
   bool ends_in_file_ = false;
   void make_deferred_again();
 };
@@ -124,9 +127,12 @@ Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_
   given_ck_ = r_.o.at("checkpointing");
   all_ck_ = blocks_.empty() ? given_ck_ : Value(true);
   rows_.reserve(64);  // rows are handed out by reference while more are added
-  if (is_deferred(*r_.obj.model))
+  if (is_deferred(*r_.obj.model)) {
+    at::NoGradGuard no_grad;
     for (const auto& [name, t] : module_state(*r_.obj.model))
       if (is_hollow(t)) hollow_at_start_.push_back(t);
+      else made_at_start_.emplace_back(t, t.detach().clone());
+  }
   ends_in_file_ = r_.o.get_string("return_weights") == "file";
 }
 
@@ -134,11 +140,12 @@ void Planner::make_deferred_again() {
   if (hollow_at_start_.empty()) return;
   for (const auto& t : hollow_at_start_)
     if (!is_hollow(t)) t.set_data(hollow(t.sizes(), t.options()));
-  // the others (norms, adapters) their own storage: a view of a gathered
-  // unit's buffer would keep the whole unit
+  // the others their own storage (a view of a gathered unit's buffer would
+  // keep the whole unit), or their first values where a failed row lost them
   at::NoGradGuard no_grad;
-  for (const auto& [name, t] : module_state(*r_.obj.model))
-    if (!is_hollow(t) && t.has_storage() && t.storage().nbytes() > t.nbytes()) t.set_data(t.detach().clone());
+  for (const auto& [t, first] : made_at_start_)
+    if (is_hollow(t) || !t.has_storage()) t.set_data(first.clone());
+    else if (t.storage().nbytes() > t.nbytes()) t.set_data(t.detach().clone());
   for (auto& p : r_.obj.model->parameters()) p.mutable_grad() = at::Tensor();  // (a row's gradients)
   mark_partitioned(r_.obj.model, "");  // (a row's end dropped the weights, or failed: they are made again)
 }

@@ -1232,12 +1232,23 @@ def test_a_deferred_model_is_made_whole_where_it_is_not_divided(tmp_path, run_wi
     (tmp_path / "s.lua").write_text('local wick = require "wick"\nwick.seed(3)\nlocal a = wick.args\n'
                                     'local m = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 32, '
                                     'intermediate_size = 64, layers = 2, heads = 4, deferred = a.deferred, '
-                                    'quantize = a.quantize })\n'
+                                    'quantize = a.quantize, path = a.path })\n'
                                     'if a.lora then wick.optim("lora", { r = 4 }):apply(m) end\n'
                                     'print(m:blocks()[1], m:parameters())\nm:save(a.result)\n'
                                     'print("SAVED")\nwick.save_pretrained(m, a.hf, { merge = a.lora and true or nil })\n'
                                     'print("PRETRAINED")\nm:load(a.result)\n')
-    for name, more in [("plain", []), ("qlora", ["quantize=nf4", "lora=true"])]:
+    # a folder whose norms are not ones (a deferred build holds ones until the folder's values are made)
+    (tmp_path / "f.lua").write_text(FOLDER)
+    run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
+    folder = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    gen = torch.Generator().manual_seed(5)
+    for k, v in folder.items():
+        if k.endswith("norm.weight"):
+            folder[k] = (1 + 0.5 * torch.rand(v.shape, generator=gen)).to(v.dtype)
+    from safetensors.torch import save_file
+    save_file(folder, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    for name, more in [("plain", []), ("qlora", ["quantize=nf4", "lora=true"]), ("folder", [f"path={tmp_path / 'hf'}"]),
+                       ("folder-qlora", [f"path={tmp_path / 'hf'}", "quantize=nf4", "lora=true"])]:
         run_wick("run", tmp_path / "s.lua", "deferred=false", f"result={tmp_path / f'{name}0.safetensors'}",
                  f"hf={tmp_path / f'{name}_hf0'}", *more)
         p = run_wick("run", tmp_path / "s.lua", "deferred=true", f"result={tmp_path / f'{name}1.safetensors'}",
