@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -63,23 +65,30 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-/// Two ranks as two threads of this process, over gloo on loopback: body(group)
-/// runs on each.
+/// `n` ranks as n threads of this process, over gloo on loopback:
+/// body(group) runs on each.
 template <class F>
-void two_ranks(F&& body) {
+void ranks(int n, F&& body) {
   const int port = free_port();
   auto run = [&](int rank) {
     DistEnv env;
     env.rank = rank;
-    env.world_size = 2;
+    env.world_size = n;
     env.local_rank = rank;
-    env.local_world_size = 2;
+    env.local_world_size = n;
     env.master_port = port;
     body(std::make_shared<Group>(env, "gloo"));
   };
-  auto other = std::async(std::launch::async, run, 1);
+  std::vector<std::future<void>> others;
+  for (int r = 1; r < n; ++r) others.push_back(std::async(std::launch::async, run, r));
   run(0);
-  other.get();
+  for (auto& o : others) o.get();
+}
+
+/// Two ranks (ranks(2, body)).
+template <class F>
+void two_ranks(F&& body) {
+  ranks(2, std::forward<F>(body));
 }
 
 /// Runs f and returns the wick::Error message it throws ("" if none).

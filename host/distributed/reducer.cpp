@@ -195,37 +195,60 @@ void copy_overlap(const at::Tensor& dst, std::int64_t lo, const at::Tensor& src,
 }
 }  // namespace
 
-bool GradReducer::fill(const at::Tensor& tensor, const at::Tensor& value) {
+std::optional<GradReducer::Place> GradReducer::place(const at::Tensor& tensor) const {
   const auto* impl = tensor.unsafeGetTensorImpl();
+  for (std::size_t u = 0; u < buckets_.size(); ++u) {
+    const auto& b = buckets_[u];
+    for (std::size_t j = 0; j < b.params.size(); ++j)
+      if (params_[b.params[j]].unsafeGetTensorImpl() == impl) return Place{u, j, false};
+    for (std::size_t j = 0; j < b.frozen.size(); ++j)
+      if (b.frozen[j].unsafeGetTensorImpl() == impl) return Place{u, j, true};
+  }
+  return std::nullopt;
+}
+
+std::optional<std::pair<std::int64_t, std::int64_t>> GradReducer::kept(const at::Tensor& tensor) const {
+  const auto p = place(tensor);
+  if (!p) return std::nullopt;
+  const Bucket& b = buckets_[p->unit];
+  const std::int64_t rank = group_->rank(), world = group_->size(), n = tensor.numel();
+  if (!p->frozen) {
+    const std::int64_t chunk = b.numel / world, off = b.offsets[p->index];
+    const std::int64_t lo = std::max(rank * chunk, off), hi = std::min((rank + 1) * chunk, off + n);
+    return lo < hi ? std::make_pair(lo - off, hi - off) : std::make_pair<std::int64_t, std::int64_t>(0, 0);
+  }
+  // bytes of the tensor's own dtype: an element cut by the chunk's end is kept in part
+  const std::int64_t chunk = b.frozen_bytes / world, off = b.frozen_offsets[p->index];
+  const std::int64_t size = static_cast<std::int64_t>(c10::elementSize(b.frozen[p->index].scalar_type()));
+  const std::int64_t lo = std::max(rank * chunk, off), hi = std::min((rank + 1) * chunk, off + n * size);
+  if (lo >= hi) return std::make_pair<std::int64_t, std::int64_t>(0, 0);
+  return std::make_pair((lo - off) / size, (hi - off + size - 1) / size);
+}
+
+bool GradReducer::fill(const at::Tensor& tensor, const at::Tensor& value, std::int64_t first) {
+  const auto p = place(tensor);
+  if (!p) return false;
+  Bucket& b = buckets_[p->unit];
+  if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
   const std::int64_t rank = group_->rank(), world = group_->size();
   at::NoGradGuard no_grad;
-  for (auto& b : buckets_) {
-    for (std::size_t j = 0; j < b.params.size(); ++j) {
-      if (params_[b.params[j]].unsafeGetTensorImpl() != impl) continue;
-      if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
-      const std::int64_t chunk = b.numel / world;
-      copy_overlap(b.shard, rank * chunk, value.reshape({-1}), b.offsets[j]);  // (copy_ converts)
-      return true;
-    }
-    for (std::size_t j = 0; j < b.frozen.size(); ++j) {
-      if (b.frozen[j].unsafeGetTensorImpl() != impl) continue;
-      if (b.gathered) throw std::logic_error("GradReducer::fill: the unit is gathered");
-      const std::int64_t chunk = b.frozen_bytes / world;
-      // bytes of the tensor's own dtype: only the elements whose bytes fall
-      // in this rank's chunk are converted (and, of a mapped file, read)
-      const at::ScalarType dtype = b.frozen[j].scalar_type();
-      const std::int64_t size = static_cast<std::int64_t>(c10::elementSize(dtype));
-      const std::int64_t off = b.frozen_offsets[j], lo = std::max(rank * chunk, off),
-                         hi = std::min((rank + 1) * chunk, off + value.numel() * size);
-      if (lo >= hi) return true;
-      const std::int64_t first = (lo - off) / size, last = (hi - off + size - 1) / size;
-      const at::Tensor bytes =
-          value.reshape({-1}).slice(0, first, last).to(dtype).contiguous().view(at::kByte);
-      copy_overlap(b.frozen_shard, rank * chunk, bytes, off + first * size);
-      return true;
-    }
+  if (!p->frozen) {
+    const std::int64_t chunk = b.numel / world;
+    copy_overlap(b.shard, rank * chunk, value.reshape({-1}), b.offsets[p->index] + first);  // (copy_ converts)
+    return true;
   }
-  return false;
+  // bytes of the tensor's own dtype: only the elements whose bytes fall in
+  // this rank's chunk are converted (and, of a mapped file, read)
+  const std::int64_t chunk = b.frozen_bytes / world;
+  const at::ScalarType dtype = b.frozen[p->index].scalar_type();
+  const std::int64_t size = static_cast<std::int64_t>(c10::elementSize(dtype));
+  const std::int64_t off = b.frozen_offsets[p->index] + first * size, lo = std::max(rank * chunk, off),
+                     hi = std::min((rank + 1) * chunk, off + value.numel() * size);
+  if (lo >= hi) return true;
+  const std::int64_t a = (lo - off) / size, z = (hi - off + size - 1) / size;
+  const at::Tensor bytes = value.reshape({-1}).slice(0, a, z).to(dtype).contiguous().view(at::kByte);
+  copy_overlap(b.frozen_shard, rank * chunk, bytes, off + a * size);
+  return true;
 }
 
 void GradReducer::input_grad_ready(std::size_t unit) {

@@ -32,7 +32,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "wick/kit/enum_names.hpp"
@@ -149,11 +151,16 @@ class GradReducer {
   /// The unit's whole buffer made, its contents undefined, with no collective
   /// (each rank about to fill it alike, from a file).
   void make_unit(std::size_t unit);
-  /// A deferred tensor's whole value (wick/kit/deferral.hpp; the tensor was
-  /// hollow when laid out): this rank's part of it into its chunk, converted
-  /// to the tensor's dtype. False when `tensor` is none of the units'. The
-  /// unit must be released (nothing gathered yet).
-  bool fill(const at::Tensor& tensor, const at::Tensor& value);
+  /// A deferred tensor's value (wick/kit/deferral.hpp; the tensor was
+  /// hollow when laid out), `value` its flat elements [first, first +
+  /// value.numel()) (the whole value by default): this rank's part of them
+  /// into its chunk, converted to the tensor's dtype. False when `tensor` is
+  /// none of the units'. The unit must be released (nothing gathered yet).
+  bool fill(const at::Tensor& tensor, const at::Tensor& value, std::int64_t first = 0);
+  /// The flat elements [first, last) of `tensor` that fill keeps on this
+  /// rank (empty when none; an element cut by the chunk's edge counts);
+  /// nullopt when `tensor` is none of the units'.
+  std::optional<std::pair<std::int64_t, std::int64_t>> kept(const at::Tensor& tensor) const;
   /// The storages unit `unit`'s tensors view (its trainable parameters' and
   /// its frozen tensors'; to tell which tensors are its).
   std::vector<const c10::StorageImpl*> unit_storages(std::size_t unit) const;
@@ -214,6 +221,12 @@ class GradReducer {
     at::Tensor frozen_shard, frozen_whole;
     bool input_done = false;  // the block's input gradient came in this backward
   };
+  struct Place {
+    std::size_t unit, index;
+    bool frozen;  // index into the unit's frozen tensors, else into its params
+  };
+  /// Where `tensor` lies in the units, or nullopt.
+  std::optional<Place> place(const at::Tensor& tensor) const;
   void lay_out_frozen(Bucket& b, std::vector<at::Tensor> tensors);
   void allocate_whole(Bucket& b);
   void lay_in_frozen(Bucket& b, std::int64_t rank, std::int64_t world);

@@ -3,9 +3,44 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "distributed/group.hpp"
 #include "distributed/reducer.hpp"
+#include "wick/kit/nf4.hpp"
 
 namespace wick {
+
+bool fill_nf4(GradReducer& reducer, Group& group, const Nf4Weight& hollow, const at::Tensor& w) {
+  const auto packed = reducer.kept(hollow.packed);
+  if (!packed) return false;
+  const std::int64_t n = w.numel(), block = hollow.block, blocks = n / block;
+  if (n != hollow.numel() || n % block != 0 || n % 2 != 0)
+    throw std::invalid_argument("fill_nf4: a weight of " + std::to_string(n) + " values for 4-bit tensors of " +
+                                std::to_string(hollow.numel()) + " in blocks of " + std::to_string(block));
+  at::NoGradGuard no_grad;
+  // the absmax constants: each rank those of its share of the blocks, then all of them on every rank
+  const std::int64_t world = group.size(), share = (blocks + world - 1) / world;
+  const std::int64_t b0 = std::min(blocks, group.rank() * share), b1 = std::min(blocks, b0 + share);
+  const auto opts = at::TensorOptions().dtype(at::kFloat).device(group.device());
+  at::Tensor mine = at::zeros({share}, opts), all = at::empty({share * world}, opts);
+  if (b0 < b1) mine.narrow(0, 0, b1 - b0).copy_(nf4_absmax(w, block, b0, b1));
+  group.all_gather(all, mine, "the 4-bit block constants of a deferred weight");
+  const at::Tensor absmax = all.narrow(0, 0, blocks).cpu().contiguous();
+  Nf4Weight q;
+  q.shape = hollow.shape;
+  q.block = block;
+  q.scale_block = hollow.scale_block;
+  nf4_quantize_constants(q, absmax);  // (one byte per 64 values: made whole, kept in part)
+  for (auto [t, v] : {std::pair{hollow.absmax_q, q.absmax_q}, {hollow.absmax_scale, q.absmax_scale},
+                      {hollow.absmax_offset, q.absmax_offset}})
+    if (!reducer.fill(t, v)) throw std::logic_error("fill_nf4: a 4-bit weight's tensors lie in no unit");
+  // the codes: of the values this rank keeps the bytes of (two to a byte)
+  if (const auto [a, z] = *packed; a < z) reducer.fill(hollow.packed, nf4_pack(w, absmax, block, 2 * a, 2 * z), a);
+  return true;
+}
 
 std::vector<at::Tensor> PartitionRunner::run(const std::string& block, const Fn& fn,
                                              const std::vector<at::Tensor>& inputs) {

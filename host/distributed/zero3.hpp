@@ -19,6 +19,8 @@
 namespace wick {
 
 class GradReducer;
+class Group;
+struct Nf4Weight;
 
 /// ZeRO-3's Model::run_block: a block's whole weights gathered before it runs
 /// (and again before its backward, or its recomputation), freed once it has;
@@ -69,6 +71,17 @@ class StandInMode {
  private:
   Model& model_;
 };
+
+/// A deferred 4-bit weight's values made in parts (wick::Emit::nf4): this
+/// rank keeps of `hollow`'s tensors what reducer.kept says, so it reads and
+/// quantizes of `w` (the float weight) only the values its packed codes come
+/// from, and the absmax constants of an even share of the blocks. The ranks
+/// all-gather those constants (4 bytes per 64 values), so that the double
+/// quantization's mean is the whole weight's: the bits nf4_quantize(w)
+/// gives, on every rank count. Every rank calls it for each such weight, in
+/// the same order (it is a collective). False when `hollow`'s tensors are
+/// none of the units'.
+bool fill_nf4(GradReducer& reducer, Group& group, const Nf4Weight& hollow, const at::Tensor& w);
 
 /// One sample of a micro-batch (its tensors' first rows, copied), or the
 /// micro-batch itself when its tensors differ in their first dimension: what

@@ -55,7 +55,7 @@ bool is_deferred(Model& model) {
   return d && d->deferred();
 }
 
-void run_deferred(Model& model, const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) {
+void run_deferred(Model& model, const Emit& sink) {
   if (const auto file = file_of(model); file && any_hollow(model)) {
     TensorFile f;
     try {

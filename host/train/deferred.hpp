@@ -24,15 +24,16 @@ class Module;
 namespace wick {
 
 class Model;
+class Emit;
 
 /// Whether the model waits for its values: a plugin's deferred build
 /// (wick::Deferred), or weights a divided run left in a file (defer_to_file).
 bool is_deferred(Model& model);
 
-/// Makes each waiting value once, in turn, for sink(tensor, value) (as
-/// wick::Deferred::materialize): the file's tensors when the model was
-/// deferred to one, else the plugin's steps.
-void run_deferred(Model& model, const std::function<void(const at::Tensor&, const at::Tensor&)>& sink);
+/// Makes each waiting value once, in turn, for emit(tensor, value) (as
+/// wick::Deferred::materialize; a lambda is an Emit): the file's tensors
+/// when the model was deferred to one, else the plugin's steps.
+void run_deferred(Model& model, const Emit& emit);
 
 /// The model's values are `file`'s (safetensors, the model's names), read
 /// when they are wanted; its tensors are hollow (a divided run's end with

@@ -17,6 +17,7 @@
 #include "train/trainer_internal.hpp"
 #include "wick/kit/crc32c.hpp"
 #include "wick/kit/deferral.hpp"
+#include "wick/kit/nf4.hpp"
 #include "wick/kit/weights.hpp"
 
 namespace fs = std::filesystem;
@@ -136,21 +137,35 @@ void Trainer::make_divided() {
   }
   std::set<const c10::TensorImpl*> made;
   std::uint32_t digest = 0;
-  at::NoGradGuard no_grad;
-  run_deferred(*model_, [&](const at::Tensor& t, const at::Tensor& value) {
-    const auto* impl = t.unsafeGetTensorImpl();
-    if (!reducer_->fill(t, value))
-      throw Error("wick.train: the deferred model made a value for a tensor of shape " + c10::str(t.sizes()) +
-                  " that is not its own (a model plugin's materialize must give only its parameters and buffers)");
-    if (auto it = masters.find(impl); it != masters.end())
-      for (auto i : it->second) {  // (copy_ converts this piece alone)
-        const auto& piece = reducer_->my_pieces()[i];
-        stepped_[i].second.reshape({-1}).copy_(value.reshape({-1}).narrow(0, piece.start, piece.numel));
-      }
+  auto digest_head = [&digest](const at::Tensor& value) {
     const at::Tensor head = value.contiguous().reshape({-1}).narrow(0, 0, std::min<std::int64_t>(value.numel(), 1024));
     digest = crc32c(head.data_ptr(), static_cast<std::size_t>(head.nbytes()), digest);
-    made.insert(impl);
-  });
+  };
+  at::NoGradGuard no_grad;
+  Emit emit(
+      [&](const at::Tensor& t, const at::Tensor& value) {
+        const auto* impl = t.unsafeGetTensorImpl();
+        if (!reducer_->fill(t, value))
+          throw Error("wick.train: the deferred model made a value for a tensor of shape " + c10::str(t.sizes()) +
+                      " that is not its own (a model plugin's materialize must give only its parameters and buffers)");
+        if (auto it = masters.find(impl); it != masters.end())
+          for (auto i : it->second) {  // (copy_ converts this piece alone)
+            const auto& piece = reducer_->my_pieces()[i];
+            stepped_[i].second.reshape({-1}).copy_(value.reshape({-1}).narrow(0, piece.start, piece.numel));
+          }
+        digest_head(value);
+        made.insert(impl);
+      },
+      // a 4-bit weight: this rank quantizes only what its chunks come from
+      [&](const Nf4Weight& hollow, const at::Tensor& w) {
+        if (!fill_nf4(*reducer_, *cfg_.group, hollow, w))
+          throw Error("wick.train: the deferred model made a 4-bit weight of shape " + c10::str(w.sizes()) +
+                      " whose tensors are not its own (a model plugin's materialize must give only its buffers)");
+        digest_head(w);
+        for (const auto& t : {hollow.packed, hollow.absmax_q, hollow.absmax_scale, hollow.absmax_offset})
+          made.insert(t.unsafeGetTensorImpl());
+      });
+  run_deferred(*model_, emit);
   for (const auto& [impl, name] : hollow_)
     if (!made.count(impl))
       throw Error("wick.train: the model's deferred build made no value for " + name +

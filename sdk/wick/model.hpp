@@ -169,6 +169,8 @@ class WindowCoupled {
   virtual ForwardResult window_loss(const std::vector<at::Tensor>& embeddings) = 0;
 };
 
+class Emit;  // wick/kit/deferral.hpp
+
 /// Capability: deferred construction (wick/kit/deferral.hpp). A model built
 /// deferred holds hollow tensors (shapes without bytes); materialize() makes
 /// their values one tensor at a time, in the order a whole build makes them,
@@ -182,13 +184,14 @@ class Deferred {
   /// Whether some of the model's tensors still wait for their values (are
   /// hollow); false once the host gave each its storage.
   virtual bool deferred() const = 0;
-  /// sink(tensor, value): `tensor` one of the model's parameters or buffers
-  /// (every hollow one, and any the build made at once whose values come
-  /// later, as a folder's norms), `value` its whole value (the dtype the
-  /// build makes it in, on the CPU), valid during the call only. May run more
-  /// than once, each time with the same values (a save streams them and
-  /// keeps none).
-  virtual void materialize(const std::function<void(const at::Tensor& tensor, const at::Tensor& value)>& sink) = 0;
+  /// emit(tensor, value) (wick::Emit): `tensor` one of the model's
+  /// parameters or buffers (every hollow one, and any the build made at once
+  /// whose values come later, as a folder's norms), `value` its whole value
+  /// (the dtype the build makes it in, on the CPU), valid during the call
+  /// only; a 4-bit weight's through emit.nf4() when the host gives one. May
+  /// run more than once, each time with the same values (a save streams them
+  /// and keeps none). Deferral::run(emit) does all of this.
+  virtual void materialize(const Emit& emit) = 0;
 };
 
 /// The capability C of a model, or null when it has none.

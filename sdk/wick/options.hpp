@@ -51,8 +51,6 @@ struct Value {
   double as_number() const {
     return is_int() ? static_cast<double>(std::get<std::int64_t>(v)) : std::get<double>(v);
   }
-  [[deprecated("use as_number (ABI 8 names the type 'number'; as_double goes with ABI 9)")]]
-  double as_double() const { return as_number(); }
   const std::string& as_string() const { return std::get<std::string>(v); }
   const List& as_list() const { return std::get<List>(v); }
 
@@ -82,9 +80,6 @@ enum class OptionType {
   IntList,
   NumberList,
   StringList,
-  // the names before ABI 8, the same values; they go with ABI 9
-  Float [[deprecated("use OptionType::Number")]] = Number,
-  FloatList [[deprecated("use OptionType::NumberList")]] = NumberList,
 };
 
 const char* to_string(OptionType t);
@@ -136,8 +131,6 @@ inline OptionBuilder opt_bool(std::string n, bool d, std::string doc) { return o
 inline OptionBuilder opt_int(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Int, std::move(d), std::move(doc)); }
 inline OptionBuilder opt_number(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::Number, std::move(d), std::move(doc)); }
 inline OptionBuilder opt_string(std::string n, Value d, std::string doc) { return opt(std::move(n), OptionType::String, std::move(d), std::move(doc)); }
-[[deprecated("use wick::opt_number (ABI 8 names the type 'number'; opt_float goes with ABI 9)")]]
-inline OptionBuilder opt_float(std::string n, Value d, std::string doc) { return opt_number(std::move(n), std::move(d), std::move(doc)); }
 
 /// The validated options a factory receives: every declared key is present
 /// (given or defaulted, except optional ones left nil), nothing undeclared is.
@@ -169,10 +162,6 @@ class Options {
     for (const auto& x : at(k).as_list()) out.push_back(x.as_number());
     return out;
   }
-  [[deprecated("use get_number (ABI 8 names the type 'number'; get_double goes with ABI 9)")]]
-  double get_double(const std::string& k) const { return get_number(k); }
-  [[deprecated("use get_number_list (ABI 8 names the type 'number'; get_double_list goes with ABI 9)")]]
-  std::vector<double> get_double_list(const std::string& k) const { return get_number_list(k); }
   const std::map<std::string, Value>& values() const { return values_; }
 
  private:

@@ -51,7 +51,11 @@
 ///   WICK_PLUGIN(wick::plugin<wick::Transform>("lora", "LoRA adapters", options, &make_adapters))
 /// \endcode
 ///
-/// ABI versions (WICK_ABI_VERSION): 8 gave OptionSpec min_open and max_open
+/// ABI versions (WICK_ABI_VERSION): 9 made a deferred build's sink a
+/// wick::Emit (Deferred::materialize(const Emit&)), which can take a 4-bit
+/// weight from the float weight it is quantized from (Emit::nf4), so a rank
+/// of a divided run quantizes only its part; the names ABI 8 replaced went.
+/// 8 gave OptionSpec min_open and max_open
 /// (ranges open at an end, OptionBuilder's above and below, which the host's
 /// own schema uses too) and named the option type of Lua's numbers one way,
 /// "number": OptionType::Number and NumberList, opt_number,
@@ -85,7 +89,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 8
+#define WICK_ABI_VERSION 9
 
 namespace wick {
 

@@ -55,7 +55,7 @@ describe("recipe errors", function()
 
   it("a plugin built for another ABI is refused with both versions", function()
     fails_with("local wick = require 'wick'\nwick.model('bad_abi', {})\n",
-      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 8" },
+      { "recipe.lua:2: plugin 'bad_abi'", "test_bad_abi.so", "ABI 999", "this host has ABI 9" },
       nil, "WICK_PLUGIN_PATH=" .. H.test_plugins)
   end)
 

@@ -33,6 +33,22 @@ TEST(Nf4, ChunkedQuantizationEqualsTheWholeWeights) {
   }
 }
 
+// A part of the codes (what a rank of a divided run keeps, cut anywhere on a
+// byte) from the whole weight's block constants: the whole codes' bytes there.
+TEST(Nf4, PackedCodesOfAnyRangeEqualTheWholeWeightsThere) {
+  at::manual_seed(6);
+  const at::Tensor w = (at::randn({96, 200}) * at::rand({96, 1}) * 3).to(at::kBFloat16);
+  const Nf4Weight whole = nf4_quantize(w, 64);
+  const at::Tensor absmax = nf4_absmax(w, 64, 0, w.numel() / 64);
+  EXPECT_TRUE(at::equal(nf4_absmax(w, 64, 17, 40, 5), absmax.slice(0, 17, 40)));
+  for (auto [first, last] : {std::pair<std::int64_t, std::int64_t>{0, 19200}, {2, 64}, {62, 66}, {130, 9000},
+                             {19198, 19200}, {640, 640}})
+    for (std::int64_t chunk : {1, 3, 1 << 20})
+      EXPECT_TRUE(at::equal(nf4_pack(w, absmax, 64, first, last, chunk), whole.packed.slice(0, first / 2, last / 2)))
+          << first << ".." << last << " chunk " << chunk;
+  EXPECT_THROW(nf4_pack(w, absmax, 64, 1, 64), std::invalid_argument);  // cuts a byte
+}
+
 TEST(Nf4, ChunkedQuantizationRefusesWhatItCannotBlock) {
   EXPECT_THROW(nf4_quantize_chunked(at::randn({10, 10}), 64), std::invalid_argument);
   EXPECT_THROW(nf4_quantize_chunked(at::randn({9}), 3), std::invalid_argument);

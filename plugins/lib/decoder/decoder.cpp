@@ -115,7 +115,7 @@ wick::Linear deferred_linear(std::int64_t in, std::int64_t out, bool bias, const
   b.deferral->add_random([l, block, dtype = b.dtype, std = c.init_range](const wick::Deferral::Emit& emit) {
     at::Tensor w = at::empty({l->out_features, l->in_features}, dtype);
     init_normal(w, std);
-    if (block > 0) l->emit_nf4(wick::nf4_quantize_chunked(w, block), emit);
+    if (block > 0) l->emit_nf4_from(w, emit);
     else emit(l->weight, w);
     if (l->bias.defined()) emit(l->bias, at::zeros({l->out_features}, dtype));
   });
@@ -405,7 +405,7 @@ void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const 
     at::NoGradGuard no_grad;
     for (const auto& [name, t] : *file) {
       if (auto q = quantized.find(name); q != quantized.end()) {
-        q->second->emit_nf4(wick::nf4_quantize_chunked(t, block), emit);
+        q->second->emit_nf4_from(t, emit);
         release_free_heap();
       } else if (auto it = targets.find(name); it != targets.end()) {
         emit(it->second, t);  // in the file's dtype: the host converts what it keeps (a rank its chunk)

@@ -121,9 +121,7 @@ class DecoderLM : public wick::Model,
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
   bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
-  void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
-    deferral_.run(sink);
-  }
+  void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();

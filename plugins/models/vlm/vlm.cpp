@@ -599,9 +599,7 @@ class Vlm : public wick::Model,
 
   // deferred while a tensor still waits (dec::waits_for_values)
   bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
-  void materialize(const std::function<void(const at::Tensor&, const at::Tensor&)>& sink) override {
-    deferral_.run(sink);
-  }
+  void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = dec_->config();

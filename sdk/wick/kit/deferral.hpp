@@ -24,6 +24,11 @@
 /// after the build, a LoRA adapter, a data order, is the same); run() replays
 /// it from the generator state recorded before it, so every value has the
 /// bits a whole build gives it, and restores the generator after.
+///
+/// A 4-bit weight made from a float one goes through Linear::emit_nf4_from
+/// (wick/kit/linear.hpp), not through nf4_quantize and emit: a host that
+/// keeps a part of each tensor (a rank of a divided run) then reads and
+/// quantizes only the values its parts come from (Emit::nf4).
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
@@ -33,10 +38,45 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace wick {
+
+struct Nf4Weight;  // wick/kit/nf4.hpp
+
+/// What a deferred build hands its values to (the host's, through
+/// Deferred::materialize): emit(tensor, value) gives one tensor its whole
+/// value; nf4() says whether the host takes a 4-bit weight's values from the
+/// float weight they are quantized from (Linear::emit_nf4_from uses it).
+class Emit {
+ public:
+  /// sink(tensor, value): `tensor` the model's hollow tensor, `value` its
+  /// whole value (its shape; the dtype the build makes it in), valid during
+  /// the call only.
+  using Sink = std::function<void(const at::Tensor& tensor, const at::Tensor& value)>;
+  /// nf4(hollow, weight): the 4-bit tensors of `hollow` (a deferred layer's)
+  /// are nf4_quantize(weight, hollow.block, hollow.scale_block)'s; `weight`
+  /// (its shape, any float dtype) valid during the call only.
+  using Nf4Sink = std::function<void(const Nf4Weight& hollow, const at::Tensor& weight)>;
+
+  Emit(Sink sink, Nf4Sink nf4) : sink_(std::move(sink)), nf4_(std::move(nf4)) {}
+  /// A plain sink: every value whole.
+  template <class F, std::enable_if_t<std::is_invocable_v<F&, const at::Tensor&, const at::Tensor&> &&
+                                          !std::is_same_v<std::decay_t<F>, Emit>,
+                                      int> = 0>
+  Emit(F sink) : sink_(std::move(sink)) {}  // NOLINT: a lambda is an Emit
+
+  void operator()(const at::Tensor& tensor, const at::Tensor& value) const { sink_(tensor, value); }
+  /// The host's 4-bit sink, or null (then the layer quantizes and emits each
+  /// tensor whole).
+  const Nf4Sink& nf4() const { return nf4_; }
+
+ private:
+  Sink sink_;
+  Nf4Sink nf4_;
+};
 
 /// A tensor of `sizes` and `options` whose storage holds no bytes.
 inline at::Tensor hollow(at::IntArrayRef sizes, const at::TensorOptions& options) {
@@ -54,10 +94,7 @@ inline bool is_hollow(const at::Tensor& t) {
 /// The steps of a deferred build, in the order the build made their values.
 class Deferral {
  public:
-  /// emit(tensor, value): `tensor` is the model's hollow tensor, `value` its
-  /// whole value (its shape; the dtype the build makes it in), valid during
-  /// the call only.
-  using Emit = std::function<void(const at::Tensor& tensor, const at::Tensor& value)>;
+  using Emit = wick::Emit;
   using Step = std::function<void(const Emit&)>;
 
   /// A step that draws from the default CPU generator: run once now (its

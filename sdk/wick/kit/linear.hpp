@@ -221,6 +221,20 @@ class LinearImpl : public torch::nn::Module {
     emit(nf4_->absmax_offset, q.absmax_offset);
   }
 
+  /// A deferred NF4 layer's values quantized from `w`, the weight's values
+  /// (a file's tensor or a fresh draw, of this layer's shape): through the
+  /// host's emit.nf4() when it gives one (a rank of a divided run reads and
+  /// quantizes only what its chunks come from), else quantized here
+  /// (nf4_quantize_chunked) and each tensor emitted whole.
+  void emit_nf4_from(const at::Tensor& w, const Deferral::Emit& emit) const {
+    if (!nf4_) throw std::logic_error("wick::Linear: emit_nf4_from on a layer that is not quantized");
+    if (w.sizes() != at::IntArrayRef{out_features, in_features})
+      throw std::invalid_argument("wick::Linear: a weight of shape " + c10::str(w.sizes()) + " for a layer of [" +
+                                  std::to_string(out_features) + ", " + std::to_string(in_features) + "]");
+    if (emit.nf4()) emit.nf4()(*nf4_, w);
+    else emit_nf4(nf4_quantize_chunked(w, nf4_->block, nf4_->scale_block), emit);
+  }
+
   /// The NF4 block size of a quantized weight (0 when not quantized).
   std::int64_t nf4_block() const { return nf4_ ? nf4_->block : 0; }
   /// The dtype quantized products run in.

@@ -146,9 +146,55 @@ inline Nf4Weight nf4_quantize(const at::Tensor& w, std::int64_t block = 64, std:
   return q;
 }
 
+/// The absmax constants of blocks [first, last) of `w` (any float dtype,
+/// numel a multiple of `block`): float [last - first]. Only those blocks'
+/// values are read (of a mapped file, only their bytes), `chunk_blocks` at a
+/// time.
+inline at::Tensor nf4_absmax(const at::Tensor& w, std::int64_t block, std::int64_t first, std::int64_t last,
+                             std::int64_t chunk_blocks = 16384) {
+  at::NoGradGuard no_grad;
+  const at::Tensor rows = w.detach().reshape({-1, block});
+  at::Tensor absmax = at::empty({last - first}, at::TensorOptions().dtype(at::kFloat).device(w.device()));
+  for (std::int64_t s = first; s < last; s += chunk_blocks) {
+    const std::int64_t n = std::min(chunk_blocks, last - s);
+    absmax.narrow(0, s - first, n).copy_(rows.narrow(0, s, n).to(at::kFloat).abs().amax(1));
+  }
+  return absmax;
+}
+
+/// The 4-bit codes of values [first, last) of `w` (both even), as packed
+/// bytes (uint8 [(last - first) / 2]), given `absmax`, the constants of
+/// every block (nf4_absmax over the whole weight). Only those values are
+/// read, `chunk_blocks` blocks' worth at a time; each value's code is the
+/// one nf4_quantize gives it.
+inline at::Tensor nf4_pack(const at::Tensor& w, const at::Tensor& absmax, std::int64_t block, std::int64_t first,
+                           std::int64_t last, std::int64_t chunk_blocks = 16384) {
+  if (first % 2 != 0 || last % 2 != 0)
+    throw std::invalid_argument("nf4_pack: the values [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") cut a byte (two values share one), expected even ends");
+  at::NoGradGuard no_grad;
+  const at::Tensor flat = w.detach().reshape({-1});
+  const at::Tensor scale = absmax.clamp_min(1e-12);
+  at::Tensor packed = at::empty({(last - first) / 2}, at::TensorOptions().dtype(at::kByte).device(w.device()));
+  const std::int64_t step = chunk_blocks * block;
+  for (std::int64_t s = first; s < last;) {
+    // up to the end of the chunk of blocks s falls in (an even count of values)
+    const std::int64_t e = std::min(last, (s / step + 1) * step);
+    const std::int64_t b0 = s / block, b1 = (e + block - 1) / block;
+    const at::Tensor per = scale.narrow(0, b0, b1 - b0).repeat_interleave(block).narrow(0, s - b0 * block, e - s);
+    at::Tensor normed = flat.narrow(0, s, e - s).to(at::kFloat) / per;
+    at::Tensor idx = nearest(normed, nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
+    packed.narrow(0, (s - first) / 2, (e - s) / 2)
+        .copy_(idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1)));
+    s = e;
+  }
+  return packed;
+}
+
 /// nf4_quantize(w, block, scale_block), computed `chunk_blocks` blocks at a
-/// time: the same bytes, with float temporaries of chunk_blocks * block
-/// values rather than of the whole weight's (quantizing while loading).
+/// time (nf4_absmax, then nf4_pack): the same bytes, with float temporaries
+/// of chunk_blocks * block values rather than of the whole weight's
+/// (quantizing while loading).
 inline Nf4Weight nf4_quantize_chunked(const at::Tensor& w, std::int64_t block = 64, std::int64_t scale_block = 256,
                                       std::int64_t chunk_blocks = 16384) {
   if (w.numel() % block != 0)
@@ -157,26 +203,12 @@ inline Nf4Weight nf4_quantize_chunked(const at::Tensor& w, std::int64_t block = 
   if (w.numel() % 2 != 0)
     throw std::invalid_argument("nf4: a weight of " + std::to_string(w.numel()) + " values is odd, expected an even count");
   chunk_blocks += chunk_blocks % 2;  // every chunk but the last packs an even number of values
-  at::NoGradGuard no_grad;
   Nf4Weight q;
   q.shape = w.sizes().vec();
   q.block = block;
   q.scale_block = scale_block;
-  const auto opts = at::TensorOptions().dtype(at::kFloat).device(w.device());
-  const at::Tensor rows = w.detach().reshape({-1, block});
-  const std::int64_t nb = rows.size(0);
-  at::Tensor absmax = at::empty({nb}, opts);
-  q.packed = at::empty({w.numel() / 2}, opts.dtype(at::kByte));
-  for (std::int64_t s = 0; s < nb; s += chunk_blocks) {
-    const std::int64_t n = std::min(chunk_blocks, nb - s);
-    at::Tensor blocks = rows.narrow(0, s, n).to(at::kFloat);
-    at::Tensor am = blocks.abs().amax(1);
-    absmax.narrow(0, s, n).copy_(am);
-    at::Tensor normed = blocks / am.clamp_min(1e-12).unsqueeze(1);
-    blocks = at::Tensor();
-    at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
-    q.packed.narrow(0, s * block / 2, n * block / 2).copy_(idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1)));
-  }
+  const at::Tensor absmax = nf4_absmax(w, block, 0, w.numel() / block, chunk_blocks);
+  q.packed = nf4_pack(w, absmax, block, 0, w.numel(), chunk_blocks);
   nf4_quantize_constants(q, absmax);
   return q;
 }

@@ -12,11 +12,14 @@
 #include "../../test_util.hpp"
 #include "distributed/group.hpp"
 #include "distributed/reducer.hpp"
+#include "distributed/zero3.hpp"
+#include "wick/kit/nf4.hpp"
 #include "wick/optim.hpp"
 
 namespace wick {
 namespace {
 
+using test::ranks;
 using test::two_ranks;
 
 TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
@@ -214,6 +217,47 @@ TEST(GradReducer, FillKeepsThisRanksBytesOfAValueInAnotherDtype) {
     EXPECT_TRUE(at::equal(scale, sv.to(at::kDouble)));
     red.release_all();
   });
+}
+
+// A deferred 4-bit weight made in parts (fill_nf4): each rank is given a
+// weight whose values are NaN except where it may read (the values its
+// packed codes come from, and its even share of the blocks for the absmax
+// constants); gathered, the unit holds the bits nf4_quantize gives the whole
+// true weight. Tensors ahead of the 4-bit ones in the unit move the chunks'
+// edges through them.
+TEST(GradReducer, Nf4WeightMadeInPartsUsesOnlyEachRanksValuesAndGivesTheWholeWeightsBits) {
+  for (int world : {2, 3})
+    for (std::int64_t lead : {1, 3001, 7777})
+      ranks(world, [&](std::shared_ptr<Group> g) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+        // rows of different scales, so the block constants differ and their mean matters
+        const at::Tensor truth = (at::randn({160, 256}, gen) * at::rand({160, 1}, gen) * 3).to(at::kBFloat16);
+        const std::int64_t n = truth.numel(), blocks = n / 64;
+        at::Tensor p = at::randn({8, 8}, gen).requires_grad_();
+        at::Tensor ahead = at::randint(0, 256, {lead}, gen).to(at::kByte);
+        const at::Tensor before = ahead.clone();
+        Nf4Weight h = nf4_hollow({160, 256});
+        GradReducer red(g, {p}, 25, ShardMode::Parameters, {{0}}, at::ScalarType::Undefined,
+                        {{ahead, h.packed, h.absmax_q, h.absmax_scale, h.absmax_offset}});
+        red.release_all();
+        const auto [a, z] = *red.kept(h.packed);
+        EXPECT_LT(z - a, n / 2);  // no rank keeps every code
+        const std::int64_t share = (blocks + world - 1) / world, b0 = std::min(blocks, g->rank() * share),
+                           b1 = std::min(blocks, b0 + share);
+        at::Tensor w = at::full({160, 256}, NAN, at::kBFloat16);
+        for (auto [s, e] : {std::pair{2 * a, 2 * z}, {b0 * 64, b1 * 64}})
+          w.view({-1}).narrow(0, s, e - s).copy_(truth.view({-1}).narrow(0, s, e - s));
+        ASSERT_TRUE(fill_nf4(red, *g, h, w));
+        EXPECT_FALSE(fill_nf4(red, *g, nf4_hollow({4, 64}), at::zeros({4, 64})));  // not the unit's
+        red.gather_unit(0, "test");
+        const Nf4Weight ref = nf4_quantize(truth);
+        EXPECT_TRUE(at::equal(h.packed, ref.packed)) << world << " ranks, " << lead << " bytes ahead";
+        EXPECT_TRUE(at::equal(h.absmax_q, ref.absmax_q));
+        EXPECT_TRUE(at::equal(h.absmax_scale, ref.absmax_scale));
+        EXPECT_TRUE(at::equal(h.absmax_offset, ref.absmax_offset));
+        EXPECT_TRUE(at::equal(ahead, before));  // its neighbour's bytes untouched
+        red.release_all();
+      });
 }
 
 }  // namespace
