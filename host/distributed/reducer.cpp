@@ -298,6 +298,7 @@ bool GradReducer::drain(std::int64_t step) {
       b.flat = b.chunk = at::Tensor();
       b.launched = true;  // a gradient arriving now goes nowhere
     }
+    in_flight_.clear();
     next_ = buckets_.size();
   }
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
@@ -448,6 +449,8 @@ void GradReducer::arm(bool early) {
   }
   next_ = 0;
   launched_early_ = 0;
+  in_flight_.clear();
+  most_in_flight_ = 0;
   armed_ = true;
 }
 
@@ -465,6 +468,7 @@ void GradReducer::launch(Bucket& b) {
     b.work = group_->all_reduce_async(b.flat);
     return;
   }
+  settle(kInFlight - 1);  // room for this bucket's buffer
   auto opts = buffer_options(b);
   if (grad_dtype_ != at::ScalarType::Undefined) opts = opts.dtype(grad_dtype_);
   b.flat = at::zeros({b.numel}, opts);  // the alignment's gaps stay zero
@@ -477,7 +481,23 @@ void GradReducer::launch(Bucket& b) {
   }
   b.chunk = at::empty({b.numel / group_->size()}, opts);
   b.work = group_->reduce_scatter_async(b.chunk, b.flat);
-  if (partitioned()) record(false, static_cast<std::size_t>(&b - buckets_.data()));
+  const auto index = static_cast<std::size_t>(&b - buckets_.data());
+  if (partitioned()) record(false, index);
+  in_flight_.push_back(index);
+  most_in_flight_ = std::max(most_in_flight_, in_flight_.size());
+  settle(kInFlight);
+}
+
+void GradReducer::settle(std::size_t keep) {
+  while (!in_flight_.empty()) {
+    Bucket& b = buckets_[in_flight_.front()];
+    if (b.work && !b.work->isCompleted() && in_flight_.size() <= keep) break;
+    // (a failed one throws here, naming it, as finish() would)
+    if (b.work) group_->wait(b.work, "the gradient reduce-scatter of a unit during the backward");
+    b.work.reset();
+    b.flat = at::Tensor();  // the chunk holds this rank's sums; the whole-length local sums go
+    in_flight_.pop_front();
+  }
 }
 
 void GradReducer::ready(std::size_t param) {
@@ -511,7 +531,7 @@ void GradReducer::finish(std::int64_t step) {
                            std::to_string(step);
   for (auto& b : buckets_) {
     if (b.params.empty()) continue;
-    group_->wait(b.work, what);
+    if (b.work) group_->wait(b.work, what);  // (a sharded one done during the backward has none)
     b.work.reset();
     if (sharded()) {
       // the chunk holds what this rank needs; ZeRO-1 drops the local sums
@@ -532,6 +552,7 @@ void GradReducer::finish(std::int64_t step) {
     }
     b.flat = at::Tensor();
   }
+  in_flight_.clear();
   if (partitioned()) release_all();  // units whose gradients never came (unused, or a rank without data)
 }
 

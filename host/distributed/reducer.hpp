@@ -29,6 +29,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -108,7 +109,19 @@ class GradReducer {
   /// Sharded: piece_grad() the sums of this rank's pieces; the parameters'
   /// own .grad are released: as each bucket is copied out during the
   /// backward (gradients), or here, once every bucket is reduced (optimizer).
+  /// A sharded bucket's whole-length buffer (its local sums, the
+  /// reduce-scatter's input) goes as soon as its reduce-scatter is done,
+  /// during the backward: at most kInFlight of them exist at once, so a rank
+  /// never holds the whole model's gradient, only its chunks (FSDP frees
+  /// its unsharded gradient after each reduce-scatter too).
   void finish(std::int64_t step);
+  /// Sharded: the most reduce-scatters in flight during a backward (each
+  /// holding its bucket's whole-length buffer); a bucket launched beyond it
+  /// waits for the oldest first, before its buffer is made.
+  static constexpr std::size_t kInFlight = 2;
+  /// Sharded: the most whole-length bucket buffers held at once during the
+  /// last backward (a test's view of kInFlight).
+  std::size_t most_in_flight() const { return most_in_flight_; }
   std::size_t buckets() const { return buckets_.size(); }
   /// Buckets of the last window launched from gradient hooks, during the backward.
   std::size_t launched_during_backward() const { return launched_early_; }
@@ -237,6 +250,12 @@ class GradReducer {
   static constexpr std::int64_t kFrozenAlign = 64;
   void ready(std::size_t param);
   void launch(Bucket& b);
+  /// Sharded, mu_ held: the launched buckets whose reduce-scatters are done
+  /// drop their whole-length buffers, oldest first, and the oldest are waited
+  /// for until at most `keep` remain.
+  void settle(std::size_t keep);
+  std::deque<std::size_t> in_flight_;  // launched sharded buckets still holding their buffers, oldest first
+  std::size_t most_in_flight_ = 0;
   /// The bucket's buffers: its parameters' dtype on the group's device
   /// (parameters on the meta device hold only their shapes).
   at::TensorOptions buffer_options(const Bucket& b) const;

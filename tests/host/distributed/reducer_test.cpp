@@ -55,6 +55,40 @@ TEST(GradReducer, SumsGradientsOverRanksStartingBucketsDuringTheBackward) {
   });
 }
 
+// Sharded, each bucket's whole-length buffer goes once its reduce-scatter is
+// done: with eight buckets launched during the backward, no more than
+// kInFlight exist at once (before, every one lived to finish(): the whole
+// gradient on every rank), and the sums are still the two ranks' own.
+TEST(GradReducer, ShardedBucketsHoldAtMostAFewWholeBuffersDuringTheBackward) {
+  for (auto mode : {ShardMode::Optimizer, ShardMode::Gradients}) {
+    two_ranks([&](std::shared_ptr<Group> g) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+      std::vector<at::Tensor> w;
+      for (int k = 0; k < 8; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
+      GradReducer red(g, w, /*bucket_mb=*/0.01, mode);
+      ASSERT_EQ(red.buckets(), 8u);
+      auto loss_of = [&](const std::vector<at::Tensor>& ws, int rank) {
+        at::Tensor x = at::full({4, 64}, static_cast<double>(rank + 1));
+        for (const auto& p : ws) x = at::tanh(x.mm(p));
+        return x.sum();
+      };
+      red.arm();
+      loss_of(w, g->rank()).backward();
+      EXPECT_GE(red.launched_during_backward(), 7u);
+      red.finish(1);
+      EXPECT_GE(red.most_in_flight(), 1u);
+      EXPECT_LE(red.most_in_flight(), GradReducer::kInFlight);
+      std::vector<at::Tensor> ref;
+      for (auto& p : w) ref.push_back(p.detach().clone().requires_grad_());
+      (loss_of(ref, 0) + loss_of(ref, 1)).backward();
+      for (const auto& piece : red.my_pieces()) {
+        const at::Tensor want = ref[piece.param].grad().reshape({-1}).narrow(0, piece.start, piece.numel);
+        EXPECT_TRUE(at::allclose(red.piece_grad(piece), want, 1e-5, 1e-6));
+      }
+    });
+  }
+}
+
 TEST(GradReducer, ShardedPiecesTileEveryParameterOnceAtAlignedStartsAndTakeTheReducedGradients) {
   for (double bucket_mb : {25.0, 0.02}) {
     two_ranks([&](std::shared_ptr<Group> g) {
