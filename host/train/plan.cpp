@@ -216,11 +216,8 @@ void Planner::measure(Row& row) {
   // row, or (a deferred model ending in a file) each unit gathered in turn
   // as the run's write does, the model then made deferred again
   if (ends_in_file_ && !hollow_at_start_.empty()) {
-    std::set<const c10::TensorImpl*> keep;  // what the deferral does not make: norms, adapters
-    std::set<const c10::TensorImpl*> made;
-    for (const auto& t : hollow_at_start_) made.insert(t.unsafeGetTensorImpl());
-    for (const auto& [name, t] : module_state(*r_.obj.model))
-      if (!made.count(t.unsafeGetTensorImpl())) keep.insert(t.unsafeGetTensorImpl());
+    std::set<const c10::TensorImpl*> keep;  // what was not hollow at the start: norms, adapters
+    for (const auto& [t, first] : made_at_start_) keep.insert(t.unsafeGetTensorImpl());
     trainer.drop_weights_back(keep);
   }
   else
