@@ -1300,29 +1300,33 @@ def peaks_of(stdout):
     return {int(l.split()[1]): [int(x) for x in l.split()[2:]] for l in out.splitlines() if l.startswith("PEAKS ")}
 
 
-def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
-    """A LoRA decoder (a 126 MB bf16 base, 24 blocks) on 2 ranks, each capped
+@pytest.mark.parametrize("kind", ["lora", "qlora"])
+def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick, kind):
+    """A LoRA decoder (a 126 MB bf16 base, 24 blocks), or QLoRA over the same
+    folder quantized as it loads (a 33 MB NF4 base), on 2 ranks, each capped
     by WICK_CPU_MEMORY_LIMIT at 0.85x the whole model's bytes: built deferred
-    from a folder, trained under shard = "parameters" with checkpoints
+    from a folder (a 4-bit layer quantized by each rank only where it keeps
+    its codes), trained under shard = "parameters" with checkpoints
     streamed to rank 0's file a unit at a time, returned in
     out/model.safetensors (return_weights = "file"), saved by model:save a
     tensor at a time and by wick.save_pretrained with the adapters merged a
     layer at a time, stopped at step 2 and resumed, all under the cap. The
     trained weights equal an uncapped run's from a whole build, gathered back
-    as usual; the whole build under the same cap is refused at once. (QLoRA's
-    4-bit base is a quarter as large: at this size a rank's fixed costs
-    outweigh the half it saves; test_a_deferred_model_is_made_divided covers
-    its bits.)"""
+    as usual; the whole build under the same cap is refused at once.
+    (Measured whole runs: a rank peaks at 0.71x with LoRA, 0.72x with QLoRA,
+    where its gradients' whole-length buffers no longer outlive their
+    reduce-scatters; before that, QLoRA's peaked at 0.93x.)"""
     sentences(tmp_path / "d.jsonl")
     (tmp_path / "f.lua").write_text(FOLDER.replace("hidden_size = 128, intermediate_size = 256", "hidden_size = 512, "
                                                    "intermediate_size = 1024").replace("layers = 6", "layers = 24"))
     run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
     (tmp_path / "c.lua").write_text(CAPPED)
-    common = [tmp_path / "c.lua", f"data={tmp_path / 'd.jsonl'}", f"path={tmp_path / 'hf'}", "kind=lora"]
+    common = [tmp_path / "c.lua", f"data={tmp_path / 'd.jsonl'}", f"path={tmp_path / 'hf'}", f"kind={kind}",
+              f"quantize={'nf4' if kind == 'qlora' else 'none'}"]
     plain = run_wick("launch", "--nproc-per-node", 2, *common, f"result={tmp_path / 'plain.safetensors'}",
                      f"hf={tmp_path / 'plain_hf'}")
     whole = peaks_of(plain.stdout)[0][3]  # the model as built, whole, with its adapters
-    cap = str(int(0.85 * whole))  # measured: a rank's whole run peaks at 0.71x
+    cap = str(int(0.85 * whole))  # measured: a rank's whole run peaks at 0.71x (LoRA) and 0.72x (QLoRA)
     env = {**os.environ, "WICK_CPU_MEMORY_LIMIT": cap}
     refused = subprocess.run([WICK, "launch", "--nproc-per-node", "2", *map(str, common),
                               f"result={tmp_path / 'no.safetensors'}"], env=env, capture_output=True, text=True,
@@ -1338,7 +1342,9 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick):
     got = capped(f"out={run_dir}", f"result={tmp_path / 'capped.safetensors'}", f"hf={tmp_path / 'capped_hf'}")
     for r in range(2):
         assert got[r][2] <= int(cap), (r, got[r], cap)  # the whole run's peak
-        assert got[r][3] <= 0.1 * whole, (r, got[r])  # after the run: the model deferred to the file
+        # after the run: the model deferred to the file (its adapters and the run's leftovers: 8.3 MB of
+        # 126 (LoRA) and of 47 (QLoRA); a rank keeping its chunks would hold 0.5x, a gathered model 1x)
+        assert got[r][3] <= 0.3 * whole, (r, got[r])
     assert_same_entries(tmp_path / "capped.safetensors", tmp_path / "plain.safetensors")
     assert_same_entries(run_dir / "model.safetensors", tmp_path / "plain.safetensors")
     assert_same_entries(tmp_path / "capped_hf" / "model.safetensors", tmp_path / "plain_hf" / "model.safetensors")
