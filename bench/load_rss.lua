@@ -5,6 +5,10 @@
 --   full         decoder_lm { path, dtype = "bf16" }
 --   qlora        decoder_lm { path, quantize = "nf4" }, then optim qlora
 --   qlora_after  decoder_lm { path, dtype = "bf16" }, then optim qlora (quantizing the loaded model)
+--   deferred     (under wick launch) decoder_lm { path, quantize = "nf4", deferred = true }, optim qlora, and
+--                one step of shard = "parameters" ending in a file: each rank makes its chunks of each tensor
+--                from the mapped folder; prints the rank, the resident memory added at its peak and the CPU
+--                seconds of the build and the run (the start's reads and quantization, one step, the end)
 --   wick run bench/load_rss.lua mode=make dir=D [shape=qwen0.5b|small]
 --   wick run bench/load_rss.lua mode=full|qlora|qlora_after dir=D
 local wick = require "wick"
@@ -45,12 +49,25 @@ elseif mode == "qlora" then
   model = wick.model("decoder_lm", { path = dir, quantize = "nf4" })
   q = wick.optim("qlora", { r = 8 })
   q:apply(model)
+elseif mode == "deferred" then
+  local t0 = os.clock()
+  model = wick.model("decoder_lm", { path = dir, quantize = "nf4", deferred = true })
+  wick.optim("qlora", { r = 8 }):apply(model)
+  local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."
+  local file = dofile(here .. "/random_tokens.lua")(wick.world_size, 16)
+  wick.train { model = model, data = wick.data("text", { file = file, max_length = 16 }), micro_batch = 1,
+    optim = wick.optim("adamw", { lr = 1e-4 }), max_steps = 1, shuffle = false, quiet = true, seed = 1,
+    shard = "parameters", out = a.out, return_weights = "file" }
+  local cpu = os.clock() - t0
+  os.remove(file)
+  print(string.format("DEFERRED %d %d %.1f", wick.rank, wick.memory(false).peak_resident - before, cpu))
+  return
 elseif mode == "qlora_after" then
   model = wick.model("decoder_lm", { path = dir, dtype = "bf16" })
   q = wick.optim("qlora", { r = 8 })
   q:apply(model)
 else
-  error("mode: make, full, qlora or qlora_after")
+  error("mode: make, full, qlora, qlora_after or deferred")
 end
 local m = wick.memory(false)
 -- what the loaded model holds: the file, less the linear weights' bf16 bytes, plus their NF4 bytes

@@ -5,6 +5,9 @@
 # full load and for QLoRA (quantized while loading), against the goals
 # (full: at most 1.2x the file; qlora: at most the loaded model's size plus
 # two of the file's largest tensors) and, given a second wick, against it.
+# Then the folder built deferred on 2 ranks (QLoRA, shard = "parameters", one
+# step): each rank's resident peak and CPU seconds, each rank making only its
+# chunks (a 4-bit layer quantized only where the rank keeps its codes).
 #   bench/load_rss.sh [path/to/wick] [path/to/baseline-wick] [shape: qwen0.5b|small]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,5 +36,18 @@ for mode in full qlora qlora_after; do
   row "$wick" this "$mode"
   [ -n "$base" ] && row "$base" baseline "$mode"
 done
+printf "\n%-12s %-9s %6s %12s %8s\n" mode wick rank "peak+ MiB" "cpu s"
+drow() {  # binary label
+  local out
+  out=$(OMP_NUM_THREADS=1 "$1" launch --nproc-per-node 2 "$here/load_rss.lua" mode=deferred dir="$dir/m" out="$dir/run" \
+    2>/dev/null | sed -n 's/^\(\[rank [0-9]*\] \)\{0,1\}DEFERRED //p') || true
+  rm -rf "$dir/run"
+  if [ -z "$out" ]; then printf "%-12s %-9s %6s\n" deferred "$2" "n/a"; return; fi
+  echo "$out" | sort -n | while read -r rank peak cpu; do
+    printf "%-12s %-9s %6s %12s %8s\n" deferred "$2" "$rank" "$(mib "$peak")" "$cpu"
+  done
+}
+drow "$wick" this
+[ -n "$base" ] && drow "$base" baseline
 echo "peak+: VmHWM less VmRSS before the load (LibTorch and the plugin already in); after: VmRSS less the same."
 echo "goal: full 1.2 x the file; qlora: the loaded model (NF4 linear weights, the rest bf16) + 2 x the largest tensor."

@@ -491,7 +491,13 @@ void GradReducer::launch(Bucket& b) {
 void GradReducer::settle(std::size_t keep) {
   while (!in_flight_.empty()) {
     Bucket& b = buckets_[in_flight_.front()];
-    if (b.work && !b.work->isCompleted() && in_flight_.size() <= keep) break;
+    bool done = !b.work;
+    try {
+      done = done || b.work->isCompleted();
+    } catch (const std::exception&) {
+      done = true;  // (failed: the wait below says which collective, and why)
+    }
+    if (!done && in_flight_.size() <= keep) break;
     // (a failed one throws here, naming it, as finish() would)
     if (b.work) group_->wait(b.work, "the gradient reduce-scatter of a unit during the backward");
     b.work.reset();

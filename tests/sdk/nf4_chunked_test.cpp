@@ -47,6 +47,10 @@ TEST(Nf4, PackedCodesOfAnyRangeEqualTheWholeWeightsThere) {
       EXPECT_TRUE(at::equal(nf4_pack(w, absmax, 64, first, last, chunk), whole.packed.slice(0, first / 2, last / 2)))
           << first << ".." << last << " chunk " << chunk;
   EXPECT_THROW(nf4_pack(w, absmax, 64, 1, 64), std::invalid_argument);  // cuts a byte
+  // an odd block in odd chunks: the pieces still pack whole bytes
+  const at::Tensor v = at::randn({2, 9});
+  const Nf4Weight odd = nf4_quantize(v, 3);
+  EXPECT_TRUE(at::equal(nf4_pack(v, nf4_absmax(v, 3, 0, 6), 3, 0, 18, 1), odd.packed));
 }
 
 TEST(Nf4, ChunkedQuantizationRefusesWhatItCannotBlock) {

@@ -6,10 +6,7 @@
 #include <optional>
 #include <tuple>
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
+#include <wick/kit/heap.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -362,17 +359,6 @@ wick::NamedTensorList read_folder(const fs::path& dir, const std::string& who) {
   return wick::read_safetensors_folder(dir, who);
 }
 
-namespace {
-// Quantizing's float temporaries, freed between the small NF4 tensors that
-// stay, would otherwise leave the heap fragmented and resident (glibc keeps
-// freed chunks below its growing mmap threshold): handed back after each.
-void release_free_heap() {
-#ifdef __GLIBC__
-  ::malloc_trim(0);
-#endif
-}
-}  // namespace
-
 void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
                      const std::set<std::string>& ignore,
                      const std::vector<std::pair<std::string, wick::Linear>>& layers, std::int64_t block) {
@@ -383,7 +369,7 @@ void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, cons
     auto it = quantized.find(name);
     if (it == quantized.end()) return false;
     it->second->quantize_nf4_from(t, at::kBFloat16, block);
-    release_free_heap();
+    wick::release_free_heap();
     return true;
   });
 }
@@ -406,7 +392,7 @@ void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const 
     for (const auto& [name, t] : *file) {
       if (auto q = quantized.find(name); q != quantized.end()) {
         q->second->emit_nf4_from(t, emit);
-        release_free_heap();
+        wick::release_free_heap();
       } else if (auto it = targets.find(name); it != targets.end()) {
         emit(it->second, t);  // in the file's dtype: the host converts what it keeps (a rank its chunk)
       }

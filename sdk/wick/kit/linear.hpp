@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "wick/kit/heap.hpp"
 #include "wick/kit/nf4.hpp"
 
 namespace wick {
@@ -190,9 +191,13 @@ class LinearImpl : public torch::nn::Module {
 
   /// Stores the weight as NF4 with double-quantized block constants (see
   /// wick/kit/nf4.hpp) and drops the float weight; products run in `compute`.
+  /// Quantized a chunk at a time (the bytes of nf4_quantize), and the freed
+  /// temporaries handed back (release_free_heap): quantizing a loaded
+  /// model's layers in turn leaves it resident at its 4-bit size.
   void quantize_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
     if (nf4_) return;
-    adopt_nf4(nf4_quantize(weight, block), compute);
+    adopt_nf4(nf4_quantize_chunked(weight, block), compute);
+    release_free_heap();
   }
 
   /// The same from `w`, the weight's values as they arrive (a file's tensor,
@@ -204,6 +209,7 @@ class LinearImpl : public torch::nn::Module {
       throw std::invalid_argument("wick::Linear: a weight of shape " + c10::str(w.sizes()) + " for a layer of [" +
                                   std::to_string(out_features) + ", " + std::to_string(in_features) + "]");
     adopt_nf4(nf4_quantize_chunked(w, block), compute);
+    release_free_heap();
   }
 
   /// A deferred layer's weight as hollow NF4 tensors (their values come

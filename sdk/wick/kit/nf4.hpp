@@ -174,9 +174,10 @@ inline at::Tensor nf4_pack(const at::Tensor& w, const at::Tensor& absmax, std::i
                                 ") cut a byte (two values share one), expected even ends");
   at::NoGradGuard no_grad;
   const at::Tensor flat = w.detach().reshape({-1});
-  const at::Tensor scale = absmax.clamp_min(1e-12);
+  const at::Tensor scale = absmax.to(w.device()).clamp_min(1e-12);
   at::Tensor packed = at::empty({(last - first) / 2}, at::TensorOptions().dtype(at::kByte).device(w.device()));
-  const std::int64_t step = chunk_blocks * block;
+  std::int64_t step = chunk_blocks * block;
+  step += step % 2;  // every piece but the last packs an even number of values
   for (std::int64_t s = first; s < last;) {
     // up to the end of the chunk of blocks s falls in (an even count of values)
     const std::int64_t e = std::min(last, (s / step + 1) * step);

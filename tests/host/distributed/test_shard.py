@@ -1343,8 +1343,9 @@ def test_no_rank_ever_holds_the_whole_model(tmp_path, run_wick, kind):
     for r in range(2):
         assert got[r][2] <= int(cap), (r, got[r], cap)  # the whole run's peak
         # after the run: the model deferred to the file (its adapters and the run's leftovers: 8.3 MB of
-        # 126 (LoRA) and of 47 (QLoRA); a rank keeping its chunks would hold 0.5x, a gathered model 1x)
-        assert got[r][3] <= 0.3 * whole, (r, got[r])
+        # 126 (LoRA, 0.07x) and of 47 (QLoRA, 0.18x); a rank keeping its chunks would hold 0.5x, a gathered
+        # model 1x)
+        assert got[r][3] <= (0.1 if kind == "lora" else 0.3) * whole, (r, got[r])
     assert_same_entries(tmp_path / "capped.safetensors", tmp_path / "plain.safetensors")
     assert_same_entries(run_dir / "model.safetensors", tmp_path / "plain.safetensors")
     assert_same_entries(tmp_path / "capped_hf" / "model.safetensors", tmp_path / "plain_hf" / "model.safetensors")
