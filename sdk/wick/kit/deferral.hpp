@@ -98,7 +98,9 @@ class Deferral {
   using Step = std::function<void(const Emit&)>;
 
   /// A step that draws from the default CPU generator: run once now (its
-  /// values dropped), after recording the generator's state.
+  /// values dropped, through an Emit whose nf4() takes a 4-bit weight's
+  /// float values and makes nothing of them), after recording the
+  /// generator's state.
   void add_random(Step step) {
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor state;
@@ -106,7 +108,8 @@ class Deferral {
       std::lock_guard<std::mutex> lock(gen.mutex());
       state = gen.get_state();
     }
-    step([](const at::Tensor&, const at::Tensor&) {});
+    // (the values dropped: a 4-bit weight is not even quantized, as nothing is drawn for that)
+    step(Emit([](const at::Tensor&, const at::Tensor&) {}, [](const Nf4Weight&, const at::Tensor&) {}));
     steps_.push_back({std::move(step), std::move(state)});
   }
   /// A step that draws nothing (ones, zeros, a file's tensor).
