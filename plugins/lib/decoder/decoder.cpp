@@ -6,6 +6,7 @@
 #include <optional>
 #include <tuple>
 
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/heap.hpp>
 #include <wick/kit/safetensors.hpp>
 
@@ -132,21 +133,6 @@ wick::Linear linear(std::int64_t in, std::int64_t out, bool bias, const Config& 
   return l;
 }
 }  // namespace
-
-wick::OptionSpec deferred_option(const std::string& what) {
-  return wick::opt_bool("deferred", false,
-                        "make no weights of " + what + " now (DeepSpeed's zero.Init, FSDP's meta device): under "
-                        "wick.train's shard = \"parameters\" on several ranks each rank makes only its chunks, so no "
-                        "rank holds them whole; any other use makes the whole model first. The same values as a whole "
-                        "build (the random draws replayed, or the folder's tensors read one at a time)");
-}
-
-bool waits_for_values(const torch::nn::Module& model, const wick::Deferral& deferral) {
-  if (deferral.empty()) return false;
-  for (const auto& [name, t] : wick::module_state(const_cast<torch::nn::Module&>(model)))
-    if (wick::is_hollow(t)) return true;
-  return false;
-}
 
 wick::OptionSchema quantize_options() {
   return {wick::opt_string("quantize", "none",
@@ -377,27 +363,19 @@ void load_quantizing(torch::nn::Module& m, wick::NamedTensorList&& weights, cons
 void defer_loading(torch::nn::Module& m, wick::NamedTensorList&& weights, const std::string& source,
                    const std::set<std::string>& ignore, const std::vector<std::pair<std::string, wick::Linear>>& layers,
                    std::int64_t block, wick::Deferral& deferral) {
-  const wick::NamedTensorList state = wick::module_state(m);
-  wick::detail::check_fit(state, weights, source, ignore);
   std::map<std::string, wick::Linear> quantized;  // "<layer>.weight" -> the layer
   if (block > 0)
     for (const auto& [name, lin] : layers) quantized.emplace(name + ".weight", lin);
-  std::map<std::string, at::Tensor> targets;
-  for (const auto& [name, t] : state)
-    if (!quantized.count(name)) targets.emplace(name, t);
+  // (the file's tensors emitted in its dtype: the host converts what it keeps, a rank its chunk)
+  wick::defer_load_state(m, std::move(weights), source, ignore, deferral,
+                         [quantized](const std::string& name, const at::Tensor& t, const wick::Emit& emit) {
+                           auto q = quantized.find(name);
+                           if (q == quantized.end()) return false;
+                           q->second->emit_nf4_from(t, emit);
+                           wick::release_free_heap();
+                           return true;
+                         });
   for (auto& [name, lin] : quantized) lin->hollow_nf4(at::kBFloat16, block);
-  auto file = std::make_shared<wick::NamedTensorList>(std::move(weights));
-  deferral.add([file, targets, quantized, block](const wick::Deferral::Emit& emit) {
-    at::NoGradGuard no_grad;
-    for (const auto& [name, t] : *file) {
-      if (auto q = quantized.find(name); q != quantized.end()) {
-        q->second->emit_nf4_from(t, emit);
-        wick::release_free_heap();
-      } else if (auto it = targets.find(name); it != targets.end()) {
-        emit(it->second, t);  // in the file's dtype: the host converts what it keeps (a rank its chunk)
-      }
-    }
-  });
 }
 
 void untie_if_distinct(Config& c, const wick::NamedTensorList& weights, const std::string& embed,

@@ -14,6 +14,7 @@
 #include <wick/model.hpp>
 #include <wick/options.hpp>
 #include <wick/kit/deferral.hpp>
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/kit/weights.hpp>
 
@@ -59,13 +60,6 @@ struct Build {
 
 /// The model options of 4-bit weights (decoder_lm's and vlm's): quantize, quantize_block.
 wick::OptionSchema quantize_options();
-/// The `deferred` option (decoder_lm's and vlm's), saying which of the
-/// model's weights `what` it defers.
-wick::OptionSpec deferred_option(const std::string& what);
-/// A model with a deferred build (`deferral` not empty) is deferred while one
-/// of its tensors still waits (hollow): after the host gave each its storage,
-/// or a run gathered the divided weights back, none does.
-bool waits_for_values(const torch::nn::Module& model, const wick::Deferral& deferral);
 /// quantize_block must divide every layer's linear weight count (and leave an
 /// even count); throws naming the first layer (under `prefix`) it does not.
 void check_nf4_block(const Config& c, std::int64_t block, const std::string& prefix, const std::string& who);

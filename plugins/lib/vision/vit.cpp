@@ -2,6 +2,7 @@
 
 #include "lib/vision/vit.hpp"
 
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/hf_dtype_names.hpp>
 #include <wick/kit/json_fields.hpp>
 #include <wick/kit/safetensors.hpp>
@@ -177,53 +178,96 @@ void convert_module(torch::nn::Module& m, at::ScalarType dtype) {
     if (b.is_floating_point() && b.scalar_type() != dtype) b.set_data(b.to(dtype));
 }
 
-VitImpl::VitImpl(VitConfig c, at::ScalarType dtype) : c_(std::move(c)) {
+namespace {
+
+// The embeddings as a whole build makes them (their draws in this order),
+// in dtype: style vit: cls_token, position_embeddings,
+// patch_embeddings.projection; style clip: class_embedding, patch_embedding,
+// position_embedding.
+std::shared_ptr<torch::nn::Module> make_embeddings(const VitConfig& c, at::ScalarType dtype) {
+  const auto D = c.hidden, p = c.patch_size;
+  const auto P = (c.image_size / p) * (c.image_size / p);
+  auto e = std::make_shared<torch::nn::Module>();
+  at::NoGradGuard g;
+  if (c.style == "vit") {
+    auto cls = e->register_parameter("cls_token", at::zeros({1, 1, D}));
+    auto pos = e->register_parameter("position_embeddings", at::zeros({1, P + 1, D}));
+    auto patch = container(*e, "patch_embeddings")
+                     ->register_module("projection", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.channels, D, p).stride(p)));
+    init_normal(cls, c.init_range);
+    init_normal(pos, c.init_range);
+    init_normal(patch->weight, c.init_range);
+    patch->bias.zero_();
+  } else {
+    auto cls = e->register_parameter("class_embedding", at::zeros({D}));
+    auto patch = e->register_module("patch_embedding",
+                                    torch::nn::Conv2d(torch::nn::Conv2dOptions(c.channels, D, p).stride(p).bias(false)));
+    auto table = e->register_module("position_embedding", torch::nn::Embedding(P + 1, D));
+    init_normal(cls, std::pow(static_cast<double>(D), -0.5) * c.init_factor);
+    init_normal(table->weight, c.init_range * c.init_factor);
+    init_normal(patch->weight, c.init_range * c.init_factor);
+  }
+  convert_module(*e, dtype);
+  return e;
+}
+
+}  // namespace
+
+VitImpl::VitImpl(VitConfig c, at::ScalarType dtype, wick::Deferral* deferral, bool replay) : c_(std::move(c)) {
   check_sizes(c_, "vit");
-  const auto D = c_.hidden, p = c_.patch_size;
-  const auto P = num_patches();
+  const VitConfig cfg = c_;  // (what each deferred step makes its part from)
+  const auto D = c_.hidden;
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(c_.eps)); };
-  auto embeddings = container(*this, "embeddings");
+  // each part made and converted before the next (a deferred one made, then hollowed)
+  auto embeddings =
+      register_module("embeddings", wick::deferred_part(deferral, [cfg, dtype] { return make_embeddings(cfg, dtype); }, replay));
   auto encoder = container(*this, "encoder");
   auto list = encoder->register_module(c_.style == "vit" ? "layer" : "layers", torch::nn::ModuleList());
   at::NoGradGuard g;
+  auto child = [](torch::nn::Module& m, const std::string& path) {
+    return m.named_modules("", /*include_self=*/false)[path];
+  };
   if (c_.style == "vit") {
-    cls_ = embeddings->register_parameter("cls_token", at::zeros({1, 1, D}));
-    pos_ = embeddings->register_parameter("position_embeddings", at::zeros({1, P + 1, D}));
-    patch_ = container(*embeddings, "patch_embeddings")
-                 ->register_module("projection", torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p)));
-    init_normal(cls_, c_.init_range);
-    init_normal(pos_, c_.init_range);
+    cls_ = embeddings->named_parameters(false)["cls_token"];
+    pos_ = embeddings->named_parameters(false)["position_embeddings"];
+    patch_ = torch::nn::Conv2d(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(child(*embeddings, "patch_embeddings.projection")));
   } else {
-    cls_ = embeddings->register_parameter("class_embedding", at::zeros({D}));
-    patch_ = embeddings->register_module("patch_embedding",
-                                         torch::nn::Conv2d(torch::nn::Conv2dOptions(c_.channels, D, p).stride(p).bias(false)));
-    auto table = embeddings->register_module("position_embedding", torch::nn::Embedding(P + 1, D));
-    pos_ = table->weight;
-    init_normal(cls_, std::pow(static_cast<double>(D), -0.5) * c_.init_factor);
-    init_normal(pos_, c_.init_range * c_.init_factor);
+    cls_ = embeddings->named_parameters(false)["class_embedding"];
+    pos_ = embeddings->named_parameters()["position_embedding.weight"];
+    patch_ = torch::nn::Conv2d(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(child(*embeddings, "patch_embedding")));
     pre_ = register_module("pre_layrnorm", ln());
+    convert_module(*pre_, dtype);
   }
-  init_normal(patch_->weight, c_.style == "clip" ? c_.init_range * c_.init_factor : c_.init_range);
-  if (patch_->bias.defined()) patch_->bias.zero_();
-  convert_module(*embeddings, dtype);
-  if (pre_) convert_module(*pre_, dtype);
   for (std::int64_t i = 0; i < c_.layers; ++i) {
-    blocks_.push_back(VitBlock(c_));
-    convert_module(*blocks_.back(), dtype);  // before the next block is made
+    blocks_.push_back(wick::deferred_part(
+        deferral,
+        [cfg, dtype] {
+          VitBlock b(cfg);
+          convert_module(*b, dtype);  // before the next block is made
+          return b;
+        },
+        replay));
     list->push_back(blocks_.back());
   }
   if (c_.style == "vit") {
     final_ = register_module("layernorm", ln());
-    if (c_.pooler) {
-      pooler_ = container(*this, "pooler")->register_module("dense", torch::nn::Linear(D, D));
-      init_normal(pooler_->weight, c_.init_range);
-      pooler_->bias.zero_();
-    }
+    if (c_.pooler)
+      pooler_ = container(*this, "pooler")
+                    ->register_module("dense", wick::deferred_part(
+                                                   deferral,
+                                                   [cfg, dtype] {
+                                                     torch::nn::Linear l(cfg.hidden, cfg.hidden);
+                                                     at::NoGradGuard ng;
+                                                     init_normal(l->weight, cfg.init_range);
+                                                     l->bias.zero_();
+                                                     convert_module(*l, dtype);
+                                                     return l;
+                                                   },
+                                                   replay));
   } else {
     final_ = register_module("post_layernorm", ln());
   }
   convert_module(*final_, dtype);
-  if (pooler_) convert_module(*pooler_, dtype);
 }
 
 at::Tensor VitImpl::forward(const at::Tensor& pixels, wick::Model* owner, const std::string& prefix, int layer) {
@@ -554,8 +598,13 @@ std::string legacy_vit_name(std::string n) {
 
 }  // namespace
 
-void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
-                      const std::string& source) {
+namespace {
+
+// The encoder's tensors of a file (named as in the encoder) and the names the
+// encoder may leave out of them.
+std::pair<wick::NamedTensorList, std::set<std::string>> vit_tensors(const VitImpl& vit,
+                                                                     const wick::NamedTensorList& tensors,
+                                                                     const std::string& prefix) {
   static const std::vector<std::string> parts = {"embeddings.", "encoder.",       "layers.",       "layernorm.",
                                                  "pooler.",     "pre_layrnorm.", "post_layernorm."};
   wick::NamedTensorList mine;
@@ -574,10 +623,29 @@ void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const 
   for (const auto& [n, t] : mine)
     for (const std::string p : {"encoder.layer.", "encoder.layers."})
       if (starts_with(n, p) && std::strtoll(n.c_str() + p.size(), nullptr, 10) >= vit.config().layers) ignore.insert(n);
-  wick::load_state(vit, mine, prefix.empty() ? source : source + " (under '" + prefix + "')", ignore);
+  return {std::move(mine), std::move(ignore)};
 }
 
-Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool, at::ScalarType dtype) {
+std::string vit_source(const std::string& source, const std::string& prefix) {
+  return prefix.empty() ? source : source + " (under '" + prefix + "')";
+}
+
+}  // namespace
+
+void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+                      const std::string& source) {
+  auto [mine, ignore] = vit_tensors(vit, tensors, prefix);
+  wick::load_state(vit, mine, vit_source(source, prefix), ignore);
+}
+
+void defer_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+                       const std::string& source, wick::Deferral& deferral) {
+  auto [mine, ignore] = vit_tensors(vit, tensors, prefix);
+  wick::defer_load_state(vit, std::move(mine), vit_source(source, prefix), ignore, deferral);
+}
+
+Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool, at::ScalarType dtype,
+                    wick::Deferral* deferral) {
   const std::string cfg_file = (fs::path(dir) / "config.json").string();
   if (!fs::exists(cfg_file)) throw Error(who + ": " + dir + " has no config.json (expected a Hugging Face model folder)");
   VitConfig c = config_from_hf(read_json_file(cfg_file), cfg_file);
@@ -585,8 +653,11 @@ Vit vit_from_folder(const std::string& dir, const std::string& who, const std::s
   const auto tensors = read_hf_weights(dir, who);
   const std::string prefix = find_vit_prefix(tensors, c.style, dir);
   c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
-  Vit vit(c, dtype);
-  load_vit_weights(*vit, tensors, prefix, dir);
+  Vit vit(c, dtype, deferral, /*replay=*/false);
+  if (deferral)
+    defer_vit_weights(*vit, tensors, prefix, dir, *deferral);
+  else
+    load_vit_weights(*vit, tensors, prefix, dir);
   return vit;
 }
 

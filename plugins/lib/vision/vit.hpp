@@ -9,6 +9,7 @@
 //                 pre_layrnorm, encoder.layers.N.self_attn.q_proj, ..., post_layernorm)
 // Built once into the static library wick_vision and linked into each plugin.
 
+#include <wick/kit/deferral.hpp>
 #include <wick/kit/json_fields.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
@@ -110,7 +111,13 @@ class VitImpl : public torch::nn::Module {
   /// initialised in fp32 and converted before the next is made, so the
   /// encoder never exists whole in fp32 (a ViT-L/14 tower in bf16 peaks at
   /// its bf16 size plus one fp32 block while it is built).
-  explicit VitImpl(VitConfig c, at::ScalarType dtype = at::kFloat);
+  /// With `deferral` (a deferred build, wick/kit/deferred_build.hpp) the
+  /// embeddings, blocks and pooler are made and then hollowed one at a
+  /// time, the random generator moving on as a whole build moves it; with
+  /// `replay` each is a step of the deferral that makes it again, else its
+  /// values come from a folder (defer_vit_weights). The norms are made whole.
+  explicit VitImpl(VitConfig c, at::ScalarType dtype = at::kFloat, wick::Deferral* deferral = nullptr,
+                   bool replay = true);
 
   /// pixels: floating [N, 3, H, W], normalised. Returns the tokens after
   /// block `layer` (-1: the last, -2: the one before, ... as LLaVA's
@@ -184,11 +191,17 @@ bool has_vit_pooler(const wick::NamedTensorList& tensors, const std::string& pre
 /// Everything of the encoder must be there; tensors outside it are ignored.
 void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
                       const std::string& source);
+/// The same for a deferred encoder (built with a deferral and replay false):
+/// the names and shapes checked now, and a step of `deferral` recorded that
+/// hands each of the file's tensors to the encoder's when the host wants them.
+void defer_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+                       const std::string& source, wick::Deferral& deferral);
 /// A folder's vision encoder in one call: config.json (ViT, CLIPVision, CLIP
 /// or a config with a vision_config such as LLaVA's) and its weights. `pool`
-/// overrides the config's pooling when not empty.
+/// overrides the config's pooling when not empty. With `deferral` the
+/// encoder is built deferred and its weights are read when the host makes them.
 Vit vit_from_folder(const std::string& dir, const std::string& who, const std::string& pool = "",
-                    at::ScalarType dtype = at::kFloat);
+                    at::ScalarType dtype = at::kFloat, wick::Deferral* deferral = nullptr);
 
 /// Converts a module made in fp32 (random initialisation) to `dtype` in place;
 /// the vision plugins call it on each part as it is made, so no model exists

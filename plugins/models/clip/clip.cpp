@@ -17,6 +17,7 @@
 // accumulate 1). accumulation = "plain" takes each micro-batch's own loss
 // (fewer negatives: a different, usually worse, objective).
 
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 #include <wick/kit/weights.hpp>
@@ -46,17 +47,31 @@ struct TextConfig {
 
 class TextModelImpl : public torch::nn::Module {
  public:
-  /// Built in `dtype` part by part, as vision::VitImpl.
-  TextModelImpl(const TextConfig& c, at::ScalarType dtype) : c_(c) {
-    auto emb = register_module("embeddings", std::make_shared<torch::nn::Module>());
-    token_ = emb->register_module("token_embedding", torch::nn::Embedding(c.vocab, c.hidden));
-    position_ = emb->register_module("position_embedding", torch::nn::Embedding(c.max_len, c.hidden));
-    {
-      at::NoGradGuard g;
-      token_->weight.normal_(0, 0.02 * c.init_factor);  // CLIPTextEmbeddings, as transformers' _init_weights
-      position_->weight.normal_(0, 0.02 * c.init_factor);
-    }
-    convert_module(*emb, dtype);
+  /// Built in `dtype` part by part, as vision::VitImpl, and deferred as it
+  /// is (`deferral`, `replay`): the embeddings and each block made, then
+  /// hollowed, the final norm whole.
+  TextModelImpl(const TextConfig& c, at::ScalarType dtype, wick::Deferral* deferral = nullptr, bool replay = true)
+      : c_(c) {
+    auto emb = register_module("embeddings", wick::deferred_part(
+                                                 deferral,
+                                                 [c, dtype] {
+                                                   auto e = std::make_shared<torch::nn::Module>();
+                                                   auto token = e->register_module(
+                                                       "token_embedding", torch::nn::Embedding(c.vocab, c.hidden));
+                                                   auto position = e->register_module(
+                                                       "position_embedding", torch::nn::Embedding(c.max_len, c.hidden));
+                                                   at::NoGradGuard g;  // CLIPTextEmbeddings, as transformers' _init_weights
+                                                   token->weight.normal_(0, 0.02 * c.init_factor);
+                                                   position->weight.normal_(0, 0.02 * c.init_factor);
+                                                   convert_module(*e, dtype);
+                                                   return e;
+                                                 },
+                                                 replay));
+    auto child = [&emb](const char* name) {
+      return torch::nn::Embedding(std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(emb->named_children()[name]));
+    };
+    token_ = child("token_embedding");
+    position_ = child("position_embedding");
     VitConfig bc;
     bc.style = "clip";
     bc.hidden = c.hidden, bc.intermediate = c.intermediate, bc.heads = c.heads, bc.eps = c.eps, bc.act = c.act;
@@ -64,8 +79,14 @@ class TextModelImpl : public torch::nn::Module {
     auto list = register_module("encoder", std::make_shared<torch::nn::Module>())
                     ->register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < c.layers; ++i) {
-      blocks_.push_back(VitBlock(bc));
-      convert_module(*blocks_.back(), dtype);
+      blocks_.push_back(wick::deferred_part(
+          deferral,
+          [bc, dtype] {
+            VitBlock b(bc);
+            convert_module(*b, dtype);
+            return b;
+          },
+          replay));
       list->push_back(blocks_.back());
     }
     final_ = register_module("final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden}).eps(c.eps)));
@@ -123,7 +144,11 @@ class TextModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TextModel);
 
-class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoupled, public wick::AdapterTargets {
+class Clip : public wick::Model,
+             public wick::Predictor,
+             public wick::WindowCoupled,
+             public wick::AdapterTargets,
+             public wick::Deferred {
  public:
   explicit Clip(const wick::Options& o)
       : exact_(o.get_string("accumulation") == "exact"), dtype_(dtype_named(o.get_string("dtype"))) {
@@ -184,8 +209,11 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
     vc.style = "clip";
     if (!o.has("path")) vc.pool = o.get_string("pool");
     projection_ = projection;
-    text_model_ = register_module("text_model", TextModel(tc_, dtype_));
-    vision_model_ = register_module("vision_model", Vit(vc, dtype_));
+    // deferred: both towers wait for the host (random values replayed, or the folder's read when made); the
+    // projections and the temperature are made whole
+    wick::Deferral* deferral = o.get_bool("deferred") ? &deferral_ : nullptr;
+    text_model_ = register_module("text_model", TextModel(tc_, dtype_, deferral, dir.empty()));
+    vision_model_ = register_module("vision_model", Vit(vc, dtype_, deferral, dir.empty()));
     vision_model_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     visual_projection_ =
         register_module("visual_projection", torch::nn::Linear(torch::nn::LinearOptions(vc.hidden, projection).bias(false)));
@@ -202,7 +230,11 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
     if (!dir.empty()) {
       stats_ = pixel_stats_from_folder(dir, stats_);
       // non-persistent buffers older files carry
-      wick::load_state(*this, tensors, dir, {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"});
+      const std::set<std::string> ignore = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"};
+      if (deferral)
+        wick::defer_load_state(*this, std::move(tensors), dir, ignore, deferral_);
+      else
+        wick::load_state(*this, tensors, dir, ignore);
     }
     if (dtype_ != at::kFloat) to(dtype_);  // projections and logit_scale; the towers were built in dtype_
   }
@@ -290,6 +322,8 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
     return out;
   }
 
+  bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
+  void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
     nlohmann::json vision = vision_model_->hf_config();
@@ -335,6 +369,7 @@ class Clip : public wick::Model, public wick::Predictor, public wick::WindowCoup
   Vit vision_model_{nullptr};
   torch::nn::Linear visual_projection_{nullptr}, text_projection_{nullptr};
   at::Tensor logit_scale_;
+  wick::Deferral deferral_;  // deferred = true: the steps that make the towers' weights
 };
 
 class ClipPlugin : public Clip {
@@ -362,7 +397,8 @@ wick::OptionSchema schema() {
       wick::opt_string("output", "logits_per_image", "what predict() gives: logits_per_image [N, N], or the normalised "
                                                      "image_embeds or text_embeds")
           .one_of({"logits_per_image", "image_embeds", "text_embeds"}),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames)),
+      wick::deferred_option("the image and text encoders (the projections are built whole)")};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

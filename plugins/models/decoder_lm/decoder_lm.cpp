@@ -120,7 +120,7 @@ class DecoderLM : public wick::Model,
   std::vector<std::string> blocks() const override { return dec_->blocks(); }
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
-  bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
+  bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
   void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
@@ -150,7 +150,7 @@ wick::OptionSchema schema() {
                   .optional());
   for (auto& o : dec::quantize_options()) s.push_back(o);
   for (auto& o : dec::loss_options()) s.push_back(o);
-  s.push_back(dec::deferred_option("the model"));
+  s.push_back(wick::deferred_option("the model"));
   return s;
 }
 

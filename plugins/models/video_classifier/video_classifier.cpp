@@ -20,6 +20,7 @@
 // `vit` plugin, temporal.position_embeddings, temporal.layers.N.*,
 // temporal.layernorm.*, classifier.*.
 
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 
@@ -33,7 +34,7 @@ using namespace wick::vision;
 
 namespace {
 
-class VideoClassifier : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
+class VideoClassifier : public wick::Model, public wick::Predictor, public wick::AdapterTargets, public wick::Deferred {
  public:
   explicit VideoClassifier(const wick::Options& o)
       : classes_(o.get_int("classes")),
@@ -41,12 +42,14 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
         freeze_(o.get_bool("freeze_vision")),
         frame_chunk_(o.get_int("frame_chunk")),
         dtype_(dtype_named(o.get_string("dtype"))) {
+    // deferred: the frame encoder (the bulk) waits for the host; the temporal part and head are made whole
+    wick::Deferral* deferral = o.get_bool("deferred") ? &deferral_ : nullptr;
     if (o.has("vision_path")) {
       const std::string dir = o.get_string("vision_path");
-      vit_ = vit_from_folder(dir, "video_classifier", o.get_string("pool"), dtype_);
+      vit_ = vit_from_folder(dir, "video_classifier", o.get_string("pool"), dtype_, deferral);
       stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, vit_->config().style, "video_classifier"));
     } else {
-      vit_ = Vit(config_from_options(o), dtype_);
+      vit_ = Vit(config_from_options(o), dtype_, deferral);
       stats_ = pixel_stats_from_options(o, vit_->config().style, "video_classifier");
     }
     vit_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
@@ -173,6 +176,8 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
     return out;
   }
 
+  bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
+  void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = vit_->config();
@@ -188,6 +193,7 @@ class VideoClassifier : public wick::Model, public wick::Predictor, public wick:
   at::ScalarType dtype_ = at::kFloat;
   PixelStats stats_;
   Vit vit_{nullptr};
+  wick::Deferral deferral_;  // deferred = true: the steps that make the frame encoder's weights
   at::Tensor temporal_pos_;
   std::vector<VitBlock> temporal_blocks_;
   torch::nn::LayerNorm temporal_norm_{nullptr};
@@ -209,7 +215,8 @@ wick::OptionSchema schema() {
                     "frames through the encoder at a time (with checkpointing, a trained encoder's memory then "
                     "holds one chunk's activations whatever the frame count); 0: all at once").at_least(0),
       wick::opt_int("max_frames", 64, "frames the temporal position table covers (at least the data's max_frames)").at_least(1),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames)),
+      wick::deferred_option("the frame encoder (the temporal module and head are built whole)")};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

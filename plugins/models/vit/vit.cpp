@@ -6,6 +6,7 @@
 // Parameter names: vit.* + classifier.* (style vit, as
 // ViTForImageClassification) or vision_model.* + classifier.* (style clip).
 
+#include <wick/kit/deferred_build.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/model.hpp>
 
@@ -22,11 +23,11 @@ using namespace wick::vision;
 
 namespace {
 
-class VitModel : public wick::Model, public wick::Predictor, public wick::AdapterTargets {
+class VitModel : public wick::Model, public wick::Predictor, public wick::AdapterTargets, public wick::Deferred {
  public:
   explicit VitModel(const wick::Options& o)
       : classes_(o.get_int("classes")), output_(o.get_string("output")), dtype_(dtype_named(o.get_string("dtype"))) {
-    std::string style = o.get_string("style");
+    wick::Deferral* deferral = o.get_bool("deferred") ? &deferral_ : nullptr;
     if (o.has("path")) {
       const std::string dir = o.get_string("path");
       const std::string cfg_file = (fs::path(dir) / "config.json").string();
@@ -36,8 +37,11 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
       const auto tensors = read_hf_weights(dir, "vit");
       const std::string prefix = find_vit_prefix(tensors, c.style, dir);
       c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
-      build(c);
-      load_vit_weights(*vit_, tensors, prefix, dir);
+      build(c, deferral, /*replay=*/false);
+      if (deferral)  // each tensor read when the host makes it
+        defer_vit_weights(*vit_, tensors, prefix, dir, *deferral);
+      else
+        load_vit_weights(*vit_, tensors, prefix, dir);
       stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, c.style, "vit"));
       // a classification folder's head, when it has this many classes
       for (const auto& [name, t] : tensors)
@@ -50,16 +54,17 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
     } else {
       VitConfig c = config_from_options(o);
       c.pooler = o.get_bool("pooler") && c.style == "vit";
-      build(c);
+      build(c, deferral, /*replay=*/true);
       stats_ = pixel_stats_from_options(o, c.style, "vit");
     }
     vit_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     if (dtype_ != at::kFloat) to(dtype_);  // the head; the encoder was built in dtype_
   }
 
-  void build(const VitConfig& c) {
+  // the encoder (deferred with a deferral: its random values replayed, or a folder's to come) and the head
+  void build(const VitConfig& c, wick::Deferral* deferral, bool replay) {
     prefix_ = c.style == "vit" ? "vit." : "vision_model.";
-    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_));
+    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_, deferral, replay));
     if (classes_ > 0) {
       classifier_ = register_module("classifier", torch::nn::Linear(c.hidden, classes_));
       at::NoGradGuard g;  // as transformers' _init_weights
@@ -102,6 +107,9 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
 
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return vit_->linear_layers(prefix_); }
 
+  // deferred = true: the encoder waits for the host (the head is made whole)
+  bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
+  void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
     const auto& c = vit_->config();
@@ -135,6 +143,7 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
   PixelStats stats_;
   Vit vit_{nullptr};
   torch::nn::Linear classifier_{nullptr};
+  wick::Deferral deferral_;  // deferred = true: the steps that make the encoder's weights
 };
 
 wick::OptionSchema schema() {
@@ -148,7 +157,8 @@ wick::OptionSchema schema() {
       wick::opt_string("output", "auto", "what predict() gives: logits, pooled features, hidden (last_hidden_state), or auto "
                                          "(logits with a head, else hidden)")
           .one_of({"auto", "logits", "pooled", "hidden"}),
-      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames))};
+      wick::opt_string("dtype", "fp32", "weight dtype").one_of(wick::enum_names(wick::kDtypeNames)),
+      wick::deferred_option("the encoder (the classification head is built whole)")};
   for (auto& o : vit_options()) s.push_back(o);
   return s;
 }

@@ -224,8 +224,15 @@ class Vlm : public wick::Model,
   void build(const wick::Options& o, const Parts& p) {
     const at::ScalarType wdtype = weight_dtype(o);
     auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
+    // deferred: the language model's weights (most of a LLaVA's) and the
+    // tower's wait for the host; the projector is built whole, and so is the
+    // tower with quantize_vision (its layers quantized whole once made)
+    deferred_build_ = o.get_bool("deferred");
+    tower_deferred_ = deferred_build_ && !o.get_bool("quantize_vision");
+    const bool tower_from_folder = !p.llava.empty() || !p.vision_dir.empty();
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
-    vit_ = inner->register_module("vision_tower", vis::Vit(p.vc, wdtype));
+    vit_ = inner->register_module(
+        "vision_tower", vis::Vit(p.vc, wdtype, tower_deferred_ ? &deferral_ : nullptr, /*replay=*/!tower_from_folder));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
                                         Projector(p.vc.hidden, p.lc.hidden, p.projector == "mlp2x_gelu",
@@ -241,9 +248,6 @@ class Vlm : public wick::Model,
     build.defer_linear = from_folder && nf4;     // a folder's weights arrive quantized, tensor by tensor
     build.quantize_block = nf4 ? block : 0;      // random ones are quantized layer by layer as they are made
     quantize_block_ = nf4 ? block : 0;
-    // deferred: the language model's weights (most of a LLaVA's) wait for
-    // the host; the tower and projector are built whole
-    deferred_build_ = o.get_bool("deferred");
     if (deferred_build_) build.deferral = &deferral_;
     dec_ = std::make_unique<dec::Decoder>(p.lc, "model.language_model", build);
     dec_->register_with(*inner, "language_model", *this);
@@ -260,7 +264,7 @@ class Vlm : public wick::Model,
     if (!p.vision_dir.empty()) {
       stats_ = vis::pixel_stats_from_folder(p.vision_dir, stats_);
       auto t = vis::read_hf_weights(p.vision_dir, kWho);
-      vis::load_vit_weights(*vit_, t, vis::find_vit_prefix(t, p.vc.style, p.vision_dir), p.vision_dir);
+      load_tower(t, vis::find_vit_prefix(t, p.vc.style, p.vision_dir), p.vision_dir);
     }
     if (!p.language_dir.empty()) {
       load_language_tensors(p.language_weights, "model.", "lm_head.weight", p.language_dir);
@@ -343,8 +347,14 @@ class Vlm : public wick::Model,
     return false;
   }
 
+  // the tower's tensors of a folder: read now, or when the host makes them (a deferred tower)
+  void load_tower(const wick::NamedTensorList& all, const std::string& prefix, const std::string& dir) {
+    if (tower_deferred_) vis::defer_vit_weights(*vit_, all, prefix, dir, deferral_);
+    else vis::load_vit_weights(*vit_, all, prefix, dir);
+  }
+
   void load_llava(const std::string& dir, wick::NamedTensorList& all) {
-    vis::load_vit_weights(*vit_, all, vis::find_vit_prefix(all, vit_->config().style, dir), dir);
+    load_tower(all, vis::find_vit_prefix(all, vit_->config().style, dir), dir);
     wick::NamedTensorList proj;
     for (const auto& [n, t] : all) {
       const auto at = n.find("multi_modal_projector.");
@@ -597,8 +607,8 @@ class Vlm : public wick::Model,
   // The language model's linear layers: lora / qlora adapt the LM only.
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
-  // deferred while a tensor still waits (dec::waits_for_values)
-  bool deferred() const override { return dec::waits_for_values(*this, deferral_); }
+  // deferred while a tensor still waits (wick::waits_for_values)
+  bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
   void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {
@@ -658,8 +668,9 @@ class Vlm : public wick::Model,
  private:
   vis::Vit vit_{nullptr};
   Projector projector_{nullptr};
-  wick::Deferral deferral_;  // deferred = true: the steps that make the language model's weights
+  wick::Deferral deferral_;  // deferred = true: the steps that make the language model's weights (and the tower's)
   bool deferred_build_ = false;
+  bool tower_deferred_ = false;  // deferred, and the tower with it (not with quantize_vision)
   std::unique_ptr<dec::Decoder> dec_;
   std::string vision_prefix_, select_;
   vis::PixelStats stats_;
@@ -723,7 +734,8 @@ wick::OptionSchema schema() {
   s.push_back(wick::opt_bool("quantize_vision", false,
                              "with quantize = \"nf4\": the frozen vision tower's linear weights as NF4 too"));
   for (auto& o : dec::loss_options()) s.push_back(o);
-  s.push_back(dec::deferred_option("the language model (the vision tower and projector are built whole)"));
+  s.push_back(wick::deferred_option("the language model and the vision tower (the projector is built whole, and the tower too with "
+                                   "quantize_vision)"));
   return s;
 }
 

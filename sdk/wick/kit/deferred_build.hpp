@@ -1,0 +1,139 @@
+#pragma once
+/// \file deferred_build.hpp
+/// Building a model deferred part by part (wick/kit/deferral.hpp), for
+/// models whose parts are modules made by ordinary code (torch::nn layers
+/// that draw their own initial values in their constructors):
+///
+/// \code
+///   // a whole build: the block made now; deferred: a hollow block and a
+///   // step that makes it again when the host wants its values
+///   block = register_module("block", wick::deferred_part(deferral, [&] { return Block(c); }));
+///   ...
+///   // a folder's values for a hollow model: a step reading each tensor
+///   wick::defer_load_state(*this, std::move(tensors), dir, ignore, deferral);
+/// \endcode
+///
+/// A deferred part is made once as the build goes (so the random generator
+/// moves on exactly as a whole build moves it, and what is drawn after it is
+/// the same), its tensors then emptied; the step recorded for it makes the
+/// part again from the generator state before it and hands each of its
+/// tensors' values to the part's tensor of the same name. No part exists
+/// whole beyond the one being made.
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "wick/kit/deferral.hpp"
+#include "wick/kit/weights.hpp"
+#include "wick/options.hpp"
+
+namespace wick {
+
+/// Empties every tensor of `m` (parameters and buffers) that has elements:
+/// each keeps its shape and dtype and holds no bytes (is_hollow).
+inline void hollow_out(torch::nn::Module& m) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, t] : module_state(m))
+    if (t.numel() > 0 && !is_hollow(t)) t.set_data(hollow(t.sizes(), t.options()));
+}
+
+/// Hands each tensor of `made` to `emit` as the value of `into`'s tensor of
+/// the same name (a tensor of `made` with no such name is a plugin's error).
+inline void emit_by_name(torch::nn::Module& made, torch::nn::Module& into, const Emit& emit) {
+  std::map<std::string, at::Tensor> targets;
+  for (auto& [name, t] : module_state(into)) targets.emplace(name, t);
+  for (const auto& [name, value] : module_state(made)) {
+    auto it = targets.find(name);
+    if (it == targets.end())
+      throw Error("deferred build: a part made again holds " + name + ", which the part it was recorded for has not");
+    if (value.numel() > 0) emit(it->second, value);
+  }
+}
+
+/// The part `make()` makes (a torch ModuleHolder or shared_ptr of a module,
+/// made whole and initialised as a whole build makes it). Without a
+/// deferral: make()'s part. With one: make()'s part, made now and then
+/// hollowed (hollow_out); with `replay`, a random step of `deferral` makes it
+/// again when the host wants the values and hands them over by name
+/// (emit_by_name). Without `replay` the values come from a step of the
+/// caller's (a folder's tensors: defer_load_state) and none is recorded.
+/// The step keeps `make`: it captures what it needs by value.
+template <class Make>
+auto deferred_part(Deferral* deferral, Make make, bool replay = true) -> decltype(make()) {
+  if (!deferral) return make();
+  if (!replay) {
+    auto part = make();
+    hollow_out(*part);
+    return part;
+  }
+  // the step makes the part; its first run (as it is recorded) keeps what it made as the part
+  auto kept = std::make_shared<decltype(make())>(nullptr);
+  deferral->add_random([kept, make](const Emit& emit) {
+    auto part = make();
+    if (!*kept) {
+      *kept = part;
+      return;
+    }
+    emit_by_name(*part, **kept, emit);
+  });
+  auto part = *kept;
+  hollow_out(*part);
+  return part;
+}
+
+/// A model with a deferred build (`deferral` not empty) is deferred while one
+/// of its tensors still waits (hollow): after the host gave each its storage,
+/// or a run gathered the divided weights back, none does (what a plugin's
+/// Deferred::deferred() answers).
+inline bool waits_for_values(const torch::nn::Module& model, const Deferral& deferral) {
+  if (deferral.empty()) return false;
+  for (const auto& [name, t] : module_state(const_cast<torch::nn::Module&>(model)))
+    if (is_hollow(t)) return true;
+  return false;
+}
+
+/// The `deferred` option of a model plugin, saying which of the model's
+/// weights `what` it defers.
+inline OptionSpec deferred_option(const std::string& what) {
+  return opt_bool("deferred", false,
+                  "make no weights of " + what + " now (DeepSpeed's zero.Init, FSDP's meta device): under "
+                  "wick.train's shard = \"parameters\" on several ranks each rank makes only its chunks, so no "
+                  "rank holds them whole; any other use makes the whole model first. The same values as a whole "
+                  "build (the random draws replayed, or the folder's tensors read one at a time)");
+}
+
+/// What a folder's tensor may be taken as instead of being handed whole to
+/// the module's tensor of its name (a linear layer's weight quantized as it
+/// arrives: Linear::emit_nf4_from): true when `take` handed it over itself.
+using TakeDeferredTensor = std::function<bool(const std::string& name, const at::Tensor& tensor, const Emit& emit)>;
+
+/// The deferred counterpart of load_state(m, tensors, source, ignore): the
+/// names and shapes checked now (the same error), and a step of `deferral`
+/// recorded that hands each tensor, in the file's order, to `m`'s tensor of
+/// its name (or to `take`), in the file's dtype. The tensors (views of a
+/// mapped file) are kept by the step until the deferral is cleared.
+inline void defer_load_state(torch::nn::Module& m, NamedTensorList&& tensors, const std::string& source,
+                             const std::set<std::string>& ignore, Deferral& deferral, TakeDeferredTensor take = {}) {
+  std::map<std::string, at::Tensor> targets;
+  {
+    const NamedTensorList state = module_state(m);
+    detail::check_fit(state, tensors, source, ignore);
+    for (const auto& [name, t] : state) targets.emplace(name, t);
+  }
+  auto file = std::make_shared<NamedTensorList>(std::move(tensors));
+  deferral.add([file, targets = std::move(targets), take = std::move(take)](const Emit& emit) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, t] : *file) {
+      if (take && take(name, t, emit)) continue;
+      if (auto it = targets.find(name); it != targets.end()) emit(it->second, t);
+    }
+  });
+}
+
+}  // namespace wick
