@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "wick/kit/deferral.hpp"
+#include "wick/kit/linear.hpp"
 #include "wick/kit/safetensors.hpp"
 #include "wick/kit/weights.hpp"
 #include "wick/model.hpp"
@@ -70,7 +71,22 @@ void run_deferred(Model& model, const Emit& sink) {
       if (auto it = by_name.find(name); it != by_name.end()) sink(t, *it->second);
     return;
   }
-  capability<Deferred>(model)->materialize(sink);
+  // a deferred layer quantized since the build (qlora over it): the float
+  // weight the build makes for its former tensor is quantized on arrival
+  std::map<const c10::TensorImpl*, const LinearImpl*> quantized_since;
+  for (const auto& m : model.modules(/*include_self=*/false))
+    if (const auto* l = dynamic_cast<const LinearImpl*>(m.get()); l && l->deferred_float_weight().defined())
+      quantized_since.emplace(l->deferred_float_weight().unsafeGetTensorImpl(), l);
+  if (quantized_since.empty()) return capability<Deferred>(model)->materialize(sink);
+  capability<Deferred>(model)->materialize(Emit(
+      [&](const at::Tensor& t, const at::Tensor& value) {
+        auto it = quantized_since.find(t.unsafeGetTensorImpl());
+        if (it == quantized_since.end()) return sink(t, value);
+        // rounded first to the weight's dtype, as the whole build's weight holds it (widening to fp32 is exact)
+        const at::ScalarType dt = t.scalar_type();
+        it->second->emit_nf4_from(value.scalar_type() == dt || dt == at::kFloat ? value : value.to(dt), sink);
+      },
+      sink.nf4()));
 }
 
 void materialize_whole(Model& model, const std::string& who, bool say) {

@@ -51,7 +51,10 @@
 ///   WICK_PLUGIN(wick::plugin<wick::Transform>("lora", "LoRA adapters", options, &make_adapters))
 /// \endcode
 ///
-/// ABI versions (WICK_ABI_VERSION): 9 made a deferred build's sink a
+/// ABI versions (WICK_ABI_VERSION): 10 let wick::Linear quantize a deferred
+/// layer (quantize_nf4 on a hollow weight: a hollow NF4 layer whose float
+/// weight, made later under its former tensor, the host quantizes as it
+/// arrives), which adds a member to LinearImpl. 9 made a deferred build's sink a
 /// wick::Emit (Deferred::materialize(const Emit&)), which can take a 4-bit
 /// weight from the float weight it is quantized from (Emit::nf4), so a rank
 /// of a divided run quantizes only its part; the names ABI 8 replaced went.
@@ -89,7 +92,7 @@
 #include "wick/version.hpp"  // WICK_VERSION_STRING, made by CMake from the project's version
 
 /// The plugin ABI. Bumped whenever any type that crosses the plugin boundary changes.
-#define WICK_ABI_VERSION 9
+#define WICK_ABI_VERSION 10
 
 namespace wick {
 

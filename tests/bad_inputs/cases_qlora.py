@@ -117,15 +117,9 @@ CASES += [
          may_write=["out", "out/**"]),
 ]
 
-# A deferred model (deferred = true) holds no float weights to quantize:
-# qlora over it needs the model's own quantize = "nf4" (its layers made
-# quantized). And `deferred` takes a boolean.
+# `deferred` takes a boolean (qlora over a deferred model quantizes each
+# layer as its values are made: tests/host/distributed/test_shard.py).
 CASES += [
-    Case("qlora over a deferred model without quantize", ["run", "r.lua"],
-         r"r\.lua:3: optim 'qlora': layer model\.layers\.0\.self_attn\.q_proj is deferred \(the model was built with "
-         r"deferred = true\) and holds no float weight to quantize; build the model with quantize = \"nf4\" as well",
-         setup=recipe('"decoder_lm", { vocab_size = 260, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2, '
-                      'deferred = true }', 4)),
     Case("deferred not a boolean", ["run", "r.lua"],
          r"r\.lua:2: .*option 'deferred': expected boolean, got string \"yes\"",
          setup=recipe('"decoder_lm", { vocab_size = 260, hidden_size = 8, intermediate_size = 16, layers = 1, heads = 2, '

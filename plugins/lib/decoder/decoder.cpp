@@ -110,11 +110,12 @@ wick::Linear deferred_linear(std::int64_t in, std::int64_t out, bool bias, const
   const std::int64_t block = b.quantize_block;
   if (!b.init) return l;  // a folder's values: the model records them
   if (block > 0) l->hollow_nf4(at::kBFloat16, block);
-  b.deferral->add_random([l, block, dtype = b.dtype, std = c.init_range](const wick::Deferral::Emit& emit) {
+  // (the weight tensor as built: a layer quantized after the build still gets its values through it, routed by the host)
+  b.deferral->add_random([l, weight = l->weight, block, dtype = b.dtype, std = c.init_range](const wick::Deferral::Emit& emit) {
     at::Tensor w = at::empty({l->out_features, l->in_features}, dtype);
     init_normal(w, std);
     if (block > 0) l->emit_nf4_from(w, emit);
-    else emit(l->weight, w);
+    else emit(weight, w);
     if (l->bias.defined()) emit(l->bias, at::zeros({l->out_features}, dtype));
   });
   return l;

@@ -131,10 +131,6 @@ class Lora : public wick::Transform {
           lin->set_compute_dtype(compute_);
           base_bytes_ += lin->weight_bytes();
         } else if (nf4_) {
-          if (wick::is_hollow(lin->weight))
-            throw wick::Error("optim 'qlora': layer " + name + " is deferred (the model was built with deferred = "
-                              "true) and holds no float weight to quantize; build the model with quantize = \"nf4\" "
-                              "as well, so its layers are made quantized");
           const std::int64_t count = lin->in_features * lin->out_features;
           if (count % block_ != 0)
             throw wick::Error("optim 'qlora': layer " + name + " has " + std::to_string(count) +

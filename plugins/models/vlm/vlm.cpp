@@ -225,14 +225,12 @@ class Vlm : public wick::Model,
     const at::ScalarType wdtype = weight_dtype(o);
     auto inner = register_module("model", std::make_shared<torch::nn::Module>("LlavaModel"));
     // deferred: the language model's weights (most of a LLaVA's) and the
-    // tower's wait for the host; the projector is built whole, and so is the
-    // tower with quantize_vision (its layers quantized whole once made)
+    // tower's wait for the host; the projector is built whole
     deferred_build_ = o.get_bool("deferred");
-    tower_deferred_ = deferred_build_ && !o.get_bool("quantize_vision");
     const bool tower_from_folder = !p.llava.empty() || !p.vision_dir.empty();
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
     vit_ = inner->register_module(
-        "vision_tower", vis::Vit(p.vc, wdtype, tower_deferred_ ? &deferral_ : nullptr, /*replay=*/!tower_from_folder));
+        "vision_tower", vis::Vit(p.vc, wdtype, deferred_build_ ? &deferral_ : nullptr, /*replay=*/!tower_from_folder));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
                                         Projector(p.vc.hidden, p.lc.hidden, p.projector == "mlp2x_gelu",
@@ -349,7 +347,7 @@ class Vlm : public wick::Model,
 
   // the tower's tensors of a folder: read now, or when the host makes them (a deferred tower)
   void load_tower(const wick::NamedTensorList& all, const std::string& prefix, const std::string& dir) {
-    if (tower_deferred_) vis::defer_vit_weights(*vit_, all, prefix, dir, deferral_);
+    if (deferred_build_) vis::defer_vit_weights(*vit_, all, prefix, dir, deferral_);
     else vis::load_vit_weights(*vit_, all, prefix, dir);
   }
 
@@ -668,9 +666,8 @@ class Vlm : public wick::Model,
  private:
   vis::Vit vit_{nullptr};
   Projector projector_{nullptr};
-  wick::Deferral deferral_;  // deferred = true: the steps that make the language model's weights (and the tower's)
+  wick::Deferral deferral_;  // deferred = true: the steps that make the language model's and the tower's weights
   bool deferred_build_ = false;
-  bool tower_deferred_ = false;  // deferred, and the tower with it (not with quantize_vision)
   std::unique_ptr<dec::Decoder> dec_;
   std::string vision_prefix_, select_;
   vis::PixelStats stats_;
@@ -734,8 +731,7 @@ wick::OptionSchema schema() {
   s.push_back(wick::opt_bool("quantize_vision", false,
                              "with quantize = \"nf4\": the frozen vision tower's linear weights as NF4 too"));
   for (auto& o : dec::loss_options()) s.push_back(o);
-  s.push_back(wick::deferred_option("the language model and the vision tower (the projector is built whole, and the tower too with "
-                                   "quantize_vision)"));
+  s.push_back(wick::deferred_option("the language model and the vision tower (the projector is built whole)"));
   return s;
 }
 

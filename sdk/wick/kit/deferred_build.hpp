@@ -43,14 +43,14 @@ inline void hollow_out(torch::nn::Module& m) {
     if (t.numel() > 0 && !is_hollow(t)) t.set_data(hollow(t.sizes(), t.options()));
 }
 
-/// Hands each tensor of `made` to `emit` as the value of `into`'s tensor of
-/// the same name (a tensor of `made` with no such name is a plugin's error).
-inline void emit_by_name(torch::nn::Module& made, torch::nn::Module& into, const Emit& emit) {
-  std::map<std::string, at::Tensor> targets;
-  for (auto& [name, t] : module_state(into)) targets.emplace(name, t);
+/// Hands each tensor of `made` to `emit` as the value of the tensor of the
+/// same name in `into` (a module's state as it was recorded: the tensors
+/// themselves, so one replaced since, a layer quantized after the build,
+/// still names its former tensor, which the host routes).
+inline void emit_by_name(torch::nn::Module& made, const std::map<std::string, at::Tensor>& into, const Emit& emit) {
   for (const auto& [name, value] : module_state(made)) {
-    auto it = targets.find(name);
-    if (it == targets.end())
+    auto it = into.find(name);
+    if (it == into.end())
       throw Error("deferred build: a part made again holds " + name + ", which the part it was recorded for has not");
     if (value.numel() > 0) emit(it->second, value);
   }
@@ -72,17 +72,26 @@ auto deferred_part(Deferral* deferral, Make make, bool replay = true) -> decltyp
     hollow_out(*part);
     return part;
   }
-  // the step makes the part; its first run (as it is recorded) keeps what it made as the part
-  auto kept = std::make_shared<decltype(make())>(nullptr);
+  // the step makes the part; its first run (as it is recorded) keeps what it
+  // made as the part, and the part's tensors by name
+  struct Kept {
+    bool recorded = false;
+    decltype(make()) part{nullptr};
+    std::map<std::string, at::Tensor> tensors;
+  };
+  auto kept = std::make_shared<Kept>();
   deferral->add_random([kept, make](const Emit& emit) {
     auto part = make();
-    if (!*kept) {
-      *kept = part;
+    if (!kept->recorded) {
+      kept->recorded = true;
+      kept->part = part;
+      for (auto& [name, t] : module_state(*part)) kept->tensors.emplace(name, t);
       return;
     }
-    emit_by_name(*part, **kept, emit);
+    emit_by_name(*part, kept->tensors, emit);
   });
-  auto part = *kept;
+  auto part = kept->part;
+  kept->part = nullptr;  // (the step keeps the tensors, not the module)
   hollow_out(*part);
   return part;
 }

@@ -194,11 +194,28 @@ class LinearImpl : public torch::nn::Module {
   /// Quantized a chunk at a time (the bytes of nf4_quantize), and the freed
   /// temporaries handed back (release_free_heap): quantizing a loaded
   /// model's layers in turn leaves it resident at its 4-bit size.
+  /// A deferred layer (its weight hollow: a model built with deferred =
+  /// true) becomes a hollow NF4 layer whose float weight is quantized as it
+  /// arrives: the value a deferred build makes for the former weight
+  /// (deferred_float_weight()) is routed by the host to emit_nf4_from.
   void quantize_nf4(at::ScalarType compute = at::kBFloat16, std::int64_t block = 64) {
     if (nf4_) return;
+    if (is_hollow(weight)) {
+      at::Tensor was = weight;
+      hollow_nf4(compute, block);
+      deferred_float_ = was;
+      return;
+    }
     adopt_nf4(nf4_quantize_chunked(weight, block), compute);
     release_free_heap();
   }
+
+  /// The hollow float weight a deferred layer had before quantize_nf4 made
+  /// it a hollow NF4 one (undefined otherwise): a deferred build still makes
+  /// this tensor's value, which is the float weight to quantize (the host
+  /// hands it to emit_nf4_from, converted to this tensor's dtype first where
+  /// the whole build's weight would have rounded it).
+  const at::Tensor& deferred_float_weight() const { return deferred_float_; }
 
   /// The same from `w`, the weight's values as they arrive (a file's tensor,
   /// of this layer's shape), quantized a chunk at a time (nf4_quantize_chunked:
@@ -277,6 +294,7 @@ class LinearImpl : public torch::nn::Module {
       at::Tensor w = dense_weight();
       unregister_module("nf4");
       nf4_.reset();
+      deferred_float_ = at::Tensor();
       weight = register_parameter("weight", w, /*requires_grad=*/false);
     }
     if (!lora_A) return;
@@ -297,6 +315,7 @@ class LinearImpl : public torch::nn::Module {
 
  private:
   std::shared_ptr<Nf4Weight> nf4_;
+  at::Tensor deferred_float_;  // quantize_nf4 of a deferred layer: the hollow float weight it had
   at::ScalarType compute_dtype_ = at::kBFloat16;
 };
 TORCH_MODULE(Linear);

@@ -36,7 +36,7 @@ opts.deferred = a.deferred == true
 local m = wick.model(kind, opts)
 local built = wick.memory(false).cpu_tensors
 if a.save then wick.save_pretrained(m, a.save) return end
-if a.kind then wick.optim(a.kind, { r = 4 }):apply(m) end
+if a.kind then wick.optim(a.kind, a.kind == "qlora" and { r = 4, compute_dtype = "fp32" } or { r = 4 }):apply(m) end
 local run = wick.train { model = m, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 2,
   max_steps = 2, checkpointing = true, shuffle = false, quiet = true, seed = 1, shard = "parameters",
   precision = a.precision or "fp32", master_weights = a.masters == true }
@@ -56,11 +56,12 @@ def media(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("case", ["vit", "vit-clip-style-bf16-masters", "vit-folder", "clip", "clip-folder",
-                                  "video_classifier-folder-lora"])
+@pytest.mark.parametrize("case", ["vit", "vit-clip-style-bf16-masters", "vit-folder", "vit-folder-qlora", "clip",
+                                  "clip-folder", "video_classifier-folder-lora"])
 def test_a_deferred_vision_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_path, run_wick, media, case):
     """vit (ViT style with its pooler; CLIP style in bf16 with fp32 masters;
-    a ViT folder), clip (both towers; a CLIPModel folder) and
+    a ViT folder, plain and under QLoRA: each layer quantized as its values
+    are made), clip (both towers; a CLIPModel folder) and
     video_classifier (a frame encoder from a folder, under LoRA) with
     deferred = true, trained on 2 ranks under shard = "parameters": the
     trained model has the bits of the same run from a whole build, the
@@ -78,8 +79,8 @@ def test_a_deferred_vision_model_is_made_divided_with_the_bits_of_a_whole_build(
         run_wick("run", tmp_path / "v.lua", f"model={folder_kind}", f"images={media / 'images' / 'manifest.csv'}",
                  "dtype=bf16", f"save={tmp_path / 'hf'}")
         more.append(f"path={tmp_path / 'hf'}")
-    if "lora" in case:
-        more.append("kind=lora")
+    if case.endswith("lora"):
+        more.append("kind=" + case.split("-")[-1])
 
     def launch(deferred):
         p = run_wick("launch", "--nproc-per-node", 2, *common, *more, f"deferred={str(deferred).lower()}",

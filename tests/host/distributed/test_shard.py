@@ -1080,7 +1080,8 @@ def sentences(path, n=32, seed=7):
     path.write_text("".join('{"text": "%s"}\n' % " ".join(rnd.choice(words) for _ in range(12)) for _ in range(n)))
 
 
-@pytest.mark.parametrize("case", ["full", "bf16-masters", "lora", "qlora", "folder", "folder-fp32", "folder-qlora"])
+@pytest.mark.parametrize("case", ["full", "bf16-masters", "lora", "qlora", "qlora-after", "folder", "folder-fp32",
+                                  "folder-qlora", "folder-fp32-qlora-after"])
 def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_path, run_wick, case):
     """decoder_lm with deferred = true under shard = "parameters" on 2 ranks:
     no weight exists until the trainer divides the model; each rank then
@@ -1088,14 +1089,17 @@ def test_a_deferred_model_is_made_divided_with_the_bits_of_a_whole_build(tmp_pat
     the states the build recorded, or the folder's tensors read) and keeps
     its chunks. The trained model has the bits of the run from a whole
     build, for full training (fp32; bf16-true with fp32 masters), LoRA,
-    QLoRA over the model's own NF4 layers, and a folder (plain, read into
-    fp32 from its bf16, and quantized on load); and the rank's start holds
+    QLoRA over the model's own NF4 layers or over its float layers (each
+    quantized as its values are made, as the whole build's qlora quantizes
+    the whole weight), and a folder (plain, read into fp32 from its bf16,
+    and quantized on load or by qlora after); and the rank's start holds
     about half the weights where the whole build holds all of them."""
     sentences(tmp_path / "d.jsonl")
     (tmp_path / "a.lua").write_text(DEFERRED)
     more = {"full": [], "bf16-masters": ["precision=bf16-true", "masters=true"], "lora": ["kind=lora"],
-            "qlora": ["kind=qlora", "quantize=nf4"], "folder": [], "folder-fp32": ["dtype=fp32"],
-            "folder-qlora": ["kind=qlora", "quantize=nf4"]}[case]
+            "qlora": ["kind=qlora", "quantize=nf4"], "qlora-after": ["kind=qlora"], "folder": [],
+            "folder-fp32": ["dtype=fp32"], "folder-qlora": ["kind=qlora", "quantize=nf4"],
+            "folder-fp32-qlora-after": ["dtype=fp32", "kind=qlora"]}[case]
     if case.startswith("folder"):
         (tmp_path / "f.lua").write_text(FOLDER)
         run_wick("run", tmp_path / "f.lua", f"out={tmp_path / 'hf'}")
@@ -1162,6 +1166,7 @@ opts.image_token_id = data.image_token_id
 opts.freeze_vision = false
 opts.deferred = a.deferred == true
 opts.quantize = a.quantize or "none"
+if a.qv then opts.freeze_vision, opts.quantize_vision = true, true end
 local m = wick.model("vlm", opts)
 local built = wick.memory(false).cpu_tensors
 if a.save then wick.save_pretrained(m, a.save) return end
@@ -1173,16 +1178,17 @@ print(string.format("BUILT %d %d", wick.rank, built))
 """
 
 
-@pytest.mark.parametrize("case", ["options", "folder-qlora"])
+@pytest.mark.parametrize("case", ["options", "options-quantize-vision", "folder-qlora"])
 def test_a_deferred_vlm_defers_its_language_model_and_tower_with_the_bits_of_a_whole_build(tmp_path, run_wick, case):
     """vlm with deferred = true: its language model (LLaVA's bulk) and its
     vision tower are built hollow, the projector whole; under shard =
     "parameters" on 2 ranks each rank makes its chunks of them, drawn as a
     whole build draws them (options) or read from a LLaVA folder, the
     language model's layers quantized to NF4 as each tensor comes (under
-    QLoRA). The trained model has the bits of a whole build's run, and the
-    deferred build holds none of the language model's or the tower's bytes
-    (but norms)."""
+    QLoRA), or the frozen tower's layers quantized as they are made
+    (quantize_vision). The trained model has the bits of a whole build's
+    run, and the deferred build holds none of the language model's or the
+    tower's bytes (but norms)."""
     clips = tmp_path / "clips"
     subprocess.run([WICK, "make-clips", str(clips), "--classes", "2", "--per-class", "4", "--size", "64x48",
                     "--seconds", "0.6", "--no-extras", "--no-images"], check=True, capture_output=True)
@@ -1192,6 +1198,8 @@ def test_a_deferred_vlm_defers_its_language_model_and_tower_with_the_bits_of_a_w
     if case == "folder-qlora":
         run_wick("run", *common, f"save={tmp_path / 'hf'}")
         more = [f"path={tmp_path / 'hf'}", "quantize=nf4", "kind=qlora"]
+    if case == "options-quantize-vision":
+        more = ["quantize=nf4", "qv=true", "kind=qlora"]
 
     def launch(deferred):
         p = run_wick("launch", "--nproc-per-node", 2, *common, *more, f"deferred={str(deferred).lower()}",
@@ -1205,9 +1213,10 @@ def test_a_deferred_vlm_defers_its_language_model_and_tower_with_the_bits_of_a_w
     tower = sum(t.numel() * t.element_size() for k, t in trained.items()
                 if k.startswith("model.vision_tower.") and "lora_" not in k and "norm" not in k)
     # what a deferred build holds of them: their norms, and for each random
-    # step the generator's state (5 KB) to replay it from
+    # step the generator's state (5 KB; about 20 steps here) to replay it from
     for r in range(2):
-        assert whole[r] - deferred[r] >= 0.9 * (language + tower), (case, r, whole[r], deferred[r], language, tower)
+        extra = deferred[r] - (whole[r] - language - tower)
+        assert extra <= 160 << 10, (case, r, whole[r], deferred[r], language, tower)
     print(case, whole, deferred, language)
 
 
