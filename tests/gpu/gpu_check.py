@@ -670,17 +670,21 @@ def check_deferred(r: Runner):
     # a decoder built deferred (no weight bytes until the trainer divides it)
     # on 2 ranks under shard = "parameters": each rank makes its chunks on the
     # CPU and moves them to the device (move_hollow, GradReducer::fill); the
-    # weights equal the whole build's run, plain and QLoRA over NF4 layers
+    # weights equal the whole build's run, plain, QLoRA over NF4 layers, and
+    # QLoRA over float layers (each quantized as its values are made)
     env = {"WICK_DIST_BACKEND": "gloo" if r.device == "cpu" or gpu_count() < 2 else "nccl"}
     common = dict(launch=2, device=launch_device(r), model="decoder", micro=4, acc=1, steps=4, shard="parameters",
                   env=env)
     runs = r.runs(dict(common, deferred="true"), dict(common, deferred="false"),
                   dict(common, deferred="true", nf4="true", qlora="true"),
-                  dict(common, deferred="false", nf4="true", qlora="true"))
+                  dict(common, deferred="false", nf4="true", qlora="true"),
+                  dict(common, deferred="true", qlora="true"), dict(common, deferred="false", qlora="true"))
     plain = max_weight_diff(runs[0]["weights"], runs[1]["weights"])
     qlora = max_weight_diff(runs[2]["weights"], runs[3]["weights"])
-    return ("2 ranks, whole build", f"2 ranks ({env['WICK_DIST_BACKEND']}), built deferred: plain, QLoRA",
-            f"max |dw| {plain:.1e}, {qlora:.1e} (< 1e-5)", plain < 1e-5 and qlora < 1e-5)
+    after = max_weight_diff(runs[4]["weights"], runs[5]["weights"])
+    return ("2 ranks, whole build",
+            f"2 ranks ({env['WICK_DIST_BACKEND']}), built deferred: plain, QLoRA, QLoRA over float layers",
+            f"max |dw| {plain:.1e}, {qlora:.1e}, {after:.1e} (< 1e-5)", max(plain, qlora, after) < 1e-5)
 
 
 def check_one_rank_launch(r: Runner):

@@ -31,5 +31,8 @@ describe("the SDK contract", function()
     local abi = H.read(H.source .. "/sdk/wick/plugin.hpp"):match("#define WICK_ABI_VERSION (%d+)")
     assert.truthy(abi)
     assert.truthy(out:find("plugin_abi%s+" .. abi .. "\n"), out)
+    -- the plugin authors' page names the same ABI
+    local page = H.read(H.source .. "/docs/plugins/index.md"):match("Plugin ABI%s+(%d+)")
+    assert.are.equal(abi, page)
   end)
 end)
