@@ -56,7 +56,30 @@ bool is_deferred(Model& model) {
   return d && d->deferred();
 }
 
+namespace {
+// A deferred layer quantized since its values were last whole (qlora over a
+// model built deferred, or over one left in a file): its float weight, when
+// it comes, is quantized on arrival (Linear::emit_nf4_from), rounded first
+// to the dtype the whole build's weight would hold it in. A value for an
+// fp32 weight goes as it is: the quantizer takes every value to fp32 itself,
+// the one rounding the whole build's copy into the weight makes.
+void emit_quantized(const LinearImpl& layer, const at::Tensor& former, const at::Tensor& value, const Emit& sink) {
+  const at::ScalarType dt = former.scalar_type();
+  layer.emit_nf4_from(value.scalar_type() == dt || dt == at::kFloat ? value : value.to(dt), sink);
+}
+
+// Those layers by name (as in the model's state) and by their former tensor.
+std::vector<std::pair<std::string, const LinearImpl*>> quantized_since(Model& model) {
+  std::vector<std::pair<std::string, const LinearImpl*>> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (const auto* l = dynamic_cast<const LinearImpl*>(item.value().get()); l && l->deferred_float_weight().defined())
+      out.emplace_back(item.key(), l);
+  return out;
+}
+}  // namespace
+
 void run_deferred(Model& model, const Emit& sink) {
+  const auto quantized = quantized_since(model);
   if (const auto file = file_of(model); file && any_hollow(model)) {
     TensorFile f;
     try {
@@ -69,22 +92,24 @@ void run_deferred(Model& model, const Emit& sink) {
     for (const auto& [name, t] : f.tensors) by_name.emplace(name, &t);
     for (const auto& [name, t] : module_state(model))
       if (auto it = by_name.find(name); it != by_name.end()) sink(t, *it->second);
+    // a layer quantized since the file was written: the file holds its float weight
+    for (const auto& [name, l] : quantized)
+      if (auto it = by_name.find(name + ".weight"); it != by_name.end())
+        emit_quantized(*l, l->deferred_float_weight(), *it->second, sink);
     return;
   }
-  // a deferred layer quantized since the build (qlora over it): the float
-  // weight the build makes for its former tensor is quantized on arrival
-  std::map<const c10::TensorImpl*, const LinearImpl*> quantized_since;
-  for (const auto& m : model.modules(/*include_self=*/false))
-    if (const auto* l = dynamic_cast<const LinearImpl*>(m.get()); l && l->deferred_float_weight().defined())
-      quantized_since.emplace(l->deferred_float_weight().unsafeGetTensorImpl(), l);
-  if (quantized_since.empty()) return capability<Deferred>(model)->materialize(sink);
+  if (quantized.empty()) return capability<Deferred>(model)->materialize(sink);
+  std::map<const c10::TensorImpl*, const LinearImpl*> by_former;
+  for (const auto& [name, l] : quantized) by_former.emplace(l->deferred_float_weight().unsafeGetTensorImpl(), l);
   capability<Deferred>(model)->materialize(Emit(
       [&](const at::Tensor& t, const at::Tensor& value) {
-        auto it = quantized_since.find(t.unsafeGetTensorImpl());
-        if (it == quantized_since.end()) return sink(t, value);
-        // rounded first to the weight's dtype, as the whole build's weight holds it (widening to fp32 is exact)
-        const at::ScalarType dt = t.scalar_type();
-        it->second->emit_nf4_from(value.scalar_type() == dt || dt == at::kFloat ? value : value.to(dt), sink);
+        if (!t.defined())
+          throw Error("a deferred model's step gave a value for an undefined tensor (a plugin's step must give each "
+                      "value to the tensor it captured when it was recorded, not to a layer's current one, which "
+                      "quantizing it after the build replaces)");
+        auto it = by_former.find(t.unsafeGetTensorImpl());
+        if (it == by_former.end()) return sink(t, value);
+        emit_quantized(*it->second, t, value, sink);
       },
       sink.nf4()));
 }

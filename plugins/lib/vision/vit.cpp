@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -85,15 +86,19 @@ at::Tensor activation(const at::Tensor& x, const std::string& act) {
 
 // ---- block ----
 
-VitBlockImpl::VitBlockImpl(const VitConfig& c) : c_(c) {
+VitBlockImpl::VitBlockImpl(const VitConfig& c, at::ScalarType dtype, bool init) : c_(c) {
   const auto D = c.hidden, F = c.intermediate;
   const auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(c.eps)); };
-  q = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
-  k = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
-  v = wick::Linear(D, D, c.style == "clip" || c.qkv_bias);
-  o = wick::Linear(D, D, true);
-  fc1 = wick::Linear(D, F, true);
-  fc2 = wick::Linear(F, D, true);
+  // initialised in fp32 (the caller converts), or made in dtype for a folder's values, nothing drawn
+  const auto linear = [&](std::int64_t in, std::int64_t out, bool bias) {
+    return init ? wick::Linear(in, out, bias) : wick::Linear(in, out, bias, dtype, /*init=*/false);
+  };
+  q = linear(D, D, c.style == "clip" || c.qkv_bias);
+  k = linear(D, D, c.style == "clip" || c.qkv_bias);
+  v = linear(D, D, c.style == "clip" || c.qkv_bias);
+  o = linear(D, D, true);
+  fc1 = linear(D, F, true);
+  fc2 = linear(F, D, true);
   ln1 = ln();
   ln2 = ln();
   if (c.style == "vit") {
@@ -124,7 +129,9 @@ VitBlockImpl::VitBlockImpl(const VitConfig& c) : c_(c) {
     names_ = {{"self_attn.q_proj", q}, {"self_attn.k_proj", k}, {"self_attn.v_proj", v},
               {"self_attn.out_proj", o}, {"mlp.fc1", fc1},        {"mlp.fc2", fc2}};
   }
-  if (c.style == "vit") {
+  if (!init) {
+    convert_module(*this, dtype);  // (the norms)
+  } else if (c.style == "vit") {
     for (auto* l : {q.get(), k.get(), v.get(), o.get(), fc1.get(), fc2.get()}) init_linear(*l, c.init_range);
   } else {  // CLIPAttention and CLIPMLP's scaled normals
     const double d = static_cast<double>(D), L = static_cast<double>(std::max<std::int64_t>(1, c.layers));
@@ -213,14 +220,17 @@ std::shared_ptr<torch::nn::Module> make_embeddings(const VitConfig& c, at::Scala
 
 }  // namespace
 
-VitImpl::VitImpl(VitConfig c, at::ScalarType dtype, wick::Deferral* deferral, bool replay) : c_(std::move(c)) {
+VitImpl::VitImpl(VitConfig c, at::ScalarType dtype, wick::Deferral* deferral, bool init) : c_(std::move(c)) {
   check_sizes(c_, "vit");
+  // a folder's values: the torch layers' own draws (the embeddings', the pooler's) undone
+  std::optional<wick::GeneratorKept> kept;
+  if (!init) kept.emplace();
   const VitConfig cfg = c_;  // (what each deferred step makes its part from)
   const auto D = c_.hidden;
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D}).eps(c_.eps)); };
   // each part made and converted before the next (a deferred one made, then hollowed)
   auto embeddings =
-      register_module("embeddings", wick::deferred_part(deferral, [cfg, dtype] { return make_embeddings(cfg, dtype); }, replay));
+      register_module("embeddings", wick::deferred_part(deferral, [cfg, dtype] { return make_embeddings(cfg, dtype); }, init));
   auto encoder = container(*this, "encoder");
   auto list = encoder->register_module(c_.style == "vit" ? "layer" : "layers", torch::nn::ModuleList());
   at::NoGradGuard g;
@@ -241,12 +251,12 @@ VitImpl::VitImpl(VitConfig c, at::ScalarType dtype, wick::Deferral* deferral, bo
   for (std::int64_t i = 0; i < c_.layers; ++i) {
     blocks_.push_back(wick::deferred_part(
         deferral,
-        [cfg, dtype] {
-          VitBlock b(cfg);
+        [cfg, dtype, init] {
+          VitBlock b(cfg, dtype, init);
           convert_module(*b, dtype);  // before the next block is made
           return b;
         },
-        replay));
+        init));
     list->push_back(blocks_.back());
   }
   if (c_.style == "vit") {
@@ -263,7 +273,7 @@ VitImpl::VitImpl(VitConfig c, at::ScalarType dtype, wick::Deferral* deferral, bo
                                                      convert_module(*l, dtype);
                                                      return l;
                                                    },
-                                                   replay));
+                                                   init));
   } else {
     final_ = register_module("post_layernorm", ln());
   }
@@ -602,14 +612,13 @@ namespace {
 
 // The encoder's tensors of a file (named as in the encoder) and the names the
 // encoder may leave out of them.
-std::pair<wick::NamedTensorList, std::set<std::string>> vit_tensors(const VitImpl& vit,
-                                                                     const wick::NamedTensorList& tensors,
+std::pair<wick::NamedTensorList, std::set<std::string>> vit_tensors(const VitImpl& vit, wick::NamedTensorList&& tensors,
                                                                      const std::string& prefix) {
   static const std::vector<std::string> parts = {"embeddings.", "encoder.",       "layers.",       "layernorm.",
                                                  "pooler.",     "pre_layrnorm.", "post_layernorm."};
   wick::NamedTensorList mine;
   std::set<std::string> ignore = {"embeddings.position_ids"};  // a non-persistent buffer older files carry
-  for (const auto& [name, t] : tensors) {
+  for (auto& [name, t] : tensors) {
     if (!starts_with(name, prefix)) continue;
     std::string n = name.substr(prefix.size());
     bool ours = false;
@@ -617,8 +626,9 @@ std::pair<wick::NamedTensorList, std::set<std::string>> vit_tensors(const VitImp
     if (!ours) continue;
     if (vit.config().style == "vit") n = legacy_vit_name(n);
     if (!vit.config().pooler && starts_with(n, "pooler.")) ignore.insert(n);
-    mine.emplace_back(n, t);
+    mine.emplace_back(n, std::move(t));
   }
+  tensors.clear();  // (the rest of a file's views: their pages go)
   // layers beyond the encoder's (a tower built shorter than the file's) are not an error
   for (const auto& [n, t] : mine)
     for (const std::string p : {"encoder.layer.", "encoder.layers."})
@@ -632,15 +642,16 @@ std::string vit_source(const std::string& source, const std::string& prefix) {
 
 }  // namespace
 
-void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+void load_vit_weights(VitImpl& vit, wick::NamedTensorList tensors, const std::string& prefix,
                       const std::string& source) {
-  auto [mine, ignore] = vit_tensors(vit, tensors, prefix);
-  wick::load_state(vit, mine, vit_source(source, prefix), ignore);
+  auto [mine, ignore] = vit_tensors(vit, std::move(tensors), prefix);
+  // each view dropped as it lands: a mapped file's pages go with it
+  wick::load_state(vit, std::move(mine), vit_source(source, prefix), ignore);
 }
 
-void defer_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+void defer_vit_weights(VitImpl& vit, wick::NamedTensorList tensors, const std::string& prefix,
                        const std::string& source, wick::Deferral& deferral) {
-  auto [mine, ignore] = vit_tensors(vit, tensors, prefix);
+  auto [mine, ignore] = vit_tensors(vit, std::move(tensors), prefix);
   wick::defer_load_state(vit, std::move(mine), vit_source(source, prefix), ignore, deferral);
 }
 
@@ -650,14 +661,14 @@ Vit vit_from_folder(const std::string& dir, const std::string& who, const std::s
   if (!fs::exists(cfg_file)) throw Error(who + ": " + dir + " has no config.json (expected a Hugging Face model folder)");
   VitConfig c = config_from_hf(read_json_file(cfg_file), cfg_file);
   if (!pool.empty()) c.pool = pool;
-  const auto tensors = read_hf_weights(dir, who);
+  auto tensors = read_hf_weights(dir, who);
   const std::string prefix = find_vit_prefix(tensors, c.style, dir);
   c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
-  Vit vit(c, dtype, deferral, /*replay=*/false);
+  Vit vit(c, dtype, deferral, /*init=*/false);
   if (deferral)
-    defer_vit_weights(*vit, tensors, prefix, dir, *deferral);
+    defer_vit_weights(*vit, std::move(tensors), prefix, dir, *deferral);
   else
-    load_vit_weights(*vit, tensors, prefix, dir);
+    load_vit_weights(*vit, std::move(tensors), prefix, dir);
   return vit;
 }
 

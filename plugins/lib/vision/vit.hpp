@@ -84,7 +84,10 @@ wick::OptionSpec vit_option_as(const std::string& name, const std::string& prefi
 /// (causal, with a padding mask).
 class VitBlockImpl : public torch::nn::Module {
  public:
-  explicit VitBlockImpl(const VitConfig& c);
+  /// Initialised in fp32 as transformers' _init_weights (the caller
+  /// converts it), or, with `init` false, made in `dtype` with nothing drawn
+  /// (a folder's values fill it).
+  explicit VitBlockImpl(const VitConfig& c, at::ScalarType dtype = at::kFloat, bool init = true);
   /// x [N, L, hidden]; mask: optional bool [N or 1, 1, L, L], true = may attend;
   /// causal: each position sees itself and the ones before (combined with mask).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask = {}, bool causal = false);
@@ -111,13 +114,16 @@ class VitImpl : public torch::nn::Module {
   /// initialised in fp32 and converted before the next is made, so the
   /// encoder never exists whole in fp32 (a ViT-L/14 tower in bf16 peaks at
   /// its bf16 size plus one fp32 block while it is built).
+  /// With `init` false its values come from a folder (load_vit_weights,
+  /// defer_vit_weights): nothing is initialised, and the random generator is
+  /// left as it was found.
   /// With `deferral` (a deferred build, wick/kit/deferred_build.hpp) the
   /// embeddings, blocks and pooler are made and then hollowed one at a
   /// time, the random generator moving on as a whole build moves it; with
-  /// `replay` each is a step of the deferral that makes it again, else its
-  /// values come from a folder (defer_vit_weights). The norms are made whole.
+  /// `init` each is a step of the deferral that makes it again. The norms
+  /// are made whole.
   explicit VitImpl(VitConfig c, at::ScalarType dtype = at::kFloat, wick::Deferral* deferral = nullptr,
-                   bool replay = true);
+                   bool init = true);
 
   /// pixels: floating [N, 3, H, W], normalised. Returns the tokens after
   /// block `layer` (-1: the last, -2: the one before, ... as LLaVA's
@@ -189,12 +195,15 @@ bool has_vit_pooler(const wick::NamedTensorList& tensors, const std::string& pre
 /// Loads the encoder's weights from `tensors` (names under `prefix`; the
 /// transformers 5 ViT names layers.N.attention.q_proj, ... are accepted too).
 /// Everything of the encoder must be there; tensors outside it are ignored.
-void load_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+/// The list is consumed, each tensor dropped as it lands, so a mapped
+/// file's pages go as they are read (move the list in when it is no longer
+/// needed; a copy keeps the caller's views, and the pages, alive).
+void load_vit_weights(VitImpl& vit, wick::NamedTensorList tensors, const std::string& prefix,
                       const std::string& source);
-/// The same for a deferred encoder (built with a deferral and replay false):
+/// The same for a deferred encoder (built with a deferral and init false):
 /// the names and shapes checked now, and a step of `deferral` recorded that
 /// hands each of the file's tensors to the encoder's when the host wants them.
-void defer_vit_weights(VitImpl& vit, const wick::NamedTensorList& tensors, const std::string& prefix,
+void defer_vit_weights(VitImpl& vit, wick::NamedTensorList tensors, const std::string& prefix,
                        const std::string& source, wick::Deferral& deferral);
 /// A folder's vision encoder in one call: config.json (ViT, CLIPVision, CLIP
 /// or a config with a vision_config such as LLaVA's) and its weights. `pool`

@@ -29,6 +29,8 @@
 
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <set>
 
 #include "lib/vision/plugin_util.hpp"
 #include "lib/vision/vit.hpp"
@@ -47,11 +49,14 @@ struct TextConfig {
 
 class TextModelImpl : public torch::nn::Module {
  public:
-  /// Built in `dtype` part by part, as vision::VitImpl, and deferred as it
-  /// is (`deferral`, `replay`): the embeddings and each block made, then
-  /// hollowed, the final norm whole.
-  TextModelImpl(const TextConfig& c, at::ScalarType dtype, wick::Deferral* deferral = nullptr, bool replay = true)
+  /// Built in `dtype` part by part, as vision::VitImpl, for a folder's
+  /// values as it is (`init` false: nothing drawn) and deferred as it is
+  /// (`deferral`): the embeddings and each block made, then hollowed, the
+  /// final norm whole.
+  TextModelImpl(const TextConfig& c, at::ScalarType dtype, wick::Deferral* deferral = nullptr, bool init = true)
       : c_(c) {
+    std::optional<wick::GeneratorKept> kept;  // a folder's values: the embeddings' own draws undone
+    if (!init) kept.emplace();
     auto emb = register_module("embeddings", wick::deferred_part(
                                                  deferral,
                                                  [c, dtype] {
@@ -66,7 +71,7 @@ class TextModelImpl : public torch::nn::Module {
                                                    convert_module(*e, dtype);
                                                    return e;
                                                  },
-                                                 replay));
+                                                 init));
     auto child = [&emb](const char* name) {
       return torch::nn::Embedding(std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(emb->named_children()[name]));
     };
@@ -81,12 +86,12 @@ class TextModelImpl : public torch::nn::Module {
     for (std::int64_t i = 0; i < c.layers; ++i) {
       blocks_.push_back(wick::deferred_part(
           deferral,
-          [bc, dtype] {
-            VitBlock b(bc);
+          [bc, dtype, init] {
+            VitBlock b(bc, dtype, init);
             convert_module(*b, dtype);
             return b;
           },
-          replay));
+          init));
       list->push_back(blocks_.back());
     }
     final_ = register_module("final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden}).eps(c.eps)));
@@ -210,10 +215,10 @@ class Clip : public wick::Model,
     if (!o.has("path")) vc.pool = o.get_string("pool");
     projection_ = projection;
     // deferred: both towers wait for the host (random values replayed, or the folder's read when made); the
-    // projections and the temperature are made whole
+    // projections and the temperature are made whole. A folder's towers draw nothing.
     wick::Deferral* deferral = o.get_bool("deferred") ? &deferral_ : nullptr;
-    text_model_ = register_module("text_model", TextModel(tc_, dtype_, deferral, dir.empty()));
-    vision_model_ = register_module("vision_model", Vit(vc, dtype_, deferral, dir.empty()));
+    text_model_ = register_module("text_model", TextModel(tc_, dtype_, deferral, /*init=*/dir.empty()));
+    vision_model_ = register_module("vision_model", Vit(vc, dtype_, deferral, /*init=*/dir.empty()));
     vision_model_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     visual_projection_ =
         register_module("visual_projection", torch::nn::Linear(torch::nn::LinearOptions(vc.hidden, projection).bias(false)));
@@ -233,8 +238,8 @@ class Clip : public wick::Model,
       const std::set<std::string> ignore = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"};
       if (deferral)
         wick::defer_load_state(*this, std::move(tensors), dir, ignore, deferral_);
-      else
-        wick::load_state(*this, tensors, dir, ignore);
+      else  // each tensor's pages released as it lands
+        wick::load_state(*this, std::move(tensors), dir, ignore);
     }
     if (dtype_ != at::kFloat) to(dtype_);  // projections and logit_scale; the towers were built in dtype_
   }

@@ -34,37 +34,41 @@ class VitModel : public wick::Model, public wick::Predictor, public wick::Adapte
       if (!fs::exists(cfg_file)) throw wick::Error("vit: path " + dir + " has no config.json (expected a Hugging Face model folder)");
       VitConfig c = config_from_hf(read_json_file(cfg_file), cfg_file);
       c.pool = o.get_string("pool");
-      const auto tensors = read_hf_weights(dir, "vit");
+      auto tensors = read_hf_weights(dir, "vit");
       const std::string prefix = find_vit_prefix(tensors, c.style, dir);
       c.pooler = c.style == "vit" && has_vit_pooler(tensors, prefix);
-      build(c, deferral, /*replay=*/false);
-      if (deferral)  // each tensor read when the host makes it
-        defer_vit_weights(*vit_, tensors, prefix, dir, *deferral);
-      else
-        load_vit_weights(*vit_, tensors, prefix, dir);
-      stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, c.style, "vit"));
+      build(c, deferral, /*init=*/false);
       // a classification folder's head, when it has this many classes
-      for (const auto& [name, t] : tensors)
-        if (classifier_ && name == "classifier.weight" && t.sizes() == classifier_->weight.sizes()) {
-          at::NoGradGuard g;
-          classifier_->weight.copy_(t);
-          for (const auto& [n2, b] : tensors)
-            if (n2 == "classifier.bias") classifier_->bias.copy_(b);
-        }
+      at::Tensor head_w, head_b;
+      for (const auto& [name, t] : tensors) {
+        if (name == "classifier.weight") head_w = t;
+        if (name == "classifier.bias") head_b = t;
+      }
+      if (classifier_ && head_w.defined() && head_w.sizes() == classifier_->weight.sizes()) {
+        at::NoGradGuard g;
+        classifier_->weight.copy_(head_w);
+        if (head_b.defined()) classifier_->bias.copy_(head_b);
+      }
+      head_w = head_b = at::Tensor();
+      if (deferral)  // each tensor read when the host makes it
+        defer_vit_weights(*vit_, std::move(tensors), prefix, dir, *deferral);
+      else  // each tensor's pages released as it lands
+        load_vit_weights(*vit_, std::move(tensors), prefix, dir);
+      stats_ = pixel_stats_from_folder(dir, pixel_stats_from_options(o, c.style, "vit"));
     } else {
       VitConfig c = config_from_options(o);
       c.pooler = o.get_bool("pooler") && c.style == "vit";
-      build(c, deferral, /*replay=*/true);
+      build(c, deferral, /*init=*/true);
       stats_ = pixel_stats_from_options(o, c.style, "vit");
     }
     vit_->set_interpolate(o.get_bool("interpolate_pos_encoding"));
     if (dtype_ != at::kFloat) to(dtype_);  // the head; the encoder was built in dtype_
   }
 
-  // the encoder (deferred with a deferral: its random values replayed, or a folder's to come) and the head
-  void build(const VitConfig& c, wick::Deferral* deferral, bool replay) {
+  // the encoder (initialised, or for a folder's values; deferred with a deferral) and the head
+  void build(const VitConfig& c, wick::Deferral* deferral, bool init) {
     prefix_ = c.style == "vit" ? "vit." : "vision_model.";
-    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_, deferral, replay));
+    vit_ = register_module(c.style == "vit" ? "vit" : "vision_model", Vit(c, dtype_, deferral, init));
     if (classes_ > 0) {
       classifier_ = register_module("classifier", torch::nn::Linear(c.hidden, classes_));
       at::NoGradGuard g;  // as transformers' _init_weights

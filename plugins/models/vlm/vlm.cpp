@@ -230,7 +230,7 @@ class Vlm : public wick::Model,
     const bool tower_from_folder = !p.llava.empty() || !p.vision_dir.empty();
     // transformers 5's CLIPVisionModel and ViTModel hold the encoder's parts directly
     vit_ = inner->register_module(
-        "vision_tower", vis::Vit(p.vc, wdtype, deferred_build_ ? &deferral_ : nullptr, /*replay=*/!tower_from_folder));
+        "vision_tower", vis::Vit(p.vc, wdtype, deferred_build_ ? &deferral_ : nullptr, /*init=*/!tower_from_folder));
     vision_prefix_ = "model.vision_tower";
     projector_ = inner->register_module("multi_modal_projector",
                                         Projector(p.vc.hidden, p.lc.hidden, p.projector == "mlp2x_gelu",
@@ -262,7 +262,8 @@ class Vlm : public wick::Model,
     if (!p.vision_dir.empty()) {
       stats_ = vis::pixel_stats_from_folder(p.vision_dir, stats_);
       auto t = vis::read_hf_weights(p.vision_dir, kWho);
-      load_tower(t, vis::find_vit_prefix(t, p.vc.style, p.vision_dir), p.vision_dir);
+      const std::string prefix = vis::find_vit_prefix(t, p.vc.style, p.vision_dir);
+      load_tower(std::move(t), prefix, p.vision_dir);
     }
     if (!p.language_dir.empty()) {
       load_language_tensors(p.language_weights, "model.", "lm_head.weight", p.language_dir);
@@ -345,10 +346,11 @@ class Vlm : public wick::Model,
     return false;
   }
 
-  // the tower's tensors of a folder: read now, or when the host makes them (a deferred tower)
-  void load_tower(const wick::NamedTensorList& all, const std::string& prefix, const std::string& dir) {
-    if (deferred_build_) vis::defer_vit_weights(*vit_, all, prefix, dir, deferral_);
-    else vis::load_vit_weights(*vit_, all, prefix, dir);
+  // the tower's tensors of a folder (the list consumed: a copy where the
+  // caller still reads it): read now, or when the host makes them (a deferred tower)
+  void load_tower(wick::NamedTensorList all, const std::string& prefix, const std::string& dir) {
+    if (deferred_build_) vis::defer_vit_weights(*vit_, std::move(all), prefix, dir, deferral_);
+    else vis::load_vit_weights(*vit_, std::move(all), prefix, dir);
   }
 
   void load_llava(const std::string& dir, wick::NamedTensorList& all) {

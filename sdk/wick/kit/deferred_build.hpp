@@ -7,7 +7,7 @@
 /// \code
 ///   // a whole build: the block made now; deferred: a hollow block and a
 ///   // step that makes it again when the host wants its values
-///   block = register_module("block", wick::deferred_part(deferral, [&] { return Block(c); }));
+///   block = register_module("block", wick::deferred_part(deferral, [c] { return Block(c); }));
 ///   ...
 ///   // a folder's values for a hollow model: a step reading each tensor
 ///   wick::defer_load_state(*this, std::move(tensors), dir, ignore, deferral);
@@ -19,12 +19,19 @@
 /// part again from the generator state before it and hands each of its
 /// tensors' values to the part's tensor of the same name. No part exists
 /// whole beyond the one being made.
+///
+/// A step gives each value to the tensor it captured when it was recorded,
+/// never to a layer's current one: a layer quantized after the build
+/// (Linear::quantize_nf4 of a hollow layer, qlora over a deferred model)
+/// replaces its weight, and the host routes the value for the former tensor
+/// to the layer's 4-bit tensors. deferred_part and defer_load_state do so.
 
 #include <torch/nn/module.h>
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
@@ -34,6 +41,27 @@
 #include "wick/options.hpp"
 
 namespace wick {
+
+/// Leaves the default CPU generator, when it goes, as it was when it was
+/// made: a build for a folder's values (which draws nothing a whole random
+/// build would keep) around torch layers that draw in their constructors.
+class GeneratorKept {
+ public:
+  GeneratorKept() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    state_ = gen_.get_state();
+  }
+  ~GeneratorKept() {
+    std::lock_guard<std::mutex> lock(gen_.mutex());
+    gen_.set_state(state_);
+  }
+  GeneratorKept(const GeneratorKept&) = delete;
+  GeneratorKept& operator=(const GeneratorKept&) = delete;
+
+ private:
+  at::Generator gen_;
+  at::Tensor state_;
+};
 
 /// Empties every tensor of `m` (parameters and buffers) that has elements:
 /// each keeps its shape and dtype and holds no bytes (is_hollow).

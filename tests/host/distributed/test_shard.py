@@ -1220,6 +1220,41 @@ def test_a_deferred_vlm_defers_its_language_model_and_tower_with_the_bits_of_a_w
     print(case, whole, deferred, language)
 
 
+QLORA_AFTER_FILE = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("text", { file = a.data, max_length = 24, cache_dir = "none" })
+wick.seed(3)
+local model = wick.model("decoder_lm", { vocab_size = 257, hidden_size = 128, intermediate_size = 256, layers = 2,
+  heads = 4, deferred = a.deferred == true })
+local function train(out, rw)
+  wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 4, max_steps = 2,
+    shuffle = false, quiet = true, seed = 1, shard = "parameters", out = out, return_weights = rw }
+end
+train(a.dir .. "/1", a.rw)
+wick.optim("qlora", { r = 4, compute_dtype = "fp32" }):apply(model)
+train(a.dir .. "/2", a.rw)
+if wick.rank == 0 then model:save(a.result) end
+"""
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_qlora_over_a_model_left_in_a_file_quantizes_each_layer_as_it_is_read(tmp_path, run_wick, deferred):
+    """A divided run that ends in a file (return_weights = "file") leaves the
+    model hollow; qlora applied then makes each layer hollow 4-bit, and the
+    next run (and model:save) quantize each layer's float weight as it is
+    read from the file. The trained adapters and 4-bit base have the bits of
+    the same recipe whose runs gather the weights back."""
+    sentences(tmp_path / "d.jsonl")
+    (tmp_path / "q.lua").write_text(QLORA_AFTER_FILE)
+    common = ["launch", "--nproc-per-node", 2, tmp_path / "q.lua", f"data={tmp_path / 'd.jsonl'}",
+              f"deferred={str(deferred).lower()}"]
+    run_wick(*common, "rw=gathered", f"dir={tmp_path / 'g'}", f"result={tmp_path / 'gathered.safetensors'}")
+    run_wick(*common, "rw=file", f"dir={tmp_path / 'f'}", f"result={tmp_path / 'file.safetensors'}")
+    trained = assert_same_entries(tmp_path / "file.safetensors", tmp_path / "gathered.safetensors")
+    assert any(k.endswith("nf4.packed") for k in trained) and any("lora_A" in k for k in trained), sorted(trained)
+
+
 def test_a_deferred_model_is_made_whole_where_it_is_not_divided(tmp_path, run_wick):
     """One rank, or shard other than "parameters": the deferred model is made
     whole when wick.train gets it (saying so), with the bits of a whole
