@@ -255,7 +255,8 @@ for _, name in ipairs(wanted) do
     print(string.format("  settings: micro-batch %d x accumulate %d (measured with 2), precision %s, checkpointing %s%s%s",
       recipe.train.micro_batch, recipe.train.accumulate, recipe.train.precision or "fp32",
       tostring(recipe.train.checkpointing or false), recipe.transform and (", " .. recipe.transform[1]) or "",
-      recipe.train.offload_activations and ", block inputs offloaded to host memory" or ""))
+      recipe.train.offload_activations and ", block inputs offloaded to host memory" or "")
+      .. (recipe.train.offload_embeddings and ", input embedding in host memory" or ""))
     header()
     local est = extrapolated(recipe)
     local measured

@@ -614,6 +614,22 @@ std::pair<at::Tensor, std::int64_t> Group::all_gather_rows(const at::Tensor& t, 
 
 void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what) {
   for (auto& t : tensors) {
+    if (backend_ == "nccl" && !t.is_cuda()) {
+      // NCCL sends device memory: a tensor kept in host memory (an input
+      // embedding under offload_embeddings) crosses through the device 64 MiB
+      // at a time, so the device never holds it whole
+      const at::Tensor flat = t.contiguous().view({-1});
+      const std::int64_t step = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / t.element_size());
+      for (std::int64_t at = 0; at < flat.numel(); at += step) {
+        at::Tensor part = flat.narrow(0, at, std::min(step, flat.numel() - at));
+        std::vector<at::Tensor> one{part.to(device_)};
+        count(one[0].nbytes(), env_.rank == 0 ? static_cast<double>(one[0].nbytes()) : 0.0);
+        wait(start(what, [&] { return pg_->broadcast(one); }), what);
+        part.copy_(one[0]);
+      }
+      if (!t.is_contiguous()) t.copy_(flat.view(t.sizes()));
+      continue;
+    }
     std::vector<at::Tensor> one{staged(t) ? t.cpu() : t};
     const std::int64_t b = t.numel() * t.element_size();
     count(b, env_.rank == 0 ? static_cast<double>(b) : 0.0);

@@ -133,6 +133,7 @@ void ProgressObserver::on_end(const nlohmann::json& run) {
              : " (other: data sets and tensors held before the first step)") +
        (num(m, "offloaded") > 0 ? "; block inputs offloaded to host memory: " + fmt_bytes(num(m, "offloaded")) + " at most"
                                 : "") +
+       (num(m, "host_weights") > 0 ? "; input embeddings in host memory: " + fmt_bytes(num(m, "host_weights")) : "") +
        // the steps' peak is not the run's: the start moves (and divides) the
        // model, the end gathers it back
        (m.contains("run_peak") ? "; the whole run's peak " + fmt_bytes(num(m, "run_peak")) + " (start " +

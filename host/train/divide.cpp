@@ -145,6 +145,13 @@ void Trainer::make_divided() {
   Emit emit(
       [&](const at::Tensor& t, const at::Tensor& value) {
         const auto* impl = t.unsafeGetTensorImpl();
+        if (auto host = host_tables_.find(impl); host != host_tables_.end()) {
+          // offload_embeddings: a table kept whole in host memory, never divided
+          t.set_data(host_table(value.to(t.scalar_type()), host->second));
+          digest_head(value);
+          made.insert(impl);
+          return;
+        }
         if (!reducer_->fill(t, value))
           throw Error("wick.train: the deferred model made a value for a tensor of shape " + c10::str(t.sizes()) +
                       " that is not its own (a model plugin's materialize must give only its parameters and buffers)");
@@ -185,7 +192,8 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::frozen_tensors() const 
   for (const auto& p : model_params_) trainable.insert(p.unsafeGetTensorImpl());
   NamedTensorList out;
   for (auto& [name, t] : module_state(*model_))
-    if (t.defined() && !t.is_meta() && t.numel() > 0 && !trainable.count(t.unsafeGetTensorImpl()))
+    if (t.defined() && !t.is_meta() && t.numel() > 0 && !trainable.count(t.unsafeGetTensorImpl()) &&
+        !host_tables_.count(t.unsafeGetTensorImpl()))  // offload_embeddings: each rank keeps its table whole
       out.emplace_back(name, t);
   return out;
 }

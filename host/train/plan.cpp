@@ -30,9 +30,10 @@ struct Setting {
   Value checkpointing;
   std::int64_t micro;
   std::string shard;
+  bool host_tables = false;  // offload_embeddings
   bool same(const Setting& o) const {
     return precision == o.precision && checkpointing.repr() == o.checkpointing.repr() && micro == o.micro &&
-           shard == o.shard;
+           shard == o.shard && host_tables == o.host_tables;
   }
 };
 
@@ -99,6 +100,9 @@ class Planner {
   // is made: every row keeps that precision (no row tries another), so the
   // rows after it meet the weights as the recipe would train them
   Value given_ck_, all_ck_;
+  // offload_embeddings: as given, and whether the model's input embeddings
+  // could stay in host memory (offered, and frozen)
+  bool host_given_ = false, tables_offered_ = false;
   std::vector<Row> rows_;
   std::optional<std::int64_t> host_only_;
   // a model built deferred (or left in a file): its hollow tensors, made
@@ -126,6 +130,12 @@ Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_
   mixed_ = precision_ == "fp32" ? "bf16-mixed" : precision_;
   given_ck_ = r_.o.at("checkpointing");
   all_ck_ = blocks_.empty() ? given_ck_ : Value(true);
+  host_given_ = r_.o.get_bool("offload_embeddings");
+  if (auto* lookups = capability<HostLookups>(*r_.obj.model)) {
+    const auto tables = lookups->host_lookup_tables();
+    tables_offered_ = !tables.empty() && std::none_of(tables.begin(), tables.end(),
+                                                      [](const at::Tensor& t) { return t.requires_grad(); });
+  }
   rows_.reserve(64);  // rows are handed out by reference while more are added
   if (is_deferred(*r_.obj.model)) {
     at::NoGradGuard no_grad;
@@ -166,6 +176,7 @@ void Planner::measure(Row& row) {
   opts["precision"] = Value(row.o.precision);
   opts["checkpointing"] = row.o.checkpointing;
   opts["shard"] = Value(row.o.shard);
+  opts["offload_embeddings"] = Value(row.o.host_tables);
   opts["on_oom"] = Value("fail");
   if (row.o.shard != "parameters") opts["return_weights"] = Value("gathered");  // (a file is ZeRO-3's end)
   std::map<std::string, Value> given;
@@ -263,21 +274,23 @@ void Planner::gather_ranks(Row& row) {
 
 void Planner::run() {
   const std::string& S = shard_;
-  const Row base = add_row("as given", {precision_, given_ck_, micro_, S});
+  const bool H = host_given_;
+  const Row base = add_row("as given", {precision_, given_ck_, micro_, S, H});
   if (!base.ok) throw Error(L_ + ": one step of the recipe as given failed: " + base.err);
-  if (precision_ == "fp32") add_row("precision = \"bf16-mixed\"", {"bf16-mixed", given_ck_, micro_, S});
+  if (precision_ == "fp32") add_row("precision = \"bf16-mixed\"", {"bf16-mixed", given_ck_, micro_, S, H});
   const bool ck_all = given_ck_.is_bool() && given_ck_.as_bool();
-  if (!blocks_.empty() && !ck_all) add_row("checkpointing = true", {precision_, Value(true), micro_, S});
+  if (!blocks_.empty() && !ck_all) add_row("checkpointing = true", {precision_, Value(true), micro_, S, H});
+  if (tables_offered_ && !H) add_row("offload_embeddings = true", {precision_, given_ck_, micro_, S, true});
   const bool halve = micro_ > 1 && micro_ % 2 == 0;
   if (halve)
     add_row(strf("micro_batch = %lld, accumulate x 2", static_cast<long long>(micro_ / 2)),
-            {precision_, given_ck_, micro_ / 2, S});
+            {precision_, given_ck_, micro_ / 2, S, H});
   // several ranks: each setting of shard the recipe does not use
   for (const char* sh : {"none", "optimizer", "gradients", "parameters"})
-    if (world_ > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision_, given_ck_, micro_, sh});
+    if (world_ > 1 && sh != S) add_row(strf("shard = \"%s\"", sh), {precision_, given_ck_, micro_, sh, H});
   // the shard setting that holds the least
   const std::string least = world_ > 1 ? "parameters" : S;
-  add_row("all of these", {mixed_, all_ck_, halve ? micro_ / 2 : micro_, least});
+  add_row("all of these", {mixed_, all_ck_, halve ? micro_ / 2 : micro_, least, H || tables_offered_});
   print_rows();
   if (avail_ > 0)
     choose();
@@ -331,10 +344,11 @@ void Planner::choose() {
   std::vector<Setting> cands;
   // each with the recipe's shard, then (several ranks) with ZeRO-2's (no
   // more traffic than none) and ZeRO-3's (the least memory)
-  auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m) {
-    cands.push_back({prec, ck, m, shard_});
+  auto cand = [&](const std::string& prec, const Value& ck, std::int64_t m, bool host = false) {
+    host = host || host_given_;
+    cands.push_back({prec, ck, m, shard_, host});
     for (const std::string sh : {"gradients", "parameters"})
-      if (world_ > 1 && sh != shard_) cands.push_back({prec, ck, m, sh});
+      if (world_ > 1 && sh != shard_) cands.push_back({prec, ck, m, sh, host});
   };
   cand(precision_, given_ck_, micro_);
   cand(mixed_, given_ck_, micro_);
@@ -342,6 +356,8 @@ void Planner::choose() {
     cand(precision_, Value(true), micro_);
     cand(mixed_, Value(true), micro_);
   }
+  // the input embedding in host memory: the same micro-batch, a little slower
+  if (tables_offered_ && !host_given_) cand(mixed_, all_ck_, micro_, true);
   for (std::int64_t m = micro_; m > 1;) {
     m = m / 2;
     while (per_rank_ % m != 0) --m;
@@ -375,7 +391,8 @@ void Planner::choose() {
     for (std::size_t i = 0; i < ck.as_list().size(); ++i) cks += (i ? ", " : "") + ck.as_list()[i].as_string();
     cks += " }";
   }
-  const std::string shard_text = world_ > 1 ? ", shard = \"" + choice->o.shard + "\"" : "";
+  const std::string shard_text = (world_ > 1 ? ", shard = \"" + choice->o.shard + "\"" : "") +
+                                 (choice->o.host_tables ? ", offload_embeddings = true" : "");
   std::printf("fastest that fits %s (90%%: %s): precision = \"%s\", checkpointing = %s, micro_batch = %lld, "
               "accumulate = %lld%s (peak %s, the batch of %lld kept)\n",
               fmt_bytes(avail_).c_str(), fmt_bytes(budget).c_str(), choice->o.precision.c_str(), cks.c_str(),

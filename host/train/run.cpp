@@ -595,7 +595,9 @@ void Run::summarize() {
                       {"optimizer", bd.at("optimizer")}, {"data", data_bytes},
                       {"other", held_before_},         {"activations", std::max<std::int64_t>(0, step_peak_ - held)},
                       // offload_activations: the block inputs that waited in host memory, at their most
-                      {"offloaded", offload_peak_},
+                      {"offloaded", std::max<std::int64_t>(0, offload_peak_ - bd.at("host_weights"))},
+                      // offload_embeddings: the input embedding tables held in host memory
+                      {"host_weights", bd.at("host_weights")},
                       {"resident_peak", m["peak_resident"]},
                       // CUDA: the allocator's most reserved, and the process's whole device
                       // memory at that moment (context and workspaces outside the allocator

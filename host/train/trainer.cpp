@@ -147,7 +147,12 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
                                  : p.value().detach().to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   to_half_precision(*model_, cfg_.precision);
   move_hollow(*model_, device);
-  model_->to(device);
+  {
+    // offload_embeddings: the tables go to host memory, never through the device
+    const auto kept = tables_to_host();
+    model_->to(device);
+    for (const auto& [table, host] : kept) table.set_data(host);
+  }
   if (device.is_cuda() && cfg_.memory_fraction > 0)
     cuda_set_memory_fraction(cfg_.memory_fraction, device.index() < 0 ? 0 : device.index());
   set_checkpointing();
@@ -281,6 +286,9 @@ Trainer::~Trainer() {
   // the model may outlive this trainer (and be trained by another)
   if (model_ && (model_->block_runner() == block_runner_.get() || model_->block_runner() == partition_runner_.get()))
     model_->set_block_runner(nullptr);
+  // offload_embeddings held the tables in host memory for this run: they go
+  // back beside the model's other weights, where a run without it leaves them
+  if (model_ && !host_tables_.empty()) return_tables();
   // ZeRO-3 without gather_weights_back(): a run that failed (a collective
   // here could wait on ranks gone or elsewhere), and the model says so when read
   if (partitioned() && !gathered_back_)
@@ -341,10 +349,11 @@ double Trainer::factor_at(std::int64_t step) const {
 double Trainer::lr_at(std::int64_t step) const { return optim_->base_lr() * factor_at(step); }
 
 std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
-  std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0;
+  std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0, host_weights = 0;
   std::set<const c10::TensorImpl*> counted;  // a tied tensor once
   for (const auto& [name, t] : module_state(*model_))
-    if (counted.insert(t.unsafeGetTensorImpl()).second) weights += bytes_of(t);
+    if (counted.insert(t.unsafeGetTensorImpl()).second)
+      (host_tables_.count(t.unsafeGetTensorImpl()) ? host_weights : weights) += bytes_of(t);
   // ZeRO-3: this rank's pieces and the units gathered now, not every unit's whole weights
   if (partitioned()) weights += reducer_->held_weight_bytes() - reducer_->whole_weight_bytes();
   for (const auto& [name, p] : params_) {
@@ -369,6 +378,8 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
           {"optimizer", opt},
           {"ema", ema},
           {"trainable", trainable},
+          // offload_embeddings: the tables held in host memory, not on the device
+          {"host_weights", host_weights},
           {"optimizer_expected", optim_->state_bytes(stepped_) + ema}};
 }
 

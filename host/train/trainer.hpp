@@ -75,6 +75,9 @@ struct TrainerConfig {
   /// from step ema_start on (before it, a copy of the weights). 0: none.
   double ema = 0;
   std::int64_t ema_start = 0;
+  /// The model's frozen input embedding tables (wick::HostLookups) stay in
+  /// host memory; their lookups run there and only the rows reach the device.
+  bool offload_embeddings = false;
 };
 
 struct StepStats {
@@ -300,6 +303,14 @@ class Trainer {
   void set_checkpointing();
   void join_ranks();
   std::vector<std::pair<std::string, at::Tensor>> frozen_tensors() const;
+  /// offload_embeddings: the model's tables that stay in host memory, each
+  /// paired with its copy there, the table itself left empty so that
+  /// Module::to moves nothing of it (a hollow one is placed when made).
+  std::vector<std::pair<at::Tensor, at::Tensor>> tables_to_host();
+  /// The end of a run with offload_embeddings: each table back on the
+  /// run's device (a CPU run: into memory counted as the device's); one that
+  /// does not fit there stays in host memory, where lookups still work.
+  void return_tables() noexcept;
   bool weights_moved(const std::vector<at::Tensor>& trainable, const std::vector<std::vector<at::Tensor>>& frozen) const;
   void make_divided();
   void attach_optimizer();
@@ -324,6 +335,8 @@ class Trainer {
   // a deferred model (wick::Deferred) made as it is divided (ZeRO-3): the
   // tensors hollow when the trainer got it, by name
   std::map<const c10::TensorImpl*, std::string> hollow_;
+  // offload_embeddings: the tables kept in host memory, by name
+  std::map<const c10::TensorImpl*, std::string> host_tables_;
   bool sharded_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
   void update_ema();
   std::int64_t step_ = 0;

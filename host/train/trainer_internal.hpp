@@ -31,6 +31,10 @@ std::vector<Batch> split_window(const std::vector<Batch>& window, std::int64_t p
 /// A tensor's bytes (0 when undefined).
 std::int64_t bytes_of(const at::Tensor& t);
 
+/// offload_embeddings: a copy of `value` in host memory outside the count of
+/// the device's tensors (util/memory.hpp's host offload), for the table `name`.
+at::Tensor host_table(const at::Tensor& value, const std::string& name);
+
 /// sum += x, where an undefined sum is zero: a single micro-batch costs no
 /// zeros tensor and no addition (each is a dispatch the step would pay).
 void add_to(at::Tensor& sum, const at::Tensor& x);

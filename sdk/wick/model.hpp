@@ -142,6 +142,23 @@ class Generator {
   }
 };
 
+/// Capability: input embedding tables that may stay in host memory while the
+/// rest of the model is on the device (wick.train's offload_embeddings). The
+/// model looks them up with wick::lookup (wick/kit/lookup.hpp), which runs a
+/// lookup where its table is and brings only the looked-up rows to the ids'
+/// device. A table also used otherwise on the device (an output head tied
+/// to it) is not one of them.
+class HostLookups {
+ public:
+  virtual ~HostLookups() = default;
+  /// The model's own parameters that are such tables (none: the model cannot
+  /// keep any in host memory as it stands, for the reason host_lookup_refusal gives).
+  virtual std::vector<at::Tensor> host_lookup_tables() = 0;
+  /// Why host_lookup_tables() is empty, for the error offload_embeddings
+  /// gives (as "its input embedding is tied to the output head").
+  virtual std::string host_lookup_refusal() const { return ""; }
+};
+
 /// Capability, for losses that couple the samples of a window (contrastive
 /// losses, whose negatives are the other samples): the host computes the
 /// loss over the whole window on all ranks at once, exactly as one large

@@ -35,7 +35,35 @@ def offload(settings):
                   f"  max_steps = 1, {settings} }}\n")
 
 
+# offload_embeddings on a decoder (`model_opts`, its transforms in `then`) or an mlp
+def table(model_opts=None, then="", settings="offload_embeddings = true"):
+    def setup(d):
+        (d / "t.txt").write_text("a small text that a decoder reads. " * 20)
+        model = (f"wick.model('decoder_lm', {{ vocab_size = 300, hidden_size = 32, intermediate_size = 64, layers = 1, "
+                 f"heads = 2{model_opts} }})" if model_opts is not None
+                 else "wick.model('mlp', { inputs = 32, hidden = { 64 }, outputs = 4 })")
+        data = ("wick.data('text', { files = { 't.txt' }, max_length = 16 })" if model_opts is not None
+                else "wick.data('synthetic', { size = 64, inputs = 32, classes = 4 })")
+        (d / "recipe.lua").write_text(
+            f"local wick = require 'wick'\nlocal data = {data}\nlocal model = {model}\n{then}\n"
+            f"wick.train {{ model = model, data = data, optim = wick.optim('sgd', {{ lr = 0.1 }}), micro_batch = 4,\n"
+            f"  max_steps = 1, {settings} }}\n")
+    return setup
+
+
 CASES = [
+    Case("offload_embeddings on a model without an input embedding", ["run", "recipe.lua"],
+         r"recipe\.lua:5: .*option 'offload_embeddings': the model has no input embedding that can stay in host memory "
+         r"\(its plugin names none: wick::HostLookups\); train without offload_embeddings", setup=table()),
+    Case("offload_embeddings with the embedding tied to the head", ["run", "recipe.lua"],
+         r"recipe\.lua:5: .*option 'offload_embeddings': .*\(its input embedding is tied to its output head "
+         r"\(tie_word_embeddings\), which uses it on the device\)",
+         setup=table(", tie_embeddings = true", "model:freeze('model.embed_tokens')")),
+    Case("offload_embeddings with the embedding trained", ["run", "recipe.lua"],
+         r"recipe\.lua:5: .*option 'offload_embeddings': model\.embed_tokens\.weight trains, and an input embedding "
+         r"stays in host memory only frozen", setup=table("")),
+    Case("offload_embeddings not a boolean", ["run", "recipe.lua"], r"recipe\.lua:5: .*offload_embeddings.*boolean",
+         setup=table("", "", "offload_embeddings = 'yes'")),
     limit("abc"),
     limit("-1"),
     limit("1e30"),

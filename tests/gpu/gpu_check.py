@@ -105,7 +105,7 @@ local run = wick.train {
   workers = tonumber(a.workers) or 0, seed = 4, quiet = true, out = a.out, log_every = 1,
   memory_fraction = tonumber(a.fraction) or 0, empty_cache_every = tonumber(a.empty) or 0,
   overwrite = not flag("resume"), resume = flag("resume"),
-  checkpointing = flag("checkpointing"), offload_activations = flag("offload"),
+  checkpointing = flag("checkpointing"), offload_activations = flag("offload"), offload_embeddings = flag("host_table"),
   clip_grad_norm = tonumber(a.clip) or 0, ema = tonumber(a.ema) or 0, eval_ema = (tonumber(a.ema) or 0) > 0 and flag("eval"),
   eval_data = flag("eval") and data or nil,
 }
@@ -561,6 +561,24 @@ def check_offload(r: Runner):
             d == 0 and off > 0)
 
 
+def check_offload_embeddings(r: Runner):
+    # the decoder's frozen input embedding kept in host memory (QLoRA, bf16 autocast): each lookup on the host, the
+    # rows copied to the device from pinned memory on its stream; the same bits as the table on the device, and its
+    # bytes out of the device's weights. Then in a launched group of one (NCCL on a GPU), whose start broadcasts the
+    # host table through the device in pieces
+    args = dict(model="decoder", qlora="true", compute="bf16", precision="bf16-mixed", micro=4)
+    backend = "gloo" if r.device == "cpu" else "nccl"
+    kept, host, one = r.runs(args, dict(args, host_table="true"),
+                             dict(args, host_table="true", launch=1, device=r.device, env={"WICK_DIST_BACKEND": backend}))
+    d, d1 = max_weight_diff(host["weights"], kept["weights"]), max_weight_diff(one["weights"], kept["weights"])
+    mem_kept, mem_host = kept["run"].get("memory", {}), host["run"].get("memory", {})
+    table = mem_host.get("host_weights", 0)
+    moved = mem_kept.get("weights", 0) - mem_host.get("weights", 0)
+    return ("table on the device", f"in host memory ({table / 2**10:.0f} KiB; weights -{moved / 2**10:.0f} KiB); "
+            f"{backend} group of one", f"max |dw| {d:.1e} (= 0), {d1:.1e} (< 1e-6)",
+            d == 0 and d1 < 1e-6 and table > 0 and moved == table)
+
+
 def check_checkpointing(r: Runner):
     # every decoder block recomputed in backward against no checkpointing, both on the device
     plain, ck = r.runs(dict(model="decoder", micro=4), dict(model="decoder", micro=4, checkpointing="true"))
@@ -728,6 +746,7 @@ CHECKS = {
     "pinned copies": check_pinned,
     "qlora": check_qlora,
     "offload_activations": check_offload,
+    "offload_embeddings": check_offload_embeddings,
     "2 ranks": check_ranks,
     "bf16-true": check_precision("bf16-true", 5e-2),
     "bf16-true + master_weights": check_precision("bf16-true", 5e-2, master=True),

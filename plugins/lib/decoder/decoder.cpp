@@ -8,6 +8,7 @@
 
 #include <wick/kit/deferred_build.hpp>
 #include <wick/kit/heap.hpp>
+#include <wick/kit/lookup.hpp>
 #include <wick/kit/safetensors.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -693,8 +694,8 @@ at::Tensor Decoder::embed(const at::Tensor& ids) {
   const at::Tensor& w = body->embed_tokens->weight;
   // tied: a sparse gradient (the looked-up rows), added in place into the
   // dense gradient the head made first; untied, the optimizers want it dense
-  at::Tensor e = at::embedding(w, ids, padding_idx_, /*scale_grad_by_freq=*/false,
-                               /*sparse=*/c_.tie && w.requires_grad() && loss_chunk_ != 0);
+  // (wick::lookup: the table may stay in host memory, offload_embeddings)
+  at::Tensor e = wick::lookup(w, ids, padding_idx_, /*sparse=*/c_.tie && w.requires_grad() && loss_chunk_ != 0);
   // Gemma: times sqrt(hidden), rounded to the weight's dtype first as transformers does
   if (c_.gemma) e = e * at::scalar_tensor(std::sqrt(static_cast<double>(c_.hidden)), at::kFloat).to(w.scalar_type());
   return e;

@@ -286,7 +286,18 @@ class Decoder {
   std::set<std::string> ignored_on_load() const;
 
   const Config& config() const { return c_; }
-  at::Device device() const { return body->embed_tokens->weight.device(); }
+  /// Where the model computes: the final norm's device (the input embedding
+  /// may stay in host memory, offload_embeddings).
+  at::Device device() const { return body->norm->weight.device(); }
+  /// The input embedding when it may stay in host memory (wick::HostLookups):
+  /// untied; tied, it is the output head's weight too and none is given.
+  std::vector<at::Tensor> host_lookup_tables() const {
+    return c_.tie ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{body->embed_tokens->weight};
+  }
+  std::string host_lookup_refusal() const {
+    return c_.tie ? "its input embedding is tied to its output head (tie_word_embeddings), which uses it on the device"
+                  : "";
+  }
 
   /// Linear layers whose weight is 4-bit NF4 (quantize = "nf4").
   std::int64_t nf4_layers();

@@ -41,7 +41,8 @@ class DecoderLM : public wick::Model,
                   public wick::Predictor,
                   public wick::Generator,
                   public wick::AdapterTargets,
-                  public wick::Deferred {
+                  public wick::Deferred,
+                  public wick::HostLookups {
  public:
   explicit DecoderLM(const wick::Options& o) {
     std::unique_ptr<nlohmann::json> hf;
@@ -121,6 +122,9 @@ class DecoderLM : public wick::Model,
   std::vector<std::pair<std::string, wick::Linear>> linear_layers() override { return dec_->linear_layers(); }
 
   bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
+  // offload_embeddings: the language model's input embedding, when untied
+  std::vector<at::Tensor> host_lookup_tables() override { return dec_->host_lookup_tables(); }
+  std::string host_lookup_refusal() const override { return dec_->host_lookup_refusal(); }
   void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {

@@ -84,7 +84,8 @@ class Vlm : public wick::Model,
             public wick::Predictor,
             public wick::Generator,
             public wick::AdapterTargets,
-            public wick::Deferred {
+            public wick::Deferred,
+            public wick::HostLookups {
  public:
   explicit Vlm(const wick::Options& o) {
     Parts parts = read_parts(o);
@@ -609,6 +610,9 @@ class Vlm : public wick::Model,
 
   // deferred while a tensor still waits (wick::waits_for_values)
   bool deferred() const override { return wick::waits_for_values(*this, deferral_); }
+  // offload_embeddings: the language model's input embedding, when untied
+  std::vector<at::Tensor> host_lookup_tables() override { return dec_->host_lookup_tables(); }
+  std::string host_lookup_refusal() const override { return dec_->host_lookup_refusal(); }
   void materialize(const wick::Emit& emit) override { deferral_.run(emit); }
 
   std::map<std::string, wick::Value> attributes() const override {

@@ -1,0 +1,129 @@
+"""offload_embeddings: a model's frozen input embedding stays in host memory
+for the run; each lookup runs there and only the looked-up rows reach the
+device. On the CPU the host copy lies outside the counting allocator that
+stands for the device (as offload_activations' buffers do), so the figures
+below are the device's as a GPU would count them; tests/gpu/gpu_check.py's
+"offload_embeddings" row runs the lookups across the bus.
+
+Each case trains the same recipe with and without the option: the trained
+weights must have the same bits, the losses must be equal, run.json's
+memory must move exactly the table's bytes from "weights" to
+"host_weights", and the step's peak must drop by the table."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import WICK  # tests/conftest.py
+from test_shard import assert_same_entries
+
+RECIPE = """
+local wick = require "wick"
+local a = wick.args
+local kind = a.model or "decoder_lm"
+local data, m
+if kind == "vlm" then
+  data = wick.data("video_folder", { manifest = a.manifest, max_frames = 2, image_size = 32, resize = "exact",
+    tokenizer = "bytes", prompt = "<image>", text_length = 16 })
+  wick.seed(0)
+  m = wick.model("vlm", { image_size = 32, patch_size = 8, vision_hidden_size = 64, vision_intermediate_size = 128,
+    vision_layers = 2, vision_heads = 4, hidden_size = 128, intermediate_size = 256, layers = 2, heads = 4,
+    projector = "mlp2x_gelu", vision_style = "clip", vocab_size = data.vocab_size, image_token_id = data.image_token_id,
+    freeze_vision = true, deferred = a.deferred == true })
+else
+  local f = assert(io.open(a.text, "w"))
+  for i = 1, 60 do f:write(string.format("line %d of a small text that a decoder learns. ", i % 9)) end
+  f:close()
+  data = wick.data("text", { files = { a.text }, max_length = 32, pack = true })
+  wick.seed(3)
+  m = wick.model("decoder_lm", { vocab_size = 512, hidden_size = 64, intermediate_size = 128, layers = 2,
+    heads = 4, kv_heads = 2, tie_embeddings = a.tie == true, dtype = a.dtype or "fp32",
+    deferred = a.deferred == true, quantize = a.quantize or "none" })
+end
+if a.adapter then
+  local o = { r = 4, alpha = 8 }
+  if a.adapter == "qlora" then o.compute_dtype = a.compute or "fp32" end
+  wick.optim(a.adapter, o):apply(m)
+end
+if a.frozen then m:freeze(a.frozen) end
+local run = wick.train { model = m, data = data, optim = wick.optim("adamw", { lr = 0.01 }), micro_batch = 2,
+  accumulate = 2, max_steps = tonumber(a.steps) or 3, shuffle = false, quiet = true, seed = 1,
+  shard = a.shard or "none", precision = a.precision or "fp32", checkpointing = true,
+  offload_embeddings = a.host == true, out = a.folder, save_every = a.folder and 2 or 0,
+  resume = a.resume == true, overwrite = a.folder ~= nil and a.resume ~= true }
+if wick.rank == 0 then m:save(a.result) end
+print("RUN " .. wick.rank .. " " .. wick.core.json({ loss = run.final_loss, memory = run.memory }))
+"""
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    d = tmp_path_factory.mktemp("media")
+    subprocess.run([WICK, "make-clips", str(d), "--classes", "2", "--per-class", "4", "--size", "64x48",
+                    "--seconds", "0.4", "--no-extras"], check=True, capture_output=True)
+    return d
+
+
+def runs_of(stdout):
+    out = stdout.replace("[rank 1] ", "")
+    return {int(l.split()[1]): json.loads(l.split(" ", 2)[2]) for l in out.splitlines() if l.startswith("RUN ")}
+
+
+CASES = {
+    # name: (ranks, recipe arguments, the table's dtype size)
+    "lora": (1, ["adapter=lora"], 4),
+    "qlora-bf16-mixed": (1, ["adapter=qlora", "quantize=nf4", "compute=bf16", "precision=bf16-mixed"], 4),
+    "full-frozen-table-bf16-true": (1, ["frozen=model.embed_tokens", "dtype=bf16", "precision=bf16-true"], 2),
+    "lora-shard-gradients": (2, ["adapter=lora", "shard=gradients"], 4),
+    "lora-shard-parameters": (2, ["adapter=lora", "shard=parameters"], 4),
+    "qlora-deferred-shard-parameters": (2, ["adapter=qlora", "deferred=true", "shard=parameters"], 4),
+    "vlm-lora": (1, ["model=vlm", "adapter=lora"], 4),
+    "vlm-deferred-shard-parameters": (2, ["model=vlm", "adapter=lora", "deferred=true", "shard=parameters"], 4),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_table_stays_in_host_memory_with_the_bits_of_a_run_without(tmp_path, run_wick, media, case):
+    """decoder_lm under LoRA, QLoRA (bf16 autocast) and full fine-tuning of
+    everything but its frozen table (bf16-true); on 2 ranks under shard =
+    "gradients" and "parameters" (each rank keeps the whole table on its
+    host, outside the division), built deferred (the table made straight
+    into host memory as the weights are divided); vlm's language model. The
+    trained weights and losses equal those of the run without the option,
+    and the table's bytes leave the device's count."""
+    ranks, more, size = CASES[case]
+    (tmp_path / "r.lua").write_text(RECIPE)
+    common = [tmp_path / "r.lua", f"text={tmp_path / 'text.txt'}", f"manifest={media / 'manifest.csv'}", *more]
+
+    def train(host):
+        where = ["launch", "--nproc-per-node", 2] if ranks > 1 else ["run"]
+        p = run_wick(*where, *common, f"host={str(host).lower()}", f"result={tmp_path / f'{host}.safetensors'}")
+        got = runs_of(p.stdout)
+        assert sorted(got) == list(range(ranks)), p.stdout
+        return got
+
+    plain, host = train(False), train(True)
+    trained = assert_same_entries(tmp_path / "True.safetensors", tmp_path / "False.safetensors")
+    name = "model.language_model.embed_tokens.weight" if "vlm" in case else "model.embed_tokens.weight"
+    assert "vlm" in case or tuple(trained[name].shape) == (512, 64), (name, trained[name].shape)
+    table = trained[name].numel() * size
+    for r in range(ranks):
+        p, h = plain[r]["memory"], host[r]["memory"]
+        assert host[r]["loss"] == plain[r]["loss"], (r, plain[r], host[r])
+        assert p["host_weights"] == 0 and h["host_weights"] == table, (r, p, h, table)
+        # divided (ZeRO-3) without the option, a rank holds its half of the table
+        held = table // ranks if "parameters" in case else table
+        assert p["weights"] - h["weights"] >= 0.99 * held, (r, p["weights"], h["weights"], held)
+        assert p["peak"] - h["peak"] >= 0.9 * held, (r, p["peak"], h["peak"], held)
+        assert h["offloaded"] == 0, h
+
+
+def test_a_run_resumed_keeps_its_table_in_host_memory_and_ends_where_the_unbroken_run_ends(tmp_path, run_wick):
+    """Checkpoints of a run with offload_embeddings: a resumed run loads the
+    table into host memory again and ends at the unbroken run's bits."""
+    (tmp_path / "r.lua").write_text(RECIPE)
+    common = [tmp_path / "r.lua", f"text={tmp_path / 'text.txt'}", "adapter=lora", "host=true", "steps=4"]
+    run_wick("run", *common, f"result={tmp_path / 'whole.safetensors'}")
+    run_wick("run", *common, "steps=2", f"folder={tmp_path / 'run'}", f"result={tmp_path / 'half.safetensors'}")
+    p = run_wick("run", *common, f"folder={tmp_path / 'run'}", "resume=true", f"result={tmp_path / 'resumed.safetensors'}")
+    assert runs_of(p.stdout)[0]["memory"]["host_weights"] == 512 * 64 * 4, p.stdout
+    assert_same_entries(tmp_path / "resumed.safetensors", tmp_path / "whole.safetensors")
