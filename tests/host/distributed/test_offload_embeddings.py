@@ -50,7 +50,7 @@ local run = wick.train { model = m, data = data, optim = wick.optim("adamw", { l
   accumulate = 2, max_steps = tonumber(a.steps) or 3, shuffle = false, quiet = true, seed = 1,
   shard = a.shard or "none", precision = a.precision or "fp32", checkpointing = true,
   offload_embeddings = a.host == true, out = a.folder, save_every = a.folder and 2 or 0,
-  resume = a.resume == true, overwrite = a.folder ~= nil and a.resume ~= true }
+  resume = a.resume == true, overwrite = a.folder ~= nil and a.resume ~= true, return_weights = a.rw }
 if wick.rank == 0 then m:save(a.result) end
 print("RUN " .. wick.rank .. " " .. wick.core.json({ loss = run.final_loss, memory = run.memory }))
 """
@@ -76,6 +76,8 @@ CASES = {
     "lora-shard-gradients": (2, ["adapter=lora", "shard=gradients"], 4),
     "lora-shard-parameters": (2, ["adapter=lora", "shard=parameters"], 4),
     "qlora-deferred-shard-parameters": (2, ["adapter=qlora", "deferred=true", "shard=parameters"], 4),
+    # the divided run's end written to a file a unit at a time; the model reads its values from there
+    "lora-shard-parameters-to-a-file": (2, ["adapter=lora", "shard=parameters", "rw=file"], 4),
     "vlm-lora": (1, ["model=vlm", "adapter=lora"], 4),
     "vlm-deferred-shard-parameters": (2, ["model=vlm", "adapter=lora", "deferred=true", "shard=parameters"], 4),
 }
@@ -86,8 +88,9 @@ def test_the_table_stays_in_host_memory_with_the_bits_of_a_run_without(tmp_path,
     """decoder_lm under LoRA, QLoRA (bf16 autocast) and full fine-tuning of
     everything but its frozen table (bf16-true); on 2 ranks under shard =
     "gradients" and "parameters" (each rank keeps the whole table on its
-    host, outside the division), built deferred (the table made straight
-    into host memory as the weights are divided); vlm's language model. The
+    host, outside the division; the run's end written to a file), built
+    deferred (the table made straight into host memory as the weights are
+    divided); vlm's language model. The
     trained weights and losses equal those of the run without the option,
     and the table's bytes leave the device's count."""
     ranks, more, size = CASES[case]
@@ -96,7 +99,8 @@ def test_the_table_stays_in_host_memory_with_the_bits_of_a_run_without(tmp_path,
 
     def train(host):
         where = ["launch", "--nproc-per-node", 2] if ranks > 1 else ["run"]
-        p = run_wick(*where, *common, f"host={str(host).lower()}", f"result={tmp_path / f'{host}.safetensors'}")
+        folder = [f"folder={tmp_path / f'run-{host}'}"] if "rw=file" in more else []  # (a file needs the run's folder)
+        p = run_wick(*where, *common, *folder, f"host={str(host).lower()}", f"result={tmp_path / f'{host}.safetensors'}")
         got = runs_of(p.stdout)
         assert sorted(got) == list(range(ranks)), p.stdout
         return got
