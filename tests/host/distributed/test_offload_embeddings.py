@@ -10,11 +10,10 @@ weights must have the same bits, the losses must be equal, run.json's
 memory must move exactly the table's bytes from "weights" to
 "host_weights", and the step's peak must drop by the table."""
 import json
-import subprocess
 
 import pytest
 
-from conftest import WICK  # tests/conftest.py
+from test_deferred_vision import media  # noqa: F401 (the clips fixture)
 from test_shard import assert_same_entries
 
 RECIPE = """
@@ -54,14 +53,6 @@ local run = wick.train { model = m, data = data, optim = wick.optim("adamw", { l
 if wick.rank == 0 then m:save(a.result) end
 print("RUN " .. wick.rank .. " " .. wick.core.json({ loss = run.final_loss, memory = run.memory }))
 """
-
-@pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    d = tmp_path_factory.mktemp("media")
-    subprocess.run([WICK, "make-clips", str(d), "--classes", "2", "--per-class", "4", "--size", "64x48",
-                    "--seconds", "0.4", "--no-extras"], check=True, capture_output=True)
-    return d
-
 
 def runs_of(stdout):
     out = stdout.replace("[rank 1] ", "")
