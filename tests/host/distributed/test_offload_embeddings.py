@@ -10,6 +10,7 @@ weights must have the same bits, the losses must be equal, run.json's
 memory must move exactly the table's bytes from "weights" to
 "host_weights", and the step's peak must drop by the table."""
 import json
+import re
 
 import pytest
 
@@ -35,7 +36,7 @@ else
   f:close()
   data = wick.data("text", { files = { a.text }, max_length = 32, pack = true })
   wick.seed(3)
-  m = wick.model("decoder_lm", { vocab_size = 512, hidden_size = 64, intermediate_size = 128, layers = 2,
+  m = wick.model("decoder_lm", { vocab_size = tonumber(a.vocab) or 512, hidden_size = 64, intermediate_size = 128, layers = 2,
     heads = 4, kv_heads = 2, tie_embeddings = a.tie == true, dtype = a.dtype or "fp32",
     deferred = a.deferred == true, quantize = a.quantize or "none" })
 end
@@ -122,3 +123,32 @@ def test_a_run_resumed_keeps_its_table_in_host_memory_and_ends_where_the_unbroke
     p = run_wick("run", *common, f"folder={tmp_path / 'run'}", "resume=true", f"result={tmp_path / 'resumed.safetensors'}")
     assert runs_of(p.stdout)[0]["memory"]["host_weights"] == 512 * 64 * 4, p.stdout
     assert_same_entries(tmp_path / "resumed.safetensors", tmp_path / "whole.safetensors")
+
+
+def plan_peaks(out):
+    """wick plan's rows: name -> the step's peak in bytes."""
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"  (\S.*?)\s{2,}([\d.]+) (B|KiB|MiB|GiB)\s", line)
+        if m:
+            rows[m.group(1)] = float(m.group(2)) * unit[m.group(3)]
+    return rows
+
+
+def test_plan_measures_the_table_in_host_memory_as_a_row_of_its_own(tmp_path, run_wick):
+    """wick plan of a decoder whose frozen input embedding may stay in host
+    memory measures an offload_embeddings row, whose peak is lower by about
+    the table; the "all of these" row has it too. A recipe that sets the
+    option already gets no such row, nor does one whose table trains."""
+    (tmp_path / "r.lua").write_text(RECIPE)
+    common = [tmp_path / "r.lua", f"text={tmp_path / 'text.txt'}", "vocab=8192", "--device-memory", "64MiB"]
+    rows = plan_peaks(run_wick("plan", *common, "adapter=lora").stdout)
+    table = 8192 * 64 * 4  # 2 MiB: the rows print MiB to one decimal
+    assert {"as given", "offload_embeddings = true", "all of these"} <= set(rows), rows
+    assert rows["as given"] - rows["offload_embeddings = true"] >= 0.8 * table, rows
+    given = plan_peaks(run_wick("plan", *common, "adapter=lora", "host=true").stdout)
+    assert "as given" in given and "offload_embeddings = true" not in given, given
+    assert abs(given["as given"] - rows["offload_embeddings = true"]) <= 0.05 * rows["as given"], (given, rows)
+    trained = plan_peaks(run_wick("plan", *common).stdout)  # (every weight trains)
+    assert "as given" in trained and "offload_embeddings = true" not in trained, trained
