@@ -622,7 +622,8 @@ void Group::broadcast(std::vector<at::Tensor>& tensors, const std::string& what)
       const std::int64_t step = std::max<std::int64_t>(1, (std::int64_t{64} << 20) / t.element_size());
       for (std::int64_t at = 0; at < flat.numel(); at += step) {
         at::Tensor part = flat.narrow(0, at, std::min(step, flat.numel() - at));
-        std::vector<at::Tensor> one{part.to(device_)};
+        // (rank 0's bytes; the others' are overwritten)
+        std::vector<at::Tensor> one{env_.rank == 0 ? part.to(device_) : at::empty(part.sizes(), part.options().device(device_))};
         count(one[0].nbytes(), env_.rank == 0 ? static_cast<double>(one[0].nbytes()) : 0.0);
         wait(start(what, [&] { return pg_->broadcast(one); }), what);
         part.copy_(one[0]);

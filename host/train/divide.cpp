@@ -147,7 +147,9 @@ void Trainer::make_divided() {
         const auto* impl = t.unsafeGetTensorImpl();
         if (auto host = host_tables_.find(impl); host != host_tables_.end()) {
           // offload_embeddings: a table kept whole in host memory, never divided
-          t.set_data(host_table(value.to(t.scalar_type()), host->second));
+          at::Tensor made_there = host_table(value.to(t.scalar_type()), host->second);
+          host_data_[impl] = made_there.data_ptr();
+          t.set_data(made_there);
           digest_head(value);
           made.insert(impl);
           return;

@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdio>
+
 #include "train/trainer_internal.hpp"
 #include "util/memory.hpp"
 #include "wick/kit/deferral.hpp"
@@ -31,8 +33,10 @@ at::Tensor host_table(const at::Tensor& value, const std::string& name) {
 }  // namespace trainer_internal
 using namespace trainer_internal;
 
-std::vector<std::pair<at::Tensor, at::Tensor>> Trainer::tables_to_host() {
-  if (!cfg_.offload_embeddings) return {};
+// Before anything of the model changes: each table the model offers, checked
+// (a refusal leaves the model as it was given).
+void Trainer::choose_host_tables() {
+  if (!cfg_.offload_embeddings) return;
   auto* lookups = capability<HostLookups>(*model_);
   const std::vector<at::Tensor> tables = lookups ? lookups->host_lookup_tables() : std::vector<at::Tensor>{};
   if (tables.empty()) {
@@ -43,37 +47,59 @@ std::vector<std::pair<at::Tensor, at::Tensor>> Trainer::tables_to_host() {
   }
   std::map<const c10::TensorImpl*, std::string> names;
   for (const auto& [name, t] : module_state(*model_)) names.emplace(t.unsafeGetTensorImpl(), name);
-  std::vector<std::pair<at::Tensor, at::Tensor>> kept;
-  at::NoGradGuard no_grad;
+  std::map<const c10::TensorImpl*, std::string> chosen;
   for (const auto& t : tables) {
     auto it = names.find(t.unsafeGetTensorImpl());
     if (it == names.end())
       throw Error("wick.train: option 'offload_embeddings': the model named a table of shape " + c10::str(t.sizes()) +
                   " that is not one of its tensors (a plugin's host_lookup_tables gives its own parameters)");
-    const std::string& name = it->second;
     if (t.requires_grad())
-      throw Error("wick.train: option 'offload_embeddings': " + name +
+      throw Error("wick.train: option 'offload_embeddings': " + it->second +
                   " trains, and an input embedding stays in host memory only frozen (LoRA and QLoRA freeze it; "
-                  "or model:freeze(\"" + name + "\")), or train without offload_embeddings");
-    host_tables_.emplace(t.unsafeGetTensorImpl(), name);
-    if (is_hollow(t)) continue;  // made as the weights are divided (make_divided)
-    kept.emplace_back(t, host_table(t, name));
-    t.set_data(at::empty({0}, t.options()));
+                  "or model:freeze(\"" + it->second + "\")), or train without offload_embeddings");
+    chosen.emplace(it->first, it->second);
   }
+  host_tables_ = std::move(chosen);
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> Trainer::tables_to_host() {
+  std::vector<std::pair<at::Tensor, at::Tensor>> kept;
+  if (host_tables_.empty()) return kept;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : module_state(*model_)) {
+    auto it = host_tables_.find(t.unsafeGetTensorImpl());
+    // (a hollow one is made into host memory as the weights are divided:
+    // make_divided; a tensor reached by two names moves once)
+    if (it == host_tables_.end() || is_hollow(t) || host_data_.count(it->first)) continue;
+    at::Tensor host = host_table(t, it->second);
+    host_data_[it->first] = host.data_ptr();
+    kept.emplace_back(t, host);
+  }
+  for (auto& [table, host] : kept) table.set_data(at::empty({0}, table.options()));  // Module::to moves nothing of it
   return kept;
 }
 
 void Trainer::return_tables() noexcept {
+  if (host_data_.empty()) return;
   const at::Device device(cfg_.device);
   at::NoGradGuard no_grad;
   for (const auto& [name, t] : module_state(*model_)) {
-    if (!host_tables_.count(t.unsafeGetTensorImpl()) || is_hollow(t) || !t.is_cpu()) continue;
+    auto it = host_data_.find(t.unsafeGetTensorImpl());
+    // only what this trainer put there: another trainer of the same model
+    // (a custom loop's, collected later) may hold it in host memory now
+    if (it == host_data_.end() || is_hollow(t) || t.data_ptr() != it->second) continue;
     try {
       t.set_data(device.is_cpu() ? t.detach().clone() : t.detach().to(device));
-    } catch (const std::exception&) {  // (out of memory there: it stays in host memory)
+    } catch (const std::exception& e) {
+      const auto* ce = dynamic_cast<const c10::Error*>(&e);
+      std::string why = ce ? ce->what_without_backtrace() : e.what();
+      why = why.substr(0, why.find('\n'));
+      std::fprintf(stderr, "wick: offload_embeddings: %s stays in host memory after the run (%s); its lookups work "
+                           "there\n", name.c_str(), why.c_str());
     }
+    host_data_.erase(it);
   }
-  host_tables_.clear();
+  host_data_.clear();
 }
 
 }  // namespace wick

@@ -127,6 +127,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
                  TrainerConfig cfg)
     : model_(std::move(model)), optim_(std::move(optim)), schedule_(std::move(schedule)), cfg_(std::move(cfg)) {
   check_config();
+  choose_host_tables();
   const at::Device device(cfg_.device);
   // a deferred model (built without its weights) is made as it is divided
   // when the weights are (ZeRO-3 on several ranks; make_divided), else whole here
@@ -150,9 +151,24 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
   {
     // offload_embeddings: the tables go to host memory, never through the device
     const auto kept = tables_to_host();
-    model_->to(device);
+    try {
+      model_->to(device);
+    } catch (...) {
+      for (const auto& [table, host] : kept) table.set_data(host);
+      return_tables();
+      throw;
+    }
     for (const auto& [table, host] : kept) table.set_data(host);
   }
+  // a failure from here on (the constructor's end runs no destructor) puts
+  // them back where the model's other weights are, as the end of a run does
+  struct TablesBackOnThrow {
+    Trainer* t;
+    bool done = false;
+    ~TablesBackOnThrow() {
+      if (!done) t->return_tables();
+    }
+  } tables_back{this};
   if (device.is_cuda() && cfg_.memory_fraction > 0)
     cuda_set_memory_fraction(cfg_.memory_fraction, device.index() < 0 ? 0 : device.index());
   set_checkpointing();
@@ -197,6 +213,7 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::shared_ptr<Optimizer> optim,
                              "read them after wick.train returns, or in a custom loop after trainer:finish() on every "
                              "rank (checkpoints hold them whole)");
   }
+  tables_back.done = true;
 }
 
 // The objects, then the configuration through wick.train's schema (one
@@ -288,7 +305,7 @@ Trainer::~Trainer() {
     model_->set_block_runner(nullptr);
   // offload_embeddings held the tables in host memory for this run: they go
   // back beside the model's other weights, where a run without it leaves them
-  if (model_ && !host_tables_.empty()) return_tables();
+  if (model_) return_tables();
   // ZeRO-3 without gather_weights_back(): a run that failed (a collective
   // here could wait on ranks gone or elsewhere), and the model says so when read
   if (partitioned() && !gathered_back_)
@@ -352,8 +369,10 @@ std::map<std::string, std::int64_t> Trainer::memory_breakdown() const {
   std::int64_t weights = 0, grads = 0, opt = 0, trainable = 0, host_weights = 0;
   std::set<const c10::TensorImpl*> counted;  // a tied tensor once
   for (const auto& [name, t] : module_state(*model_))
-    if (counted.insert(t.unsafeGetTensorImpl()).second)
-      (host_tables_.count(t.unsafeGetTensorImpl()) ? host_weights : weights) += bytes_of(t);
+    if (counted.insert(t.unsafeGetTensorImpl()).second) {
+      auto host = host_data_.find(t.unsafeGetTensorImpl());
+      (host != host_data_.end() && t.data_ptr() == host->second ? host_weights : weights) += bytes_of(t);
+    }
   // ZeRO-3: this rank's pieces and the units gathered now, not every unit's whole weights
   if (partitioned()) weights += reducer_->held_weight_bytes() - reducer_->whole_weight_bytes();
   for (const auto& [name, p] : params_) {

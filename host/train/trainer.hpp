@@ -303,6 +303,9 @@ class Trainer {
   void set_checkpointing();
   void join_ranks();
   std::vector<std::pair<std::string, at::Tensor>> frozen_tensors() const;
+  /// offload_embeddings: the model's tables (wick::HostLookups), checked
+  /// before anything of the model changes (a refusal leaves it as given).
+  void choose_host_tables();
   /// offload_embeddings: the model's tables that stay in host memory, each
   /// paired with its copy there, the table itself left empty so that
   /// Module::to moves nothing of it (a hollow one is placed when made).
@@ -335,8 +338,10 @@ class Trainer {
   // a deferred model (wick::Deferred) made as it is divided (ZeRO-3): the
   // tensors hollow when the trainer got it, by name
   std::map<const c10::TensorImpl*, std::string> hollow_;
-  // offload_embeddings: the tables kept in host memory, by name
+  // offload_embeddings: the tables kept in host memory, by name, and the
+  // host memory this trainer gave each (what return_tables takes back)
   std::map<const c10::TensorImpl*, std::string> host_tables_;
+  std::map<const c10::TensorImpl*, const void*> host_data_;
   bool sharded_ema_ = false;  // ZeRO-3: ema_ holds this rank's pieces (stepped_'s order)
   void update_ema();
   std::int64_t step_ = 0;

@@ -152,3 +152,50 @@ def test_plan_measures_the_table_in_host_memory_as_a_row_of_its_own(tmp_path, ru
     assert abs(given["as given"] - rows["offload_embeddings = true"]) <= 0.05 * rows["as given"], (given, rows)
     trained = plan_peaks(run_wick("plan", *common).stdout)  # (every weight trains)
     assert "as given" in trained and "offload_embeddings = true" not in trained, trained
+
+
+TWO_TRAINERS = """
+local wick = require "wick"
+local a = wick.args
+local f = assert(io.open(a.text, "w"))
+for i = 1, 60 do f:write(string.format("line %d of a small text that a decoder learns. ", i % 9)) end
+f:close()
+local data = wick.data("text", { files = { a.text }, max_length = 32, pack = true })
+wick.seed(3)
+local m = wick.model("decoder_lm", { vocab_size = 8192, hidden_size = 64, intermediate_size = 128, layers = 2,
+  heads = 4, kv_heads = 2 })
+wick.optim("lora", { r = 4 }):apply(m)
+local optim = wick.optim("adamw", { lr = 0.01 })
+-- a custom loop's trainer with the option, let go while the next run trains
+local first = wick.trainer { model = m, optim = optim, offload_embeddings = true }
+first = nil
+local run = wick.train { model = m, data = data, optim = optim, micro_batch = 2, max_steps = 3, quiet = true,
+  offload_embeddings = true, on_step = function() collectgarbage() collectgarbage() end }
+print("RUN 0 " .. wick.core.json({ loss = run.final_loss, memory = run.memory }))
+-- a trainer that fails after the table went to host memory (nothing trains) puts it back
+m:freeze("*")
+local before = wick.memory(false).cpu_tensors
+local ok, err = pcall(wick.trainer, { model = m, optim = wick.optim("adamw", { lr = 0.01 }), offload_embeddings = true })
+print("FAILED " .. tostring(ok) .. " " .. tostring(err):gsub("\\n", " "))
+print("BACK " .. before .. " " .. wick.memory(false).cpu_tensors)
+"""
+
+
+def test_a_table_stays_where_its_trainer_put_it_until_that_trainer_ends(tmp_path, run_wick):
+    """A trainer gives back only the host memory it gave: a custom loop's
+    trainer with offload_embeddings, collected while the next run (which
+    moved the table to host memory again) trains, leaves that run's table
+    where it is. A trainer whose start fails after the table moved puts it
+    back."""
+    (tmp_path / "r.lua").write_text(TWO_TRAINERS)
+    p = run_wick("run", tmp_path / "r.lua", f"text={tmp_path / 'text.txt'}")
+    memory = runs_of(p.stdout)[0]["memory"]
+    table = 8192 * 64 * 4
+    assert memory["host_weights"] == table, p.stdout
+    # the rest: the head (as large as the table), the layers and adapters
+    assert table < memory["weights"] < 1.5 * table, memory
+    # a trainer that failed after moving the table (nothing trains) put it
+    # back into the memory counted as the device's
+    assert "FAILED false" in p.stdout and "no trainable parameters" in p.stdout, p.stdout
+    before, after = (int(x) for x in p.stdout.split("BACK ")[1].split()[:2])
+    assert after == before, (before, after)
