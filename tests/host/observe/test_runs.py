@@ -42,7 +42,19 @@ def wait_for_steps(out, n, proc, timeout=120):
 
 
 def metrics(out):
-    return [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    """metrics.jsonl's records. A process killed while its buffered lines
+    reach the file may leave the last one torn; the readers (wick runs, the
+    report, a resume) skip a line that is not JSON, and so does this, for
+    the last line only."""
+    lines = [l for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    recs = []
+    for i, l in enumerate(lines):
+        try:
+            recs.append(json.loads(l))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise
+    return recs
 
 
 def runs_json(run_wick, d):
