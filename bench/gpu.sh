@@ -234,6 +234,39 @@ for s in seeds:
             plan_notes.append(f"plan {s}: no estimate: " + (why[-1].strip() if why else "see plan_" + s + ".txt"))
 times = open(os.path.join(out, "times.txt")).read() if os.path.exists(os.path.join(out, "times.txt")) else ""
 
+# every run both sides measured at the same depth: like for like, no extrapolation
+def measures(paths, side=None):
+    got = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        for line in open(path, errors="replace"):
+            if line.startswith("MEASURE "):
+                f = fields(line)
+                if side is None or f.get("side") == side:
+                    got[(f.get("seed"), f.get("depth"))] = f
+    return got
+
+
+wm = measures(glob.glob(os.path.join(out, "seeds_*.txt")))
+pm = measures([os.path.join(out, "peers.txt")], "python")
+
+
+def speed(s, w, p):
+    """Python's s/step over wick's: at full depth where both measured it there,
+    else at the deepest depth both measured (marked *): an extrapolated time
+    multiplies differences of single runs' times by the layers left."""
+    ws, ps = num(w, "sps"), num(p, "sps")
+    if w.get("how") == "measured" and p.get("how") == "measured":
+        return ratio(ps, ws)
+    both = [(num(wm[key], "params") or 0, key) for key in wm if key[0] == s and key in pm
+            and num(wm[key], "sps") and num(pm[key], "sps")]
+    if not both:  # one side's time extrapolated (~)
+        return ratio(ps, ws) + ("~" if ps and ws else "")
+    key = max(both)[1]
+    return ratio(num(pm[key], "sps"), num(wm[key], "sps")) + "*"
+
+
 print(f"seeds on the GPU: full depth (extrapolated per layer from {k} and {2 * int(k)} layers, or measured); GiB; "
       "s/step: one optimizer step of 2 micro-batches")
 hdr = ("seed", "wick peak", "py peak", "w/p", "wick resv", "py resv", "wick dev", "py dev", "wick s/st", "py s/st",
@@ -261,10 +294,12 @@ for s in names:
     goal, card = num(w, "goal") or num(p, "goal"), num(w, "card") or num(p, "card")
     print(fmt.format(s, g(wp), g(pp), ratio(wp, pp), g(num(w, "reserved")), g(num(p, "reserved")), g(num(w, "device")),
                      g(num(p, "device")), f"{ws:.4f}" if ws else "n/a", f"{ps:.4f}" if ps else "n/a",
-                     ratio(ps, ws), g(est), ratio(est, wp), f"{goal / GiB:.2f}" if goal else "n/a",
+                     speed(s, w, p), g(est), ratio(est, wp), f"{goal / GiB:.2f}" if goal else "n/a",
                      w.get("fits_goal", "n/a"), f"{card / GiB:.0f}" if card else "n/a", w.get("fits_card", "n/a"),
                      f"{wtxt}; {ptxt}"[:120]))
-print("w/p: wick's peak allocated over Python's; py/wick: Python's seconds per step over wick's (above 1: wick faster);")
+print("w/p: wick's peak allocated over Python's; py/wick: Python's seconds per step over wick's (above 1: wick faster),")
+print("at full depth where both measured it, else (*) at the deepest depth both measured (the s/step columns: full depth),")
+print("~ where no depth was measured by both (one side's time extrapolated);")
 print("plan est: `wick plan`'s estimate as given at the real shape; fits: wick's peak against the goal, its device memory")
 print("against the card. 003's Python peer: qlora (bitsandbytes' 4-bit NF4) where bitsandbytes imports, else")
 print("bf16-lora (its frozen weights in bf16: not the seed's 4-bit); see how (wick; python). 003ws: 003 with the")
@@ -273,22 +308,6 @@ print("003full: 003 measured at full depth.")
 for n in plan_notes:
     print(n)
 
-# every run both sides measured at the same depth: like for like, no extrapolation
-def measures(paths, side=None):
-    got = {}
-    for path in paths:
-        if not os.path.exists(path):
-            continue
-        for line in open(path, errors="replace"):
-            if line.startswith("MEASURE "):
-                f = fields(line)
-                if side is None or f.get("side") == side:
-                    got[(f.get("seed"), f.get("depth"))] = f
-    return got
-
-
-wm = measures(glob.glob(os.path.join(out, "seeds_*.txt")))
-pm = measures([os.path.join(out, "peers.txt")], "python")
 if wm or pm:
     print("")
     print("each run at the depth both measured (GiB, s/step):")

@@ -18,9 +18,10 @@
 -- 100-frame clips). Each optimizer step is a window of 2 micro-batches (the
 -- peak does not grow with the window: later micro-batches add into gradients
 -- that exist).
--- device=cuda (or cuda:N): the same runs on a GPU, 3 steps each (steps=N),
+-- device=cuda (or cuda:N): the same runs on a GPU, 5 steps each (steps=N),
 -- every step's numbers read back (a synchronisation) so that the time between
--- the last two steps is one step's time, the media decoded by 4 worker
+-- two steps' ends is one step's time (s/step: the median of those after the
+-- first step, the warm-up, so one slow step moves it not), the media decoded by 4 worker
 -- threads (workers=N) while the device computes, the caching allocator emptied
 -- between runs (a run's reserve never holds the last run's blocks). Each row
 -- adds the allocator's peak reserved bytes, the process's device memory
@@ -45,9 +46,9 @@ if not cuda and device ~= "cpu" then error("device=" .. device .. ": expected cp
 if cuda and not wick.core.cuda_available() then
   error("device=" .. device .. ": this wick sees no usable CUDA device", 0)
 end
--- optimizer steps per run: 2 on the CPU (the peak); on a GPU a third, whose
--- time (after the warm-up of the first) is the step's time
-local STEPS = tonumber(a.steps or (cuda and 3 or 2))
+-- optimizer steps per run: 2 on the CPU (the peak); on a GPU 5, the first a
+-- warm-up, the median of the others' times the step's time
+local STEPS = tonumber(a.steps or (cuda and 5 or 2))
 if not STEPS or STEPS < 2 or STEPS % 1 ~= 0 then error("steps=" .. tostring(a.steps) .. ": expected a whole number >= 2", 0) end
 -- cuda: data worker threads (workers=N; the recipes load on the training thread)
 local WORKERS = tonumber(a.workers or 4)
@@ -153,9 +154,17 @@ local function measure(recipe, depth, optim, over)
   local h = run.history or {}
   if cuda and #h >= 2 and h[#h].time and h[#h - 1].time then
     -- step i's time: when its launch ended, after which the run waited for
-    -- it; so from step N-1's to step N's is step N-1's whole time (and the
-    -- loading of the next window), less its launch, plus step N's launch
-    row.sps = h[#h].time - h[#h - 1].time
+    -- it; so from step i-1's to step i's is step i-1's whole time (and the
+    -- loading of the next window), less its launch, plus step i's launch.
+    -- The first interval holds the warm-up's device time; the median of the
+    -- others is the step's time (with 3 steps, the one interval after it)
+    local d = {}
+    for i = math.min(3, #h), #h do
+      if h[i].time and h[i - 1].time then d[#d + 1] = h[i].time - h[i - 1].time end
+    end
+    table.sort(d)
+    local m = math.floor(#d / 2)
+    row.sps = #d % 2 == 1 and d[m + 1] or (d[m] + d[m + 1]) / 2
   else
     row.sps = row.seconds
   end

@@ -4,7 +4,7 @@
 # 25 fps: 100 frames), then bench/seeds.lua measures each seed's optimizer
 # step, with every tower at k layers and each at 2k (k=2 unless k= says), extrapolated per layer
 # (full=004 also at full depth; check=000 checks the extrapolation in fp32).
-# device=cuda runs them on the GPU (3 steps a run: the media for 3 windows of
+# device=cuda runs them on the GPU (5 steps a run: the media for 5 windows of
 # seed 002's 2 x 16 images), with the allocator's reserve, the process's
 # device memory and seconds per step beside the peak.
 #   bench/seeds.sh [seeds=000,001,002,003,004] [full=004] [check=000] [k=2] [device=cpu|cuda]
@@ -16,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 wick=${WICK:-$here/../build/bin/wick}
 per_class=24  # 72 still images (a window of 2 x 16 for seed 002, twice), 144 clips of 100 frames
 for arg in "$@"; do
-  case $arg in device=cuda*) per_class=40 ;; esac  # 120 images (3 windows of 32 and more), 240 clips
+  case $arg in device=cuda*) per_class=56 ;; esac  # 168 images (5 windows of 32 and more), 336 clips
 done
 if [ -n "${SEEDS_MEDIA:-}" ]; then
   dir=$SEEDS_MEDIA

@@ -8,14 +8,15 @@ tokens, caption lengths, 100-frame clips), on the same card as bench/seeds.lua.
 As bench/seeds.lua does, each optimizer step is a window of 2 micro-batches,
 every tower (the seed's depth options) runs at k layers, then each at 2k, and
 the full depth is extrapolated per layer of each tower; --full SEEDS also
-measures those at full depth. On cuda: 3 steps a run, the first a warm-up,
-the device synchronised around the timed steps, the allocator emptied and
+measures those at full depth. On cuda: 5 steps a run, the first a warm-up,
+the device synchronised after each step and the median of the timed steps'
+times the step's time (as bench/seeds.lua takes wick's), the allocator emptied and
 its peaks reset between runs; peak: torch.cuda.max_memory_allocated, reserved:
 max_memory_reserved, device: the process's device memory (cudaMemGetInfo's
 used less the reserve now, plus the reserve's peak: wick's device_peak).
 
   python bench/seeds_peers.py [--device cuda] [--seeds 004,002,000,001,003] [--k 2] [--full 004,002]
-                              [--steps 3] [--tiny]
+                              [--steps 5] [--tiny]
 --tiny: every seed at toy widths (runs in seconds on a CPU; a test of the
 script, not a measure). One line per seed (bytes; n/a where not counted):
   RESULT seed=004 side=python how=extrapolated peak=B reserved=B device=B sps=S samples_per_s=X tokens_per_s=X
@@ -28,6 +29,7 @@ RESULT seed=003 variant=qlora n/a reason="...").
 import argparse
 import gc
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -413,12 +415,16 @@ def measure(spec, depth, dev, tiny, steps, optim="adamw"):
     step(windows[0])  # warm-up: kernels chosen, optimizer state made
     if cuda:
         torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
+    # each step timed to its end on the device (as wick's are: it reads every
+    # step's numbers back), the median of them the step's time
+    times = []
     for window in windows[1:]:
+        t0 = time.perf_counter()
         step(window)
-    if cuda:
-        torch.cuda.synchronize(dev)
-    sps = (time.perf_counter() - t0) / max(1, steps - 1)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    sps = statistics.median(times) if times else 0.0
     row = dict(sps=sps, params=params, trainable=trainable, peak=0, reserved=0, device=0,
                samples=2 * w.samples, tokens=2 * w.tokens, note=w.note, variant=w.variant,
                optim=type(opt).__module__.split(".")[0] + "." + type(opt).__name__)
@@ -454,7 +460,7 @@ def main():
     p.add_argument("--seeds", default="004,002,000,001,003")
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--full", default="")
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps a run, the first a warm-up (cuda: 5, cpu: 3)")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--no-bnb", action="store_true", help="torch's ways even where bitsandbytes is importable")
     a = p.parse_args()
@@ -469,7 +475,7 @@ def main():
     dev = torch.device(a.device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    steps, K = max(2, a.steps), a.k
+    steps, K = max(2, a.steps if a.steps is not None else (5 if a.device.startswith("cuda") else 3)), a.k
     full = {f"{int(s):03d}" if s.strip().isdigit() else s.strip() for s in a.full.split(",") if s.strip()}
     import peft
     import transformers
