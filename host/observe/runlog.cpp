@@ -1,6 +1,11 @@
 #include "observe/runlog.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
 
 #include <algorithm>
 #include <cmath>
@@ -57,7 +62,10 @@ RunLogObserver::RunLogObserver(std::string dir) : dir_(std::move(dir)) {}
 
 RunLogObserver::~RunLogObserver() {
   if (events_) set_forced_exit_note(nullptr);  // started and not finished
-  if (metrics_) std::fclose(metrics_);
+  if (metrics_fd_ >= 0) {
+    flush_metrics();
+    ::close(metrics_fd_);
+  }
 }
 
 void RunLogObserver::on_start(const RunStart& start) {
@@ -106,8 +114,10 @@ void RunLogObserver::on_start(const RunStart& start) {
       if (kept != text) write_file_atomic(metrics, kept);
     }
   }
-  metrics_ = std::fopen(metrics.c_str(), start.start_step > 0 ? "a" : "w");
-  if (!metrics_) throw Error("cannot write " + metrics.string());
+  metrics_fd_ = ::open(metrics.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (start.start_step > 0 ? O_APPEND : O_TRUNC), 0644);
+  if (metrics_fd_ < 0) throw Error("cannot write " + metrics.string() + ": " + std::strerror(errno));
+  pending_.clear();
+  metrics_failed_ = false;
   events_ = std::make_unique<EventWriter>(dir_);
   const double t = wall_time_now();
   // Every run's file starts a session: TensorBoard takes the first as the
@@ -123,17 +133,39 @@ void RunLogObserver::on_start(const RunStart& start) {
 // A record's line in metrics.jsonl and its scalars in the event file; both
 // files are flushed per group of steps (on_steps_delivered) and per evaluation.
 void RunLogObserver::record(const nlohmann::json& rec, bool flush_now) {
-  if (!metrics_) return;
-  const std::string line = rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  std::fwrite(line.data(), 1, line.size(), metrics_);
-  if (flush_now) std::fflush(metrics_);
+  if (metrics_fd_ < 0) return;
+  pending_ += rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  pending_ += '\n';
+  // a long group (log_every = 1 over many steps between deliveries) still
+  // goes out in whole lines once it holds 1 MiB
+  if (flush_now || pending_.size() >= (1u << 20)) flush_metrics();
   events_->scalars(rec.value("step", std::int64_t{0}), scalar_tags(rec), wall_time_now(), flush_now);
+}
+
+// Whole lines in one write() (its rest after a short write, or a signal);
+// a file that cannot be written is said once on stderr, and the run goes on
+void RunLogObserver::flush_metrics() {
+  std::size_t done = 0;
+  while (metrics_fd_ >= 0 && done < pending_.size()) {
+    const ssize_t n = ::write(metrics_fd_, pending_.data() + done, pending_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (!metrics_failed_)
+        std::cerr << "wick: cannot write " << (fs::path(dir_) / "metrics.jsonl").string() << ": "
+                  << (n < 0 ? std::strerror(errno) : "nothing written")
+                  << " (the run goes on; its records from here are missing)\n";
+      metrics_failed_ = true;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  pending_.clear();
 }
 
 void RunLogObserver::on_step(const nlohmann::json& rec) { record(rec, false); }
 void RunLogObserver::on_steps_delivered() {
-  if (!metrics_) return;
-  std::fflush(metrics_);
+  if (metrics_fd_ < 0) return;
+  flush_metrics();
   events_->flush();
 }
 void RunLogObserver::on_eval(const nlohmann::json& rec) { record(rec, true); }
@@ -147,8 +179,11 @@ void RunLogObserver::finish(const nlohmann::json& fields) {
     meta_["best_loss"] = prev_best_;
   meta_["ended"] = std::time(nullptr);
   meta_.erase("pid");
-  if (metrics_) std::fclose(metrics_);
-  metrics_ = nullptr;
+  if (metrics_fd_ >= 0) {
+    flush_metrics();
+    ::close(metrics_fd_);
+  }
+  metrics_fd_ = -1;
   if (events_) events_->close();
   events_.reset();
   write_file_atomic(fs::path(dir_) / "run.json", meta_.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");

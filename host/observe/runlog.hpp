@@ -42,10 +42,16 @@ class RunLogObserver : public Observer {
  private:
   void record(const nlohmann::json& rec, bool flush_now);
   void finish(const nlohmann::json& fields);
+  void flush_metrics();
   std::string dir_;
   nlohmann::json meta_;
   nlohmann::json prev_best_;
-  std::FILE* metrics_ = nullptr;
+  // metrics.jsonl: the lines of a group of steps wait in pending_ and go to
+  // the file in one write(), so a kill leaves whole lines (no stdio buffer
+  // that fills, and flushes, in the middle of one)
+  int metrics_fd_ = -1;
+  std::string pending_;
+  bool metrics_failed_ = false;
   std::unique_ptr<EventWriter> events_;
 };
 

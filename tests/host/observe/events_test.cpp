@@ -1,5 +1,6 @@
 // TFRecord framing of TensorBoard event files: CRC-32C against its published
-// check values, and a written file walked record by record.
+// check values, and a written file walked record by record; metrics.jsonl's
+// groups of records.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -8,7 +9,13 @@
 #include <iterator>
 #include <string>
 
+#include <algorithm>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "observe/events.hpp"
+#include "observe/runlog.hpp"
 
 namespace fs = std::filesystem;
 
@@ -76,4 +83,77 @@ TEST(EventWriter, UnwritableFolderIsAnError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("wick-cannot-write-here"), std::string::npos) << e.what();
   }
+}
+
+// metrics.jsonl: a group of records reaches the file whole, in one write, when
+// the group is delivered; none of it before (a buffer that flushes when full,
+// as stdio's 4 KiB one did, left part of a group on disk, its last line torn,
+// for a kill to keep), and a second group is appended after the first.
+TEST(RunLogObserver, MetricsGroupsReachTheFileWhole) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "wick_runlog_groups";
+  fs::remove_all(dir);
+  auto read = [&] {
+    std::ifstream in(dir / "metrics.jsonl", std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  {
+    wick::RunLogObserver obs(dir.string());
+    wick::RunStart start;
+    start.total_steps = 200;
+    obs.on_start(start);
+    auto rec = [](int step) {
+      return nlohmann::json{{"step", step}, {"loss", 1.0 / step}, {"note", std::string(200, 'x')}};
+    };
+    for (int s = 1; s <= 50; ++s) obs.on_step(rec(s));
+    EXPECT_EQ(read(), "") << "records reached the file before their group was delivered";
+    obs.on_steps_delivered();
+    const std::string first = read();
+    EXPECT_GT(first.size(), 2u * 4096u);
+    ASSERT_EQ(std::count(first.begin(), first.end(), '\n'), 50);
+    for (int s = 51; s <= 100; ++s) obs.on_step(rec(s));
+    EXPECT_EQ(read(), first);
+    obs.on_steps_delivered();
+    const std::string both = read();
+    ASSERT_EQ(std::count(both.begin(), both.end(), '\n'), 100);
+    std::istringstream lines(both);
+    std::string line;
+    for (int s = 1; std::getline(lines, line); ++s) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << "line " << s;
+      EXPECT_EQ(j["step"], s);
+    }
+    obs.on_end({{"status", "finished"}, {"steps", 100}});
+  }
+  fs::remove_all(dir);
+}
+
+// A metrics.jsonl that cannot be written (a full disk: /dev/full) is said once
+// on stderr, naming the file and why, and the run's other records go on.
+TEST(RunLogObserver, UnwritableMetricsAreSaidOnce) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = fs::path(::testing::TempDir()) / "wick_runlog_full";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "metrics.jsonl");
+  {
+    wick::RunLogObserver obs(dir.string());
+    wick::RunStart start;
+    start.total_steps = 4;
+    obs.on_start(start);
+    ::testing::internal::CaptureStderr();
+    for (int s = 1; s <= 4; ++s) {
+      obs.on_step({{"step", s}, {"loss", 1.0}});
+      obs.on_steps_delivered();
+    }
+    obs.on_end({{"status", "finished"}, {"steps", 4}});
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("cannot write " + (dir / "metrics.jsonl").string()), std::string::npos) << err;
+    EXPECT_NE(err.find("No space left"), std::string::npos) << err;
+    EXPECT_EQ(err.find("cannot write"), err.rfind("cannot write")) << "said more than once: " << err;
+  }
+  std::ifstream in(dir / "run.json");
+  const auto meta = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(meta.is_object());
+  EXPECT_EQ(meta["status"], "finished");
+  fs::remove_all(dir);
 }
