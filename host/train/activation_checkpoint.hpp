@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "util/host_copy.hpp"
 #include "util/memory.hpp"
 #include "wick/options.hpp"
 #include "wick/model.hpp"
@@ -116,13 +117,7 @@ inline at::Tensor offload_to_host(const at::Tensor& t) {
         },
         pinned.options());
   }
-  void* p = alloc_host_offload(t.nbytes());
-  if (!p) throw c10::OutOfMemoryError("offload_activations: no host memory for a block input of " +
-                                      std::to_string(bytes) + " bytes");
-  const auto n = t.nbytes();
-  at::Tensor host = at::from_blob(p, t.sizes(), [n](void* q) { free_host_offload(q, n); }, t.options());
-  host.copy_(t);
-  return host;
+  return copy_to_host_offload(t, "offload_activations: no host memory for a block input");
 }
 
 /// Whether an input moves to the host: a floating tensor that owns its whole

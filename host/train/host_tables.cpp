@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "train/trainer_internal.hpp"
+#include "util/host_copy.hpp"
 #include "util/memory.hpp"
 #include "wick/kit/deferral.hpp"
 #include "wick/kit/weights.hpp"
@@ -19,15 +20,7 @@ namespace wick {
 namespace trainer_internal {
 
 at::Tensor host_table(const at::Tensor& value, const std::string& name) {
-  const std::size_t n = value.nbytes();
-  void* p = alloc_host_offload(n);
-  if (!p)
-    throw c10::OutOfMemoryError("offload_embeddings: no host memory for " + name + " (" + std::to_string(n) +
-                                " bytes)");
-  at::Tensor host =
-      at::from_blob(p, value.sizes(), [n](void* q) { free_host_offload(q, n); }, value.options().device(at::kCPU));
-  host.copy_(value);
-  return host;
+  return copy_to_host_offload(value, "offload_embeddings: no host memory for " + name);
 }
 
 }  // namespace trainer_internal
