@@ -193,7 +193,7 @@ void RunLogObserver::on_end(const nlohmann::json& summary) {
   static const char* kFields[] = {"status", "steps", "final_loss", "best_loss", "peak_memory", "seconds", "eval",
                                   "checkpoint", "micro_batch", "accumulate", "epochs", "seed", "checkpointing",
                                   "skipped_steps", "loss_scale", "memory", "split", "skipped_files",
-                                  "skipped_items", "best", "best_step", "stopped", "logged", "ema"};
+                                  "skipped_items", "best", "best_step", "stopped", "logged", "ema", "profile"};
   nlohmann::json f = nlohmann::json::object();
   for (const char* k : kFields)
     if (summary.contains(k)) f[k] = summary[k];

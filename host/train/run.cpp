@@ -7,6 +7,7 @@
 // callbacks, and at the end the summary.
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <tuple>
 
+#include "observe/profile.hpp"
 #include "observe/progress.hpp"
 #include "observe/runlog.hpp"
 #include "train/freeze.hpp"
@@ -82,6 +84,7 @@ class Run {
   // the stages, in the order go() runs them
   void claim_folder();
   void count_steps();
+  void choose_profile();
   void make_trainer();
   std::optional<nlohmann::json> resume();
   void make_observers();
@@ -89,6 +92,8 @@ class Run {
   void finish(bool interrupted);
   void summarize();
   // within the loop
+  void profile_before_step();
+  void profile_after_step(bool ended);
   void train_step(std::vector<Batch> window, std::int64_t log_every, bool& stop);
   void flush();
   void save(const char* why, std::optional<double> value = std::nullopt);
@@ -134,6 +139,9 @@ class Run {
   std::optional<double> best_;
   bool started_ = false, interrupted_ = false;
   int signal_ = 0;
+  // profile: the steps [first, last] recorded (0: none)
+  StepProfiler profiler_;
+  std::int64_t prof_first_ = 0, prof_last_ = 0, prof_from_ = 0;
 };
 
 Run::Run(const RunRequest& req)
@@ -152,6 +160,7 @@ nlohmann::json Run::go() {
     if (auto g = Group::world(r_.device)) g->check_same("recipe and wick.train options", fingerprint(r_, req_.recipe));
   at::manual_seed(static_cast<std::uint64_t>(r_.o.get_int("seed")));
   count_steps();
+  choose_profile();
   reset_peaks();  // the start's peak: the model moved to the device, divided, a checkpoint read
   make_trainer();
   if (auto done = resume()) return *done;
@@ -246,6 +255,26 @@ void Run::count_steps() {
   epochs_ = r_.o.get_int("epochs");
   total_ = per_epoch_ * epochs_;
   if (r_.o.get_int("max_steps") > 0 && r_.o.get_int("max_steps") < total_) total_ = r_.o.get_int("max_steps");
+}
+
+// profile: true records steps 2 to 4 (after a warm-up step; fewer in a
+// shorter run), {first, last} those; a step past the run's last is refused.
+void Run::choose_profile() {
+  const Value& p = r_.o.at("profile");
+  if (p.is_nil() || (p.is_bool() && !p.as_bool())) return;
+  if (p.is_bool()) {
+    prof_first_ = std::min<std::int64_t>(2, total_);
+    prof_last_ = std::min<std::int64_t>(4, total_);
+  } else {
+    const auto steps = r_.o.get_int_list("profile");
+    prof_first_ = steps.at(0);
+    prof_last_ = steps.at(1);
+    if (prof_first_ > total_)
+      throw Error(strf("%s: option 'profile': step %lld is past the run's last step (%lld); give steps within 1 to %lld",
+                       L_.c_str(), static_cast<long long>(prof_first_), static_cast<long long>(total_),
+                       static_cast<long long>(total_)));
+    prof_last_ = std::min(prof_last_, total_);
+  }
 }
 
 // The trainer, its micro-batch (measured with "auto") and the loader.
@@ -449,11 +478,20 @@ void Run::train_epochs() {
     loader_->start_epoch(epoch_, first_window_);
     first_window_ = 0;
     while (trainer_->steps() < total_) {
-      auto window = loader_->next_window();
+      profile_before_step();
+      std::optional<std::vector<Batch>> window;
+      {
+        RECORD_USER_SCOPE("wick::data");
+        window = loader_->next_window();
+      }
       if (!window) break;
       bool stop = false;
-      train_step(std::move(*window), log_every, stop);
+      {
+        RECORD_USER_SCOPE("wick::step");
+        train_step(std::move(*window), log_every, stop);
+      }
       window.reset();  // now: a window can be large
+      profile_after_step(false);
       // agreed over all ranks inside trainer.step, so every rank stops after the same step
       if (stop) {
         interrupted_ = true;
@@ -471,8 +509,41 @@ void Run::train_epochs() {
     if (interrupted_ || stop_request_) break;
     ++epoch_;
   }
+  profile_after_step(true);
   flush();
   if (progress_) progress_->finish_line();
+}
+
+void Run::profile_before_step() {
+  const std::int64_t next = trainer_->steps() + 1;
+  if (prof_first_ > 0 && !profiler_.active() && prof_from_ == 0 && next >= prof_first_ && next <= prof_last_) {
+    profiler_.start(cuda_);
+    prof_from_ = next;
+  }
+}
+
+// After a recorded step: at the last one (or the run's end, `ended`), the
+// trace written and the summary in the run's table, said on rank 0.
+void Run::profile_after_step(bool ended) {
+  if (!profiler_.active()) return;
+  const std::int64_t done = trainer_->steps();
+  if (!ended && done < prof_last_) return;
+  const std::int64_t steps = done - prof_from_ + 1;
+  const fs::path trace = out_ / (r_.dist.rank == 0 ? std::string("profile.json")
+                                                   : "profile-rank" + std::to_string(r_.dist.rank) + ".json");
+  nlohmann::json summary = profiler_.stop(trace.string(), steps);
+  summary["first"] = prof_from_;
+  summary["last"] = done;
+  if (r_.rank0 && !r_.quiet) {
+    if (progress_) progress_->finish_line();
+    err_line(strf("%s: profile of step%s %lld%s%s: %s (open it in https://ui.perfetto.dev)", L_.c_str(),
+                  steps == 1 ? "" : "s", static_cast<long long>(prof_from_), steps == 1 ? "" : " to ",
+                  steps == 1 ? "" : std::to_string(done).c_str(), trace.string().c_str()));
+    std::string lines = profile_lines(summary, 8);
+    if (!lines.empty() && lines.back() == '\n') lines.pop_back();
+    err_line(lines);
+  }
+  run_["profile"] = std::move(summary);
 }
 
 // One window: the step, its memory figures, and its record (now, or with the

@@ -236,6 +236,7 @@ std::vector<RunOption> trainer_options() {
 
 // The run folder, evaluation, the monitor and what is printed.
 std::vector<RunOption> folder_options() {
+  using T = OptionType;
   return {
       option(opt_string("out", Value(), "run folder: metrics.jsonl, checkpoints/, run.json (nil: nothing written)")),
       option(opt_int("save_every", 0, "checkpoint every N steps (0: only at the end); needs out").at_least(0)),
@@ -285,6 +286,13 @@ std::vector<RunOption> folder_options() {
                       "command-line key=value pairs naming an option override it in this call (false: the recipe reads "
                       "wick.args itself, as a recipe of several stages with folders of their own does)")),
       option(opt_bool("quiet", false, "no progress line or summary (ranks other than 0 are always quiet)")).per_rank(),
+      option(opt_bool("profile", false,
+                      "record optimizer steps with PyTorch's profiler: true (steps 2 to 4: after a warm-up step) or "
+                      "{first, last}; writes out/profile.json (a trace for Perfetto or chrome://tracing; other ranks "
+                      "profile-rank<N>.json) and puts where the steps' time went (the phases, the host's operators "
+                      "by self time, the GPU's kernels) in run.json and the run's table; needs out"))
+          .or_form(form(T::IntList))
+          .per_rank(),
   };
 }
 }  // namespace
@@ -387,6 +395,16 @@ void check_folder_rules(const std::string& label, const Checked& out) {
     throw Error(label + ": option 'resume' needs 'out', the run folder to resume from");
   if (out.at("save_every").as_int() > 0 && !has(out, "out"))
     throw Error(label + ": option 'save_every' needs 'out', the run folder to save in");
+  if (const Value& p = out.at("profile"); !p.is_nil() && !(p.is_bool() && !p.as_bool())) {
+    if (!has(out, "out"))
+      throw Error(label + ": option 'profile' needs 'out', the run folder to write the trace (profile.json) in");
+    if (!p.is_bool()) {
+      const std::vector<Value> steps = p.is_list() ? p.as_list() : std::vector<Value>{p};
+      if (steps.size() != 2 || steps[0].as_int() < 1 || steps[1].as_int() < steps[0].as_int())
+        throw Error(label + ": option 'profile': expected true or {first, last}, the optimizer steps to record (1 <= "
+                    "first <= last), got " + p.repr());
+    }
+  }
   if (out.at("return_weights").as_string() == "file") {
     if (!has(out, "out"))
       throw Error(label + ": option 'return_weights': \"file\" needs 'out', the run folder to write model.safetensors in");

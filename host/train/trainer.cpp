@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/_foreach_norm.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -535,6 +536,7 @@ StepStats Trainer::step(const std::vector<Batch>& window, bool resolve_now) {
 // ranks, the norm clipped, the optimizer's step, the average; the step's
 // numbers stay on the device until resolve().
 void Trainer::finish_step(StepStats& s, at::Tensor& loss_sum, std::map<std::string, at::Tensor>& metric_sums) {
+  RECORD_USER_SCOPE("wick::optimizer");
   const at::Device device(cfg_.device);
   for (const auto& [k, v] : metric_sums)
     if (std::find(metric_names_.begin(), metric_names_.end(), k) == metric_names_.end()) metric_names_.push_back(k);

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -149,6 +150,7 @@ bool Trainer::pass_micro_batch(WindowPass& w, const Batch& batch, bool stand_in,
   gather_root("the all-gather of the weights in no block, for micro-batch " + std::to_string(w.i + 1) + " of " + w.where);
   ForwardResult r;
   {
+    RECORD_USER_SCOPE("wick::forward");
     AutocastScope autocast(cfg_.precision, device, /*cache=*/!w.zero3);
     try {
       r = model_->forward(w.feed->take(w.i, batch, stand_in));
@@ -170,10 +172,13 @@ bool Trainer::pass_micro_batch(WindowPass& w, const Batch& batch, bool stand_in,
   }
   // this backward reduces as it goes (ZeRO-3: every backward)
   if (group && (last || cfg_.sync_every_micro_batch || w.zero3)) reducer_->arm(/*early=*/!repeated_blocks());
-  at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : w.inv_items);
-  if (scaling()) l = l * scale_;
-  l.backward();
-  fold_grads();
+  {
+    RECORD_USER_SCOPE("wick::backward");
+    at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : w.inv_items);
+    if (scaling()) l = l * scale_;
+    l.backward();
+    fold_grads();
+  }
   check_late_gradients();
   if (group && !last && cfg_.sync_every_micro_batch) finish_early_sync(*reducer_, params_, *group, step_ + 1);
   if (w.zero3) {  // this micro-batch's sums, into this rank's chunks

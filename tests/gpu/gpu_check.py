@@ -107,6 +107,7 @@ local run = wick.train {
   overwrite = not flag("resume"), resume = flag("resume"),
   checkpointing = flag("checkpointing"), offload_activations = flag("offload"), offload_embeddings = flag("host_table"),
   clip_grad_norm = tonumber(a.clip) or 0, ema = tonumber(a.ema) or 0, eval_ema = (tonumber(a.ema) or 0) > 0 and flag("eval"),
+  profile = flag("profile"),
   eval_data = flag("eval") and data or nil,
 }
 if wick.rank == 0 then
@@ -588,6 +589,28 @@ def check_checkpointing(r: Runner):
             f"max |dw| {d:.1e} (< 1e-5)", d < 1e-5)
 
 
+def check_profile(r: Runner):
+    # PyTorch's profiler through CUPTI: the device's kernels in the trace and
+    # the summary, and a profiled run ends at the unprofiled run's weights
+    args = dict(model="decoder", precision="bf16-mixed", micro=4, acc=2)
+    plain, prof = r.runs(args, dict(args, profile="true"))
+    d = max_weight_diff(prof["weights"], plain["weights"])
+    summary = prof["run"].get("profile", {})
+    trace = json.loads((prof["out"] / "profile.json").read_text())
+    cats = {e.get("cat") for e in trace.get("traceEvents", []) if isinstance(e, dict)}
+    steps = sum(1 for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("name") == "wick::step")
+    ok = d == 0 and summary.get("steps") == 3 and steps == 3 and bool(summary.get("host_ops"))
+    if r.device == "cpu":
+        seen = f"{len(summary.get('host_ops', []))} host operators"
+    else:
+        kernels = summary.get("device_ops", [])
+        ok = ok and "kernel" in cats and bool(kernels) and summary.get("device_ms_per_step", 0) > 0
+        seen = (f"{summary.get('device_ms_per_step', 0):.2f} ms of device work a step, top "
+                f"{kernels[0]['name'][:40] if kernels else '-'}")
+    return (f"loss {plain['final_loss']:.4f}", f"steps 2-4 profiled: {seen}",
+            f"max |dw| {d:.1e} (= 0), 3 wick::step in the trace" + (", kernel events" if r.device != "cpu" else ""), ok)
+
+
 def check_pack_attention(r: Runner):
     # documents packed apart (position_ids and a per-document mask through scaled-dot-product attention) on the
     # device against the CPU, in fp32 as check_fp32
@@ -765,6 +788,7 @@ CHECKS = {
     "deferred (shard parameters)": check_deferred,
     "1 rank (NCCL group of one)": check_one_rank_launch,
     "clip + ema + eval": check_ema_clip_eval,
+    "profile": check_profile,
     "resume": check_resume,
 }
 
