@@ -12,17 +12,21 @@
 #      QLoRA in bf16, wick against transformers + PEFT, with MFU
 #   4. wick plan on each seed recipe at its real shape, against the seed's card
 #      (OUT/plan_NNN.txt): its estimate beside the peak seeds.sh measured
+#   5. where a step's time goes: GPU_PROFILE's seeds profiled in wick and in
+#      Python (OUT/profile_{wick,py}_NNN.txt, traces in OUT/profile/)
 #   WICK=path/to/wick PYTHON=path/to/python bench/gpu.sh OUT
 # (PYTHON defaults to WICK_PYTHON, as the bundle's bin/wick-env exports it,
 # then python3; WICK to this tree's build/bin/wick)
 # Knobs (environment): GPU_BUDGET (230), GPU_SEEDS (004,002,000,001,003),
 # GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_PEERS_FULL
-# (the same for the Python peers; GPU_FULL), GPU_K (2),
+# (the same for the Python peers; GPU_FULL), GPU_K (2), GPU_PROFILE (seeds
+# profiled at k layers in wick and in Python, side by side: 003; empty: none;
+# GPU_SHARE_PROFILE, 45 s each side),
 # GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40; GPU_SHARE_003ws
 # for 003 with a pre-Hopper card's cuBLAS workspaces, GPU_SHARE_LM for the
 # fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS),
 # PEAK_FLOPS (989e12, H100 SXM dense bf16), GPU_SKIP (parts to leave out:
-# seeds,peers,lm,plan); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
+# seeds,peers,lm,plan,profile); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
 # (--tiny), GPU_LM_ARGS (layers=2 steps=3).
 set -uo pipefail
 out=${1:?usage: WICK=... PYTHON=... bench/gpu.sh OUT_DIR}
@@ -163,7 +167,26 @@ if wants plan; then
   done
 fi
 
-# 5. seed 003 measured at full depth (the 7 B model built and quantized on the
+# 5. where a step's time goes, wick and its Python peer side by side, each
+# seed of GPU_PROFILE at k layers under PyTorch's profiler (PROFILE lines in
+# OUT/profile_{wick,py}_NNN.txt, the traces under OUT/profile/)
+IFS=, read -ra prof_list <<< "${GPU_PROFILE-003}"
+if wants profile; then
+  for s in "${prof_list[@]}"; do
+    [ -n "$s" ] || continue
+    part "profile $s" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_wick_$s.txt" bench/seeds.sh device=$device seeds=$s \
+      k=$k profile="$out/profile" profile_only=1
+    part "profile $s (python)" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_py_$s.txt" "$PYTHON" -u bench/seeds_peers.py \
+      --device "$device" --seeds "$s" --k "$k" --profile "$out/profile" --profile-only "${peers_args[@]}"
+  done
+  # the traces, not the profiled runs' checkpoints; a trace too large to bring back is left out, said
+  if [ -d "$out/profile" ]; then
+    find "$out/profile" -mindepth 2 -maxdepth 2 -type d -name checkpoints -exec rm -rf {} +
+    find "$out/profile" -name '*.json' -size +80M -printf 'profile: trace %p left out (%s bytes)\n' -delete >> "$times"
+  fi
+fi
+
+# 6. seed 003 measured at full depth (the 7 B model built and quantized on the
 # host first: minutes), its rows named 003full, if the budget has room
 if wants seeds && [ "$device" = cuda ] && [[ ",$seeds," == *",003,"* ]] && [[ ",$full," != *",003,"* ]]; then
   part "seeds 003full" "${GPU_SHARE_003full:-180}" 0 "$out/seeds_003full.txt" bench/seeds.sh device=$device seeds=003 \
@@ -171,7 +194,7 @@ if wants seeds && [ "$device" = cuda ] && [[ ",$seeds," == *",003,"* ]] && [[ ",
   sed -i 's/^\(RESULT\|MEASURE\) seed=003 /\1 seed=003full /' "$out/seeds_003full.txt"
 fi
 
-# 6. the same fine-tuning at a width where products, not launches, take the
+# 7. the same fine-tuning at a width where products, not launches, take the
 # time (1,024 wide, 8 layers, 4 x 512 tokens), if the budget has room
 [ "$device" = cuda ] && wants lm && part lm_finetune_wide "${GPU_SHARE_LM:-50}" 0 "$out/lm_finetune_wide.txt" \
   bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" peak_flops="$peak_flops" hidden=1024 inter=2816 layers=8 \
@@ -339,6 +362,32 @@ for lm, shape in ((os.path.join(out, "lm_finetune.txt"), "6 layers, 512 wide, 4 
             notes.append(line.rstrip())
     for n in notes:
         print(n)
+# where a step's time goes (PROFILE lines of bench/seeds.lua and bench/seeds_peers.py)
+prof = {}
+for path in sorted(glob.glob(os.path.join(out, "profile_*_*.txt"))):
+    for line in open(path, errors="replace"):
+        if line.startswith("PROFILE ") or line.startswith("PROFILE_OP "):
+            f = fields(line)
+            entry = prof.setdefault((f.get("seed"), f.get("side")), {"ops": []})
+            if line.startswith("PROFILE "):
+                entry.update(f)
+            else:
+                entry["ops"].append(f)
+for seed in sorted({k[0] for k in prof}):
+    w, p = prof.get((seed, "wick"), {"ops": []}), prof.get((seed, "python"), {"ops": []})
+    print("")
+    print(f"where a step's time goes, seed {seed} at {w.get('depth') or p.get('depth') or '?'} (ms per step; "
+          "device busy: the kernels' and copies' time):")
+    print(f"  wick:   {w.get('ms_per_step', 'n/a')} ms a step, device busy {w.get('device_busy', 'n/a')}; host: data "
+          f"{w.get('data', 'n/a')}, forward {w.get('forward', 'n/a')}, backward {w.get('backward', 'n/a')}, optimizer "
+          f"{w.get('optimizer', 'n/a')}")
+    print(f"  python: {p.get('ms_per_step', 'n/a')} ms a step, device busy {p.get('device_busy', 'n/a')}")
+    print(f"  {'wick: operator':<50} {'ms':>8} {'calls':>7} | {'python: operator':<50} {'ms':>8} {'calls':>7}")
+    for i in range(max(len(w["ops"]), len(p["ops"]))):
+        a = w["ops"][i] if i < len(w["ops"]) else {}
+        b = p["ops"][i] if i < len(p["ops"]) else {}
+        print(f"  {a.get('name', '').strip(chr(34))[:50]:<50} {a.get('ms', ''):>8} {a.get('calls', ''):>7} | "
+              f"{b.get('name', '').strip(chr(34))[:50]:<50} {b.get('ms', ''):>8} {b.get('calls', ''):>7}")
 print("")
 print("parts (exit status, seconds, limit):")
 print(times.rstrip())

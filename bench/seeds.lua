@@ -143,7 +143,7 @@ local function measure(recipe, depth, optim, over)
       "(bench/seeds.sh makes enough)", recipe.name, run.steps, t.micro_batch, STEPS), 0)
   end
   local m = run.memory
-  local row = { params = total, trainable = trainable, seconds = wall / run.steps }
+  local row = { params = total, trainable = trainable, seconds = wall / run.steps, profile = run.profile }
   for _, k in ipairs(keys) do row[k] = tonumber(m[k]) or 0 end
   -- on CUDA the loader's buffers wait in (pinned) host memory, outside the
   -- device's peak: the data column there is what the device held before the
@@ -255,6 +255,28 @@ if a.check then
   return
 end
 
+-- profile=DIR: one more run at k layers, its steps after the first under
+-- PyTorch's profiler (wick.train's profile), the trace in DIR/wick-NNN/ and
+-- where a step's time went printed (PROFILE lines); profile_only=1: that run
+-- alone
+local function profiled(recipe, name)
+  local base_depth = {}
+  for _, k in ipairs(recipe.depth) do base_depth[k] = K end
+  local dir = a.profile .. "/wick-" .. name
+  local r = measure(recipe, base_depth, nil, { out = dir, overwrite = true, profile = { 2, STEPS } })
+  local p = r.profile
+  if not p then error("seed " .. name .. ": profile=" .. a.profile .. ": the run returned no profile", 0) end
+  local ph = p.phases_ms
+  print(string.format("PROFILE seed=%s side=wick %s steps=%d ms_per_step=%.3f data=%.3f forward=%.3f backward=%.3f " ..
+    "optimizer=%.3f device_busy=%.3f trace=%s", name, depth_tag(recipe, base_depth), p.steps, p.seconds_per_step * 1e3,
+    ph.data, ph.forward, ph.backward, ph.optimizer, p.device_ms_per_step or 0, p.trace))
+  for i, o in ipairs(p.device_ops or p.host_ops) do
+    if i > 15 then break end
+    print(string.format("PROFILE_OP seed=%s side=wick rank=%d ms=%.3f calls=%.1f name=%q", name, i,
+      o.self_ms or o.ms, o.calls / p.steps, o.name))
+  end
+end
+
 local function quote(s) return '"' .. tostring(s):gsub("[\r\n]+", " "):gsub('"', "'") .. '"' end
 local summary = {}
 for _, name in ipairs(wanted) do
@@ -266,6 +288,10 @@ for _, name in ipairs(wanted) do
       tostring(recipe.train.checkpointing or false), recipe.transform and (", " .. recipe.transform[1]) or "",
       recipe.train.offload_activations and ", block inputs offloaded to host memory" or "")
       .. (recipe.train.offload_embeddings and ", input embedding in host memory" or ""))
+    if a.profile_only then  -- profile_only=1: the profiled run alone
+      if not a.profile then error("profile_only=1 needs profile=DIR, the folder for the traces", 0) end
+      return profiled(recipe, name)
+    end
     header()
     local est = extrapolated(recipe)
     local measured
@@ -284,6 +310,7 @@ for _, name in ipairs(wanted) do
       summary[#summary + 1] = { name = name .. "fb", est = fb, goal = recipe.goal, how = "measured",
         title = recipe.title .. ": forward + backward", card = cards[name] }
     end
+    if a.profile then profiled(recipe, name) end
     print(string.format("  the seed's figure: %s; goal %.2f GiB", recipe.figure, recipe.goal / GiB))
     summary[#summary + 1] = { name = name, est = measured or est, goal = recipe.goal,
       how = measured and "measured" or "extrapolated", title = recipe.title, card = cards[name] }
@@ -294,6 +321,7 @@ for _, name in ipairs(wanted) do
     empty_cache()
   end
 end
+if a.profile_only then return end
 print("")
 if cuda then
   print(string.format("on %s: bytes at full depth (extrapolated per layer from %d and %d layers, or measured); s/step: one optimizer step of 2 micro-batches",

@@ -371,7 +371,7 @@ def empty(dev):
         torch.cuda.reset_peak_memory_stats(dev)
 
 
-def measure(spec, depth, dev, tiny, steps, optim="adamw"):
+def measure(spec, depth, dev, tiny, steps, optim="adamw", profile=None):
     """One run: `steps` optimizer steps of 2 micro-batches with the towers at `depth`."""
     empty(dev)
     torch.manual_seed(1)
@@ -418,6 +418,11 @@ def measure(spec, depth, dev, tiny, steps, optim="adamw"):
     # each step timed to its end on the device (as wick's are: it reads every
     # step's numbers back), the median of them the step's time
     times = []
+    prof = None
+    if profile is not None:  # the steps after the warm-up under torch.profiler (profile: the trace's path)
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        prof = torch.profiler.profile(activities=acts)
+        prof.__enter__()
     for window in windows[1:]:
         t0 = time.perf_counter()
         step(window)
@@ -425,9 +430,12 @@ def measure(spec, depth, dev, tiny, steps, optim="adamw"):
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
     sps = statistics.median(times) if times else 0.0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        prof.export_chrome_trace(profile)
     row = dict(sps=sps, params=params, trainable=trainable, peak=0, reserved=0, device=0,
                samples=2 * w.samples, tokens=2 * w.tokens, note=w.note, variant=w.variant,
-               optim=type(opt).__module__.split(".")[0] + "." + type(opt).__name__)
+               optim=type(opt).__module__.split(".")[0] + "." + type(opt).__name__, profile=prof)
     if cuda:
         row["peak"] = torch.cuda.max_memory_allocated(dev)
         row["reserved"] = torch.cuda.max_memory_reserved(dev)
@@ -436,6 +444,34 @@ def measure(spec, depth, dev, tiny, steps, optim="adamw"):
     del w, opt, windows
     empty(dev)
     return row
+
+
+def profiled(name, spec, depth, dev, tiny, steps, folder):
+    """PROFILE lines: a run at `depth` with its steps after the first under torch.profiler, the time per
+    step of the 15 costliest operators (device time on CUDA, host self time on the CPU), as bench/seeds.lua
+    prints wick's."""
+    import os
+    os.makedirs(folder, exist_ok=True)
+    trace = os.path.join(folder, f"python-{name}.json")
+    r = measure(spec, depth, dev, tiny, steps, profile=trace)
+    n = max(1, steps - 1)
+    cuda = dev.type == "cuda"
+    rows = r["profile"].key_averages()
+    if cuda:
+        busy = sum(e.self_device_time_total for e in rows if e.device_type == torch.autograd.DeviceType.CUDA)
+        key = "self_device_time_total"
+    else:
+        busy, key = 0.0, "self_cpu_time_total"
+    say(f"PROFILE seed={name} side=python {tag(spec['towers'], depth)} steps={n} ms_per_step={r['sps'] * 1e3:.3f} "
+        f"device_busy={busy / 1e3 / n:.3f} trace={trace}")
+    if cuda:  # the kernels and copies, as wick's device table lists them
+        ranked = sorted((e for e in rows if e.device_type == torch.autograd.DeviceType.CUDA),
+                        key=lambda e: -getattr(e, key))
+    else:
+        ranked = sorted(rows, key=lambda e: -getattr(e, key))
+    for i, e in enumerate(ranked[:15]):
+        say(f'PROFILE_OP seed={name} side=python rank={i + 1} ms={getattr(e, key) / 1e3 / n:.3f} '
+            f'calls={e.count / n:.1f} name="{e.key[:200]}"')
 
 
 def gib(x):
@@ -463,7 +499,12 @@ def main():
     p.add_argument("--steps", type=int, default=None, help="optimizer steps a run, the first a warm-up (cuda: 5, cpu: 3)")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--no-bnb", action="store_true", help="torch's ways even where bitsandbytes is importable")
+    p.add_argument("--profile", metavar="DIR", help="one more run of each seed at k layers, its steps after the "
+                   "first under torch.profiler: the trace in DIR/python-NNN.json, where a step's time went printed")
+    p.add_argument("--profile-only", action="store_true", help="the profiled run alone (needs --profile)")
     a = p.parse_args()
+    if a.profile_only and not a.profile:
+        p.error("--profile-only needs --profile DIR, the folder for the traces")
     global NO_BNB
     NO_BNB = a.no_bnb
     names = [f"{int(s):03d}" if s.strip().isdigit() else s.strip() for s in a.seeds.split(",") if s.strip()]
@@ -496,6 +537,9 @@ def main():
             say(f"seed {name}: {spec['title']}")
             say(f"  {'bytes in GiB':<34} {'peak':>9} {'reserved':>9} {'device':>9} {'s/step':>9}")
             base_depth = {k: K for k in towers}
+            if a.profile_only:
+                profiled(name, spec, base_depth, dev, a.tiny, steps, a.profile)
+                continue
             base = measure(spec, base_depth, dev, a.tiny, steps)
             show(tag(towers, base_depth), base)
             say(f"MEASURE seed={name} side=python {tag(towers, base_depth)} peak={b(base['peak'])} "
@@ -519,6 +563,8 @@ def main():
                     f"reserved={b(m['reserved'])} device={b(m['device'])} sps={m['sps']:.6f} params={m['params']}")
                 how, final = "measured", {k: m[k] for k in KEYS}
             say(f"  optimizer: {base['optim']}" + (f"; note: {base['note']}" if base["note"] else ""))
+            if a.profile:
+                profiled(name, spec, base_depth, dev, a.tiny, steps, a.profile)
             results.append((name, spec, how, final, base))
             emit(*results[-1], dev)
             if base.get("variant") == "bf16-lora":
