@@ -23,14 +23,8 @@ at::Tensor host_table(const at::Tensor& value, const std::string& name) {
   return copy_to_host_offload(value, "offload_embeddings: no host memory for " + name);
 }
 
-}  // namespace trainer_internal
-using namespace trainer_internal;
-
-// Before anything of the model changes: each table the model offers, checked
-// (a refusal leaves the model as it was given).
-void Trainer::choose_host_tables() {
-  if (!cfg_.offload_embeddings) return;
-  auto* lookups = capability<HostLookups>(*model_);
+std::map<const c10::TensorImpl*, std::string> offered_host_tables(Model& model) {
+  auto* lookups = capability<HostLookups>(model);
   const std::vector<at::Tensor> tables = lookups ? lookups->host_lookup_tables() : std::vector<at::Tensor>{};
   if (tables.empty()) {
     const std::string why = lookups ? lookups->host_lookup_refusal() : "";
@@ -39,7 +33,7 @@ void Trainer::choose_host_tables() {
                 "); train without offload_embeddings");
   }
   std::map<const c10::TensorImpl*, std::string> names;
-  for (const auto& [name, t] : module_state(*model_)) names.emplace(t.unsafeGetTensorImpl(), name);
+  for (const auto& [name, t] : module_state(model)) names.emplace(t.unsafeGetTensorImpl(), name);
   std::map<const c10::TensorImpl*, std::string> chosen;
   for (const auto& t : tables) {
     auto it = names.find(t.unsafeGetTensorImpl());
@@ -52,7 +46,16 @@ void Trainer::choose_host_tables() {
                   "or model:freeze(\"" + it->second + "\")), or train without offload_embeddings");
     chosen.emplace(it->first, it->second);
   }
-  host_tables_ = std::move(chosen);
+  return chosen;
+}
+
+}  // namespace trainer_internal
+using namespace trainer_internal;
+
+// Before anything of the model changes: each table the model offers, checked
+// (a refusal leaves the model as it was given).
+void Trainer::choose_host_tables() {
+  if (cfg_.offload_embeddings) host_tables_ = offered_host_tables(*model_);
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> Trainer::tables_to_host() {

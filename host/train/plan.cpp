@@ -16,6 +16,7 @@
 #include "train/partition.hpp"
 #include "train/run_internal.hpp"
 #include "train/run_options.hpp"
+#include "train/trainer_internal.hpp"
 #include "util/memory.hpp"
 #include "util/system.hpp"
 #include "wick/kit/deferral.hpp"
@@ -131,10 +132,10 @@ Planner::Planner(const RunRequest& req, std::int64_t device_memory_given) : req_
   given_ck_ = r_.o.at("checkpointing");
   all_ck_ = blocks_.empty() ? given_ck_ : Value(true);
   host_given_ = r_.o.get_bool("offload_embeddings");
-  if (auto* lookups = capability<HostLookups>(*r_.obj.model)) {
-    const auto tables = lookups->host_lookup_tables();
-    tables_offered_ = !tables.empty() && std::none_of(tables.begin(), tables.end(),
-                                                      [](const at::Tensor& t) { return t.requires_grad(); });
+  try {  // the trainer's own check, without its error
+    tables_offered_ = !trainer_internal::offered_host_tables(*r_.obj.model).empty();
+  } catch (const Error&) {
+    tables_offered_ = false;
   }
   rows_.reserve(64);  // rows are handed out by reference while more are added
   if (is_deferred(*r_.obj.model)) {

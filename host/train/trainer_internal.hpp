@@ -4,6 +4,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,13 @@ std::int64_t bytes_of(const at::Tensor& t);
 /// offload_embeddings: a copy of `value` in host memory outside the count of
 /// the device's tensors (util/memory.hpp's host offload), for the table `name`.
 at::Tensor host_table(const at::Tensor& value, const std::string& name);
+
+/// offload_embeddings: the input embedding tables `model` offers
+/// (wick::HostLookups), each by its name among the model's tensors; an Error
+/// that says why when there are none, one is not the model's own, or one
+/// trains. Before anything of the model changes (the trainer), or to know
+/// whether the option can be offered (wick plan).
+std::map<const c10::TensorImpl*, std::string> offered_host_tables(Model& model);
 
 /// sum += x, where an undefined sum is zero: a single micro-batch costs no
 /// zeros tensor and no addition (each is a dispatch the step would pay).
