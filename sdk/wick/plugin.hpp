@@ -37,8 +37,9 @@
 /// `wick describe linear` shows its options.
 ///
 /// Kinds and their base classes: model -> wick::Model (wick/model.hpp; with
-/// the optional capabilities Predictor, Generator, WindowCoupled there and
-/// AdapterTargets in wick/kit/linear.hpp), data -> wick::Dataset
+/// the optional capabilities Predictor, Generator, WindowCoupled, HostLookups
+/// (offload_embeddings) and Deferred (weights read from a file when used)
+/// there and AdapterTargets in wick/kit/linear.hpp), data -> wick::Dataset
 /// (wick/data.hpp), optim -> wick::Optimizer, wick::Schedule, wick::Transform
 /// (wick/optim.hpp). Each of those headers opens with a complete plugin of
 /// its kind. wick/kit/ holds optional helpers (safetensors files, Hugging
