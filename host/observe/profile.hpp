@@ -13,6 +13,14 @@
 
 namespace wick {
 
+/// Whether a profiler records in this process now (a run's, or one started
+/// by other code in the main thread).
+bool profiler_in_use();
+
+/// On a CPU run: Kineto's probe of absent GPUs kept off stderr (set before
+/// the run's threads start).
+void quiet_kineto_on_cpu();
+
 class StepProfiler {
  public:
   StepProfiler() = default;
@@ -27,9 +35,10 @@ class StepProfiler {
   void start(bool cuda);
   bool active() const { return active_; }
   /// Stops (after the device's work has ended), writes the trace to `trace`
-  /// whole (a temporary file renamed into place) and returns the summary of
-  /// `steps` steps: {seconds_per_step, phases, host_ops, device_ops,
-  /// device_ms_per_step}, times in milliseconds per step.
+  /// whole (a temporary file renamed into place; one that cannot be written
+  /// leaves nothing, trace null and trace_error saying why) and returns the
+  /// summary of `steps` steps: {seconds_per_step, phases_ms, host_ops,
+  /// device_ops, device_ms_per_step, cuda_runtime}, times and calls per step.
   nlohmann::json stop(const std::string& trace, std::int64_t steps);
 
  private:

@@ -142,6 +142,7 @@ class Run {
   // profile: the steps [first, last] recorded (0: none)
   StepProfiler profiler_;
   std::int64_t prof_first_ = 0, prof_last_ = 0, prof_from_ = 0;
+  bool prof_after_start_ = false;
 };
 
 Run::Run(const RunRequest& req)
@@ -154,13 +155,15 @@ Run::Run(const RunRequest& req)
       ckpt_dir_(out_.empty() ? fs::path() : out_ / "checkpoints") {}
 
 nlohmann::json Run::go() {
+  // the steps first: an error in them (the data fill no window, a profile
+  // past the end) leaves a folder that overwrite would replace as it was
+  count_steps();
+  choose_profile();
   claim_folder();
   from_ = find_resume_point(r_, prior_, ckpt_dir_, static_cast<std::int64_t>(r_.obj.data->size()));
   if (world_ > 1)
     if (auto g = Group::world(r_.device)) g->check_same("recipe and wick.train options", fingerprint(r_, req_.recipe));
   at::manual_seed(static_cast<std::uint64_t>(r_.o.get_int("seed")));
-  count_steps();
-  choose_profile();
   reset_peaks();  // the start's peak: the model moved to the device, divided, a checkpoint read
   make_trainer();
   if (auto done = resume()) return *done;
@@ -262,7 +265,12 @@ void Run::count_steps() {
 void Run::choose_profile() {
   const Value& p = r_.o.at("profile");
   if (p.is_nil() || (p.is_bool() && !p.as_bool())) return;
+  if (profiler_in_use())
+    throw Error(L_ + ": option 'profile': another run in this process is being profiled (a callback's wick.train "
+                "inside a profiled run?); PyTorch's profiler records one at a time: profile one of them");
+  if (!cuda_) quiet_kineto_on_cpu();
   if (p.is_bool()) {
+    prof_after_start_ = true;  // 2 to 4 counted from the step the run starts at (a resume's)
     prof_first_ = std::min<std::int64_t>(2, total_);
     prof_last_ = std::min<std::int64_t>(4, total_);
   } else {
@@ -408,6 +416,7 @@ void Run::flush() {
 // value: the monitored metric of an evaluation just made (a checkpoint after it)
 void Run::save(const char* why, std::optional<double> value) {
   if (ckpt_dir_.empty()) return;
+  RECORD_USER_SCOPE("wick::save");
   flush();
   std::int64_t e = loader_->epoch(), w = loader_->window();
   if (w >= per_epoch_) e += 1, w = 0;
@@ -424,6 +433,7 @@ void Run::save(const char* why, std::optional<double> value) {
 }
 
 void Run::evaluate() {
+  RECORD_USER_SCOPE("wick::eval");
   flush();
   const auto& eval_data = r_.obj.eval_data;
   EvalStats s = trainer_->evaluate(eval_data, eval_micro_);
@@ -461,6 +471,20 @@ nlohmann::json Run::summary_so_far() const {
 }
 
 void Run::train_epochs() {
+  // a resumed run: profile = true counts from where it starts; steps given
+  // that ran before the resume are said, not silently skipped
+  if (const std::int64_t at = trainer_->steps(); prof_first_ > 0 && at > 0) {
+    if (prof_after_start_) {
+      prof_first_ = std::min(at + 2, total_);
+      prof_last_ = std::min(at + 4, total_);
+    } else if (prof_last_ <= at) {
+      if (r_.rank0)
+        err_line(strf("%s: option 'profile': steps %lld to %lld ran before the resume (from step %lld): nothing profiled",
+                      L_.c_str(), static_cast<long long>(prof_first_), static_cast<long long>(prof_last_),
+                      static_cast<long long>(at)));
+      prof_first_ = 0;
+    }
+  }
   reset_peaks();  // the run's peak, from its first step
   {
     // tensors held before the first step besides weights and optimizer
@@ -534,7 +558,9 @@ void Run::profile_after_step(bool ended) {
   nlohmann::json summary = profiler_.stop(trace.string(), steps);
   summary["first"] = prof_from_;
   summary["last"] = done;
-  if (r_.rank0 && !r_.quiet) {
+  if (summary.contains("trace_error"))  // said on every rank, quiet or not: the run goes on
+    err_line(L_ + ": option 'profile': " + summary["trace_error"].get<std::string>() + " (the summary is in run.json)");
+  else if (r_.rank0 && !r_.quiet) {
     if (progress_) progress_->finish_line();
     err_line(strf("%s: profile of step%s %lld%s%s: %s (open it in https://ui.perfetto.dev)", L_.c_str(),
                   steps == 1 ? "" : "s", static_cast<long long>(prof_from_), steps == 1 ? "" : " to ",

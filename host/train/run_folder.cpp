@@ -133,7 +133,8 @@ std::string run_json_problem(const nlohmann::json& meta, const std::string& file
 }
 
 // The files that make an out folder hold a run (with TensorBoard's events).
-const char* const kRunFiles[] = {"run.json", "metrics.jsonl", "recipe.lua", "report.html", "checkpoints"};
+const char* const kRunFiles[] = {"run.json", "metrics.jsonl", "recipe.lua", "report.html", "checkpoints",
+                                 "profile.json"};
 
 }  // namespace
 
@@ -192,7 +193,9 @@ void remove_run(const fs::path& out, const std::string& recipe) {
     if (fs::exists(out / f, ec) && !(!recipe.empty() && fs::equivalent(out / f, recipe, ec)))
       doomed.push_back(out / f);
   for (const auto& e : fs::directory_iterator(out, ec))
-    if (e.path().filename().string().starts_with("events.out.tfevents.")) doomed.push_back(e.path());
+    if (const std::string name = e.path().filename().string();
+        name.starts_with("events.out.tfevents.") || (name.starts_with("profile-rank") && name.ends_with(".json")))
+      doomed.push_back(e.path());
   for (const auto& d : doomed) {
     const fs::path trash = out / (".trash-" + d.filename().string());
     fs::remove_all(trash, ec);

@@ -598,7 +598,9 @@ def check_profile(r: Runner):
     summary = prof["run"].get("profile", {})
     trace = json.loads((prof["out"] / "profile.json").read_text())
     cats = {e.get("cat") for e in trace.get("traceEvents", []) if isinstance(e, dict)}
-    steps = sum(1 for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("name") == "wick::step")
+    # the host's scopes (on a GPU Kineto adds a gpu_user_annotation copy of each scope that launched work)
+    steps = sum(1 for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("name") == "wick::step"
+                and e.get("cat") == "user_annotation")
     ok = d == 0 and summary.get("steps") == 3 and steps == 3 and bool(summary.get("host_ops"))
     if r.device == "cpu":
         seen = f"{len(summary.get('host_ops', []))} host operators"

@@ -32,6 +32,12 @@ def losses(out):
     return [json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' not in l]
 
 
+def scopes(trace):
+    """The names of the trace's host scopes and operators (not the GPU's copies of the scopes)."""
+    return [e.get("name") for e in trace["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+
+
 def trace_self_times(trace):
     """Self time (ms) and calls of each host operator, from the trace's complete
     events: nested by time on each thread, an event's self time its own less
@@ -64,7 +70,7 @@ def test_profile_writes_a_trace_and_where_the_time_went(run_wick, tmp_path):
     assert prof["trace"] == str(out / "profile.json")
     trace = json.loads((out / "profile.json").read_text())
     assert not list(out.glob("profile.json.partial*"))
-    names = [e.get("name") for e in trace["traceEvents"] if e.get("ph") == "X"]
+    names = scopes(trace)
     # the engine's scopes: one step, one data wait and one optimizer step per
     # step, a forward and a backward per micro-batch
     assert names.count("wick::step") == 3 and names.count("wick::data") == 3
@@ -85,7 +91,7 @@ def test_profile_writes_a_trace_and_where_the_time_went(run_wick, tmp_path):
     # trace's microseconds are rounded to 3 places)
     self_ms, calls = trace_self_times(trace)
     for o in ops:
-        assert calls[o["name"]] == o["calls"], o["name"]
+        assert calls[o["name"]] == pytest.approx(o["calls"] * 3), o["name"]  # calls per step in the summary
         assert o["self_ms"] == pytest.approx(self_ms[o["name"]] / 3, rel=1e-3, abs=2e-3), o["name"]
     # what the terminal would show is in the run's table; a quiet run prints nothing
     assert "profile" not in p.stderr
@@ -116,6 +122,94 @@ def test_profile_on_two_ranks_writes_a_trace_each(run_wick, tmp_path):
     out = tmp_path / "ranks"
     run_wick("launch", "--nproc-per-node", 2, recipe, f"out={out}")
     for f in ("profile.json", "profile-rank1.json"):
-        names = [e.get("name") for e in json.loads((out / f).read_text())["traceEvents"]]
-        assert names.count("wick::step") == 2, f
+        assert scopes(json.loads((out / f).read_text())).count("wick::step") == 2, f
     assert json.loads((out / "run.json").read_text())["profile"]["steps"] == 2
+
+
+def test_a_bad_profile_leaves_the_run_overwrite_would_replace(run_wick, tmp_path):
+    out, run, _ = train(run_wick, tmp_path, "kept", "false")
+    before = (out / "run.json").read_text()
+    recipe = tmp_path / "late.lua"
+    recipe.write_text(RECIPE % dict(profile="{ 20, 30 }"))
+    p = run_wick("run", recipe, f"out={out}", "overwrite=true", check=False)
+    assert p.returncode == 1 and "option 'profile': step 20 is past the run's last step (8)" in p.stderr
+    assert (out / "run.json").read_text() == before and (out / "metrics.jsonl").exists()
+
+
+def test_overwrite_removes_an_earlier_runs_traces(run_wick, tmp_path):
+    out, _, _ = train(run_wick, tmp_path, "again", "true")
+    (out / "profile-rank1.json").write_text("{}")  # as another rank of that run left it
+    recipe = tmp_path / "plain.lua"
+    recipe.write_text(RECIPE % dict(profile="false"))
+    run_wick("run", recipe, f"out={out}", "overwrite=true")
+    assert not (out / "profile.json").exists() and not (out / "profile-rank1.json").exists()
+
+
+def test_a_resumed_run_profiles_from_where_it_starts(run_wick, tmp_path):
+    recipe = tmp_path / "resumed.lua"
+    recipe.write_text((RECIPE % dict(profile="true")).replace("epochs = 1,", "epochs = 2, save_every = 5,"))
+    out = tmp_path / "resumed"
+    run_wick("run", recipe, f"out={out}", "max_steps=6")
+    first = json.loads((out / "run.json").read_text())["profile"]
+    assert (first["first"], first["last"]) == (2, 4)
+    run_wick("run", recipe, f"out={out}", "resume=true")
+    again = json.loads((out / "run.json").read_text())["profile"]
+    assert (again["first"], again["last"]) == (8, 10)  # from the end's checkpoint (step 6): its 2nd to 4th steps
+    # steps given that ran before the resume: said, nothing recorded
+    recipe.write_text((RECIPE % dict(profile="{ 2, 3 }")).replace("epochs = 1,", "epochs = 3, save_every = 5,"))
+    p = run_wick("run", recipe, f"out={out}", "resume=true")
+    assert "option 'profile': steps 2 to 3 ran before the resume (from step 16): nothing profiled" in p.stderr
+    assert "profile" not in json.loads((out / "run.json").read_text())
+
+
+def test_one_profiled_run_at_a_time(run_wick, tmp_path):
+    # a callback's wick.train inside a profiled run is refused its own profile;
+    # the outer run's is whole
+    recipe = tmp_path / "nested.lua"
+    inner = """
+  on_step = function(r)
+    if r.step == 3 then
+      local ok, err = pcall(wick.train, { model = wick.model("mlp", { inputs = 16, hidden = { 8 }, outputs = 3 }),
+        data = data, optim = wick.optim("sgd", { lr = 0.1 }), micro_batch = 16, max_steps = 2, quiet = true,
+        out = a.out .. "-inner", profile = true })
+      io.stderr:write("INNER " .. tostring(ok) .. " " .. tostring(err) .. "\\n")
+    end
+  end,"""
+    recipe.write_text((RECIPE % dict(profile="{ 2, 4 }")).replace("  profile =", inner + "\n  profile ="))
+    out = tmp_path / "nested"
+    p = run_wick("run", recipe, f"out={out}")
+    assert "INNER false" in p.stderr and "another run in this process is being profiled" in p.stderr
+    prof = json.loads((out / "run.json").read_text())["profile"]
+    assert (prof["first"], prof["last"], prof["steps"]) == (2, 4, 3)
+    assert scopes(json.loads((out / "profile.json").read_text())).count("wick::step") == 3
+    assert not (tmp_path / "nested-inner").exists()  # refused before its folder was made
+
+
+def test_an_unwritable_trace_is_said_and_the_run_goes_on(run_wick, tmp_path):
+    recipe = tmp_path / "blocked.lua"
+    # a folder where the trace would go, made once the run has its folder
+    block = """
+  on_step = function(r) if r.step == 1 then os.execute("mkdir '" .. a.out .. "/profile.json'") end end,"""
+    recipe.write_text((RECIPE % dict(profile="true")).replace("  profile =", block + "\n  profile ="))
+    out = tmp_path / "blocked"
+    p = run_wick("run", recipe, f"out={out}")
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "finished" and run["steps"] == 8
+    assert run["profile"]["trace"] is None and "cannot write" in run["profile"]["trace_error"]
+    assert f"option 'profile': cannot write {out / 'profile.json'}" in p.stderr
+    assert sorted(f.name for f in out.iterdir() if f.name.startswith("profile")) == ["profile.json"]
+
+
+def test_an_evaluation_among_the_steps_is_its_own_phase(run_wick, tmp_path):
+    plain, run, _ = train(run_wick, tmp_path, "noeval", "true")
+    recipe = tmp_path / "eval.lua"
+    recipe.write_text((RECIPE % dict(profile="true")).replace("quiet = true,", "quiet = true, eval_data = data, eval_every = 3,"))
+    out = tmp_path / "eval"
+    run_wick("run", recipe, f"out={out}")
+    prof = json.loads((out / "run.json").read_text())["profile"]
+    assert prof["phases_ms"]["eval"] > 0 and "eval" not in run["profile"]["phases_ms"]
+    # the steps' operators alone: as many products a step as without the evaluation
+    calls = lambda p: {o["name"]: o["calls"] for o in p["host_ops"]}
+    for name in ("aten::addmm", "aten::mm"):
+        if name in calls(run["profile"]):
+            assert calls(prof).get(name) == calls(run["profile"])[name], name
