@@ -11,11 +11,13 @@
 ///
 /// With offload on, each block input the block owns whole (not a view into a
 /// larger tensor, such as a slice of the batch) moves to host memory once the
-/// block has run (pinned memory on a GPU, copied on the device's stream) and
-/// comes back for the recomputation: the device holds no block inputs between
-/// forward and backward, the host holds them instead (Unsloth's offloaded
-/// gradient checkpointing, torchtune's activation offloading). Gradients are
-/// the same bits; each input crosses the bus twice per step.
+/// block has run (pinned memory on a GPU, copied on a side stream) and
+/// comes back for the recomputation, started by the backward of the block
+/// after it (train/activation_offload.hpp): the device holds no block inputs
+/// between forward and backward but the next one's, the host holds them
+/// instead (Unsloth's offloaded gradient checkpointing, torchtune's
+/// activation offloading). Gradients are the same bits; each input crosses
+/// the bus twice per step.
 ///
 /// Model plugins never call this: they declare blocks (Model::blocks()) and
 /// run each through Model::run_block, and the host's CheckpointRunner (below)
@@ -29,12 +31,13 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "util/host_copy.hpp"
+#include "train/activation_offload.hpp"
 #include "util/memory.hpp"
 #include "wick/options.hpp"
 #include "wick/model.hpp"
@@ -99,40 +102,12 @@ struct RngState {
   }
 };
 
-/// A copy of `t` in host memory, outside the device's count: pinned memory
-/// (the copy queued on the device's stream) for a GPU tensor; for a CPU
-/// tensor, memory from outside the counting allocator that stands for the
-/// device. Both count as offloaded (util/memory.hpp).
-inline at::Tensor offload_to_host(const at::Tensor& t) {
-  const auto bytes = static_cast<std::int64_t>(t.nbytes());
-  if (t.is_cuda()) {
-    at::Tensor pinned = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-    pinned.copy_(t, /*non_blocking=*/true);
-    count_host_offload(bytes);
-    // a view whose deleter gives the count back when the last user lets go
-    return at::from_blob(
-        pinned.data_ptr(), t.sizes(), [pinned, bytes](void*) mutable {
-          pinned.reset();
-          count_host_offload(-bytes);
-        },
-        pinned.options());
-  }
-  return copy_to_host_offload(t, "offload_activations: no host memory for a block input");
-}
-
-/// Whether an input moves to the host: a floating tensor that owns its whole
-/// storage (a view into something larger, such as a slice of the batch,
-/// frees nothing on the device when copied), of at least 64 KiB.
-inline bool worth_offloading(const at::Tensor& t) {
-  return t.defined() && at::isFloatingType(t.scalar_type()) && t.nbytes() >= (64u << 10) &&
-         t.storage_offset() == 0 && t.storage().nbytes() == t.nbytes() && t.is_contiguous();
-}
-
 struct CheckpointState : torch::CustomClassHolder {
   BlockFn fn;
   bool offload = false;
-  std::vector<at::Tensor> inputs;  // detached (on the host when offloaded)
-  std::vector<std::optional<at::Device>> offloaded;  // the device of each input moved to the host
+  std::vector<at::Tensor> inputs;  // detached (empty once offloaded)
+  std::shared_ptr<OffloadedInputs> moved;  // offloaded: the inputs, those worth it in host memory
+  std::weak_ptr<OffloadedInputs> before;  // the offloaded block that ran before this one, to prefetch
   bool used = false;  // backward ran: the inputs are gone
   std::vector<bool> needs_grad;
   RngState rng;
@@ -151,13 +126,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     st->rng = RngState::capture(st->inputs);
     st->autocast = AutocastState::now();
     std::vector<at::Tensor> out = st->fn(st->inputs);  // grad mode is off inside a custom forward
-    st->offloaded.assign(st->inputs.size(), std::nullopt);
-    if (st->offload)
-      for (std::size_t i = 0; i < st->inputs.size(); ++i)
-        if (worth_offloading(st->inputs[i])) {
-          st->offloaded[i] = st->inputs[i].device();
-          st->inputs[i] = offload_to_host(st->inputs[i]);
-        }
+    if (st->offload) {
+      st->moved = std::make_shared<OffloadedInputs>(st->inputs);
+      st->inputs.clear();
+    }
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
     return out;
   }
@@ -167,18 +139,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     auto st = c10::static_intrusive_pointer_cast<CheckpointState>(ctx->saved_data["state"].toCapsule());
     if (st->used)
       throw Error("a checkpointed block's backward ran twice (retain_graph): its inputs were freed after the first");
-    std::vector<at::Tensor> in;
-    for (std::size_t i = 0; i < st->inputs.size(); ++i) {
-      at::Tensor x = !st->inputs[i].defined() ? at::Tensor()
-                     : st->offloaded[i]      ? st->inputs[i].to(*st->offloaded[i], /*non_blocking=*/true)
-                                             : st->inputs[i].detach();
-      if (x.defined() && st->needs_grad[i]) x.requires_grad_(true);
-      in.push_back(x);
-    }
+    std::vector<at::Tensor> in = st->moved ? st->moved->take() : std::move(st->inputs);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      if (in[i].defined()) {
+        in[i] = in[i].detach();
+        if (st->needs_grad[i]) in[i].requires_grad_(true);
+      }
     // The node keeps its state until the whole graph goes: the inputs go now,
     // not with the last block's backward.
     st->inputs.clear();
+    st->moved.reset();
     st->used = true;
+    // the block before's inputs come back while this one recomputes
+    if (auto prev = st->before.lock()) prev->prefetch();
     std::vector<at::Tensor> out;
     {
       // the generators and autocast as they were in the forward, then back
@@ -219,12 +192,16 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 /// Runs fn(inputs) keeping only the inputs for backward; see the file comment.
 /// Without grad mode it is a plain call.
+/// With `offload`, the inputs wait in host memory; `chain` (optional) holds
+/// the last offloaded block's inputs, whose copies back this block's
+/// backward starts, and is set to this block's.
 inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<at::Tensor>& inputs,
-                                          bool offload = false) {
+                                          bool offload = false, std::weak_ptr<OffloadedInputs>* chain = nullptr) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
   auto st = c10::make_intrusive<detail::CheckpointState>();
   st->fn = fn;
   st->offload = offload;
+  if (chain) st->before = *chain;
   std::vector<at::Tensor> args = inputs;
   bool any = false;
   for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
@@ -234,7 +211,9 @@ inline std::vector<at::Tensor> checkpoint(const BlockFn& fn, const std::vector<a
     st->dummy = true;
     args.push_back(at::empty({0}).requires_grad_(true));
   }
-  return detail::CheckpointFunction::apply(st, at::TensorList(args));
+  auto out = detail::CheckpointFunction::apply(st, at::TensorList(args));
+  if (chain && st->moved && st->moved->any()) *chain = st->moved;
+  return out;
 }
 
 /// The host's Model::run_block: the chosen blocks through checkpoint(), the
@@ -246,7 +225,7 @@ class CheckpointRunner : public BlockRunner {
   std::vector<at::Tensor> run(const std::string& block, const Fn& fn, const std::vector<at::Tensor>& inputs) override {
     if (!blocks_.count(block)) return fn(inputs);
     if (at::GradMode::is_enabled() && !runs_.insert(block).second) repeated_ = true;
-    return checkpoint(fn, inputs, offload_);
+    return checkpoint(fn, inputs, offload_, &last_offloaded_);
   }
   const std::set<std::string>& blocks() const { return blocks_; }
   /// Whether a checkpointed block ran more than once with gradients since
@@ -256,6 +235,7 @@ class CheckpointRunner : public BlockRunner {
   void reset_runs() {
     runs_.clear();
     repeated_ = false;
+    last_offloaded_.reset();
   }
 
  private:
@@ -263,6 +243,7 @@ class CheckpointRunner : public BlockRunner {
   bool offload_ = false;
   std::set<std::string> runs_;
   bool repeated_ = false;
+  std::weak_ptr<OffloadedInputs> last_offloaded_;  // this micro-batch's last block in host memory
 };
 
 }  // namespace wick

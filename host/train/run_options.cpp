@@ -179,8 +179,9 @@ std::vector<RunOption> trainer_options() {
       option(opt_bool(
                  "offload_activations", false,
                  "with checkpointing: each checkpointed block's input waits for backward in host memory (pinned, on a "
-                 "GPU) instead of on the device, and comes back for the block's recomputation (the same gradients; "
-                 "each input crosses the bus twice a step)"))
+                 "GPU, copied on a side stream) instead of on the device, and comes back for the block's "
+                 "recomputation, started by the backward of the block after it (the same gradients; each input "
+                 "crosses the bus twice a step)"))
           .trainer(),
       option(opt_bool(
                  "offload_embeddings", false,

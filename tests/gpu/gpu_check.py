@@ -72,8 +72,9 @@ if a.model == "decoder" then
   end
   data = wick.data("text", { files = files, max_length = 64, pack = true, pack_attention = a.pack_attention })
   wick.seed(3)
-  model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = 64, intermediate_size = 128,
-                                     layers = 2, heads = 4, kv_heads = 2, loss_chunk = tonumber(a.loss_chunk),
+  local width = tonumber(a.width) or 64
+  model = wick.model("decoder_lm", { vocab_size = data.vocab_size, hidden_size = width, intermediate_size = 2 * width,
+                                     layers = tonumber(a.layers) or 2, heads = 4, kv_heads = 2, loss_chunk = tonumber(a.loss_chunk),
                                      deferred = flag("deferred"), quantize = flag("nf4") and "nf4" or "none" })
   if flag("qlora") then wick.optim("qlora", { r = 4, alpha = 8, compute_dtype = a.compute or "fp32" }):apply(model) end
 elseif a.model == "video" then
@@ -553,9 +554,11 @@ def check_qlora_bf16(r: Runner):
 
 
 def check_offload(r: Runner):
-    # the block inputs to pinned host memory and back: the same bits as checkpointing alone
-    kept, moved = r.runs(dict(model="decoder", micro=4, checkpointing="true"),
-                         dict(model="decoder", micro=4, checkpointing="true", offload="true"))
+    # the block inputs to pinned host memory and back on a side stream, each block's backward starting the copy back
+    # of the block before: the same bits as checkpointing alone. Block inputs of 2 MiB (16 x 64 x 512 fp32), so that a
+    # copy that is not waited for, or memory reused under one, shows
+    args = dict(model="decoder", width=512, layers=4, micro=16, checkpointing="true")
+    kept, moved = r.runs(args, dict(args, offload="true"))
     d = max_weight_diff(moved["weights"], kept["weights"])
     off = moved["run"].get("memory", {}).get("offloaded", 0)
     return ("checkpointing", f"+ offload ({off / 2**10:.0f} KiB on the host)", f"max |dw| {d:.1e} (= 0), offloaded > 0",

@@ -205,6 +205,52 @@ TEST(Checkpointing, OffloadGivesTheSameBitsAndKeepsNoBlockInputOnTheDevice) {
   EXPECT_LT(offloaded.peak, on_device.peak - 4 * input);
 }
 
+// Each offloaded block's backward starts the copy back of the block that ran
+// before it (on a GPU: on the side stream, during this block's recomputation);
+// a micro-batch's first block has none before it, whatever ran in the last one.
+TEST(Checkpointing, OffloadBackwardPrefetchesTheBlockBefore) {
+  std::vector<at::Tensor> w;
+  for (int i = 0; i < 4; ++i) w.push_back((at::randn({256, 256}) * 0.05).requires_grad_());
+  std::vector<std::int64_t> seen;  // prefetches so far, at each recomputation
+  std::int64_t start = 0;
+  const at::Tensor x = at::randn({256, 256});  // 256 KiB: worth moving
+  auto forward = [&](CheckpointRunner& runner) {  // one micro-batch
+    runner.reset_runs();
+    at::Tensor h = x;
+    for (int i = 0; i < 4; ++i) {
+      auto fn = [&, i](const std::vector<at::Tensor>& in) {
+        if (at::GradMode::is_enabled()) seen.push_back(OffloadedInputs::prefetches() - start);
+        return std::vector<at::Tensor>{at::tanh(in[0].mm(w[i]))};
+      };
+      h = runner.run("b" + std::to_string(i), fn, {h})[0];
+    }
+    return h.sum();
+  };
+  auto pass = [&](CheckpointRunner& runner) { forward(runner).backward(); };
+  CheckpointRunner kept({"b0", "b1", "b2", "b3"}, /*offload=*/false), moved({"b0", "b1", "b2", "b3"}, true);
+  pass(kept);
+  std::vector<at::Tensor> g;
+  for (auto& t : w) {
+    g.push_back(t.grad().clone());
+    t.mutable_grad().zero_();
+  }
+  start = OffloadedInputs::prefetches();
+  seen.clear();
+  pass(moved);
+  // backward runs b3, b2, b1, b0: b3 starts b2's copy back, b2 b1's, b1 b0's
+  EXPECT_THAT(seen, ::testing::ElementsAre(1, 2, 3, 3));
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(w[i].grad(), g[i])) << "block " << i;
+  EXPECT_EQ(host_offload_memory().held, 0);
+  // the next micro-batch's b0 does not reach back to the last one's b3, even
+  // while that one's graph lives
+  at::Tensor first = forward(moved);
+  seen.clear();
+  start = OffloadedInputs::prefetches();
+  pass(moved);
+  EXPECT_THAT(seen, ::testing::ElementsAre(1, 2, 3, 3));
+  first.backward();
+}
+
 TEST(Checkpointing, OffloadOfAViewIntoALargerTensorCopiesNothing) {
   // a slice of the batch (frames in chunks) frees nothing on the device when copied
   at::Tensor w = (at::randn({256, 256}) * 0.1).requires_grad_();
