@@ -707,19 +707,26 @@ at::Tensor Decoder::head(const at::Tensor& h) {
   return out;
 }
 
-wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& labels) {
+wick::ForwardResult Decoder::loss(const at::Tensor& out, const at::Tensor& labels, std::int64_t items) {
   at::Tensor y = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});
   at::Tensor l = out.narrow(1, 0, out.size(1) - 1).reshape({-1, out.size(-1)}).to(at::kFloat);
   wick::ForwardResult r;
   r.loss_sum = at::cross_entropy_loss(l, y, {}, at::Reduction::Sum, kIgnore);
-  r.items = y.ne(kIgnore).sum().item<std::int64_t>();
+  r.items = items >= 0 ? items : y.ne(kIgnore).sum().item<std::int64_t>();
   r.metrics["accuracy"] = l.argmax(-1).eq(y).logical_and(y.ne(kIgnore)).sum();
   return r;
 }
 
-wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Tensor& labels) {
+wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Tensor& labels,
+                                              const at::Tensor& host_labels) {
   at::Tensor y = labels.narrow(1, 1, labels.size(1) - 1).reshape({-1});
-  const at::Tensor y_cpu = y.to(at::kCPU, at::kLong).contiguous();
+  if (host_labels.defined() && (!host_labels.is_cpu() || host_labels.sizes() != labels.sizes()))
+    throw std::logic_error("Decoder::loss_from_hidden: host_labels must be labels' values in host memory");
+  // the labels' values on the host: given (copied early, EarlyHost), or read now (on a GPU: after the whole forward)
+  const at::Tensor y_cpu =
+      (host_labels.defined() ? host_labels.narrow(1, 1, labels.size(1) - 1).reshape({-1}) : y)
+          .to(at::kCPU, at::kLong)
+          .contiguous();
   // a label the head cannot score fails here, in words, before any kernel (a GPU would assert)
   const at::Tensor bad = y_cpu.ne(kIgnore).logical_and(y_cpu.lt(0).logical_or(y_cpu.ge(c_.vocab)));
   if (bad.any().item<bool>()) {
@@ -727,17 +734,19 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
     throw wick::Error("labels: " + std::to_string(v) + " is outside the vocabulary of " + std::to_string(c_.vocab) +
                       ", expected -100 (ignored) or 0.." + std::to_string(c_.vocab - 1));
   }
-  if (loss_chunk_ == 0) return loss(head(h), labels);
-  const auto H = h.size(-1);
-  at::Tensor x = h.narrow(1, 0, h.size(1) - 1).reshape({-1, H});
   const at::Tensor live = y_cpu.ne(kIgnore);
   const std::int64_t items = live.sum().item<std::int64_t>();
+  if (loss_chunk_ == 0) return loss(head(h), labels, items);
+  const auto H = h.size(-1);
+  at::Tensor x = h.narrow(1, 0, h.size(1) - 1).reshape({-1, H});
   if (items < y_cpu.size(0)) {
     // only the rows that carry a label reach the head: a prompt's or a
     // picture's positions (most of a VLM's sequence) cost no vocabulary product
-    const at::Tensor rows = live.nonzero().reshape({-1});
-    x = x.index_select(0, rows.to(x.device()));
-    y = y.index_select(0, rows.to(y.device()));
+    // (the row numbers reach a GPU from pinned memory, queued: no wait)
+    at::Tensor rows = live.nonzero().reshape({-1});
+    if (x.is_cuda()) rows = at::empty(rows.sizes(), rows.options().pinned_memory(true)).copy_(rows);
+    x = x.index_select(0, rows.to(x.device(), /*non_blocking=*/true));
+    y = y.index_select(0, rows.to(y.device(), /*non_blocking=*/true));
   }
   // tied: the embedding's lookup accumulates into the same weight after the head (Decoder::embed)
   auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk(), /*into_grad=*/c_.tie, c_.final_softcap);

@@ -256,11 +256,16 @@ class Decoder {
   }
   /// Summed cross-entropy of logits [B, T, V] against labels [B, T] shifted by
   /// one (Hugging Face's convention), items, and the number right.
-  static wick::ForwardResult loss(const at::Tensor& logits, const at::Tensor& labels);
+  /// (items >= 0: the count, known already.)
+  static wick::ForwardResult loss(const at::Tensor& logits, const at::Tensor& labels, std::int64_t items = -1);
   /// The same from the final hidden states [B, T, hidden] (hidden()): the
   /// head and the loss in chunks of loss_chunk() tokens (chunked_head_loss),
-  /// or through the whole logits when it is 0.
-  wick::ForwardResult loss_from_hidden(const at::Tensor& h, const at::Tensor& labels);
+  /// or through the whole logits when it is 0. The labels are checked
+  /// against the vocabulary and counted on the host: host_labels, when
+  /// given, holds their values there (wick::EarlyHost, its copy started
+  /// before the forward's kernels), else they are read when this runs.
+  wick::ForwardResult loss_from_hidden(const at::Tensor& h, const at::Tensor& labels,
+                                       const at::Tensor& host_labels = {});
   /// Tokens per chunk of the head and loss (the `loss_chunk` option; 0:
   /// whole; kDefaultLossChunk: by the byte budget).
   void set_loss_chunk(std::int64_t n) { loss_chunk_ = n; }

@@ -13,6 +13,7 @@
 // packed into rows: rotary positions restarting at each, and attention
 // within each document only). Items are the target tokens.
 
+#include <wick/kit/early_host.hpp>
 #include <wick/kit/linear.hpp>
 #include <wick/kit/dtype_names.hpp>
 #include <wick/model.hpp>
@@ -93,8 +94,10 @@ class DecoderLM : public wick::Model,
 
   wick::ForwardResult forward(const wick::Batch& b) override {
     dec_->check_nf4_training("decoder_lm", "model:freeze");
-    return dec_->loss_from_hidden(dec_->hidden(dec_->embed(b.at("input_ids")), this, nullptr, 0, positions_of(b)),
-                                  labels_of(b));
+    const at::Tensor labels = labels_of(b);
+    wick::EarlyHost host_labels(labels);  // for the loss's checks, copied before the forward's kernels are queued
+    const at::Tensor h = dec_->hidden(dec_->embed(b.at("input_ids")), this, nullptr, 0, positions_of(b));
+    return dec_->loss_from_hidden(h, labels, host_labels.get());
   }
 
   at::Tensor predict(const wick::Batch& b) override {

@@ -545,8 +545,11 @@ class Vlm : public wick::Model,
   wick::ForwardResult forward(const wick::Batch& b) override {
     dec_->check_nf4_training(kWho, "freeze_language = true, or model:freeze");
     std::vector<std::int64_t> pos, V;
+    // the labels on the host before the towers' kernels are queued (image_positions reads the ids there anyway),
+    // so that the loss's checks wait for nothing
+    const at::Tensor labels_host = labels_of(b).cpu();
     at::Tensor h = hidden_states(b, pos, V);
-    return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V));
+    return dec_->loss_from_hidden(h, expand_labels(labels_of(b), pos, V), expand_labels(labels_host, pos, V));
   }
 
   at::Tensor predict(const wick::Batch& b) override {
