@@ -12,8 +12,9 @@
 #      QLoRA in bf16, wick against transformers + PEFT, with MFU
 #   4. wick plan on each seed recipe at its real shape, against the seed's card
 #      (OUT/plan_NNN.txt): its estimate beside the peak seeds.sh measured
-#   5. where a step's time goes: GPU_PROFILE's seeds profiled in wick and in
-#      Python (OUT/profile_{wick,py}_NNN.txt, traces in OUT/profile/)
+#   5. where a step's time goes: GPU_PROFILE's seeds and GPU_PROFILE_LM's
+#      fine-tuning modes profiled in wick and in Python
+#      (OUT/profile_{wick,py}_NAME.txt, traces in OUT/profile/)
 #   WICK=path/to/wick PYTHON=path/to/python bench/gpu.sh OUT
 # (PYTHON defaults to WICK_PYTHON, as the bundle's bin/wick-env exports it,
 # then python3; WICK to this tree's build/bin/wick)
@@ -21,7 +22,8 @@
 # GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_PEERS_FULL
 # (the same for the Python peers; GPU_FULL), GPU_K (2), GPU_PROFILE (seeds
 # profiled at k layers in wick and in Python, side by side: 003; empty: none;
-# GPU_SHARE_PROFILE, 45 s each side),
+# GPU_SHARE_PROFILE, 45 s each side), GPU_PROFILE_LM (lm_finetune's modes
+# profiled likewise: lora; GPU_SHARE_PROFILE_LM, 30 s each side),
 # GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40; GPU_SHARE_003ws
 # for 003 with a pre-Hopper card's cuBLAS workspaces, GPU_SHARE_LM for the
 # fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS),
@@ -178,6 +180,17 @@ if wants profile; then
       k=$k profile="$out/profile" profile_only=1
     part "profile $s (python)" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_py_$s.txt" "$PYTHON" -u bench/seeds_peers.py \
       --device "$device" --seeds "$s" --k "$k" --profile "$out/profile" --profile-only "${peers_args[@]}"
+  done
+  # and bench/lm_finetune's modes of GPU_PROFILE_LM (its steps 2-12, wick and transformers + PEFT)
+  IFS=, read -ra prof_lm <<< "${GPU_PROFILE_LM-lora}"
+  py_lm=()
+  for kv in "${lm_args[@]}"; do py_lm+=("--${kv%%=*}" "${kv#*=}"); done
+  for m in "${prof_lm[@]}"; do
+    [ -n "$m" ] || continue
+    part "profile lm_$m" "${GPU_SHARE_PROFILE_LM:-30}" 0 "$out/profile_wick_lm_$m.txt" "$WICK" run bench/lm_finetune.lua \
+      mode="$m" device="$device" profile="$out/profile" "${lm_args[@]}"
+    part "profile lm_$m (python)" "${GPU_SHARE_PROFILE_LM:-30}" 0 "$out/profile_py_lm_$m.txt" "$PYTHON" -u \
+      bench/lm_finetune.py "$m" --device "$device" --profile "$out/profile" "${py_lm[@]}"
   done
   # the traces, not the profiled runs' checkpoints; a trace too large to bring back is left out, said
   if [ -d "$out/profile" ]; then
@@ -366,28 +379,32 @@ for lm, shape in ((os.path.join(out, "lm_finetune.txt"), "6 layers, 512 wide, 4 
 prof = {}
 for path in sorted(glob.glob(os.path.join(out, "profile_*_*.txt"))):
     for line in open(path, errors="replace"):
-        if line.startswith("PROFILE ") or line.startswith("PROFILE_OP "):
+        if line.startswith(("PROFILE ", "PROFILE_OP ", "PROFILE_RT ")):
             f = fields(line)
-            entry = prof.setdefault((f.get("seed"), f.get("side")), {"ops": []})
+            entry = prof.setdefault((f.get("seed"), f.get("side")), {"ops": [], "rt": []})
             if line.startswith("PROFILE "):
                 entry.update(f)
             else:
-                entry["ops"].append(f)
+                entry["ops" if line.startswith("PROFILE_OP ") else "rt"].append(f)
 for seed in sorted({k[0] for k in prof}):
-    w, p = prof.get((seed, "wick"), {"ops": []}), prof.get((seed, "python"), {"ops": []})
+    w, p = prof.get((seed, "wick"), {"ops": [], "rt": []}), prof.get((seed, "python"), {"ops": [], "rt": []})
     print("")
-    print(f"where a step's time goes, seed {seed} at {w.get('depth') or p.get('depth') or '?'} (ms per step; "
+    print(f"where a step's time goes, {'bench/lm_finetune ' if str(seed).startswith('lm_') else 'seed '}{seed} at {w.get('depth') or p.get('depth') or '?'} (ms per step; "
           "device busy: the kernels' and copies' time):")
     print(f"  wick:   {w.get('ms_per_step', 'n/a')} ms a step, device busy {w.get('device_busy', 'n/a')}; host: data "
           f"{w.get('data', 'n/a')}, forward {w.get('forward', 'n/a')}, backward {w.get('backward', 'n/a')}, optimizer "
           f"{w.get('optimizer', 'n/a')}")
     print(f"  python: {p.get('ms_per_step', 'n/a')} ms a step, device busy {p.get('device_busy', 'n/a')}")
     print(f"  {'wick: operator':<50} {'ms':>8} {'calls':>7} | {'python: operator':<50} {'ms':>8} {'calls':>7}")
-    for i in range(max(len(w["ops"]), len(p["ops"]))):
-        a = w["ops"][i] if i < len(w["ops"]) else {}
-        b = p["ops"][i] if i < len(p["ops"]) else {}
-        print(f"  {a.get('name', '').strip(chr(34))[:50]:<50} {a.get('ms', ''):>8} {a.get('calls', ''):>7} | "
-              f"{b.get('name', '').strip(chr(34))[:50]:<50} {b.get('ms', ''):>8} {b.get('calls', ''):>7}")
+    for table in ("ops", "rt"):
+        if table == "rt" and (w["rt"] or p["rt"]):
+            print(f"  {'wick: CUDA runtime call':<50} {'ms':>8} {'calls':>7} | {'python: CUDA runtime call':<50} "
+                  f"{'ms':>8} {'calls':>7}")
+        for i in range(max(len(w[table]), len(p[table]))):
+            a = w[table][i] if i < len(w[table]) else {}
+            b = p[table][i] if i < len(p[table]) else {}
+            print(f"  {a.get('name', '').strip(chr(34))[:50]:<50} {a.get('ms', ''):>8} {a.get('calls', ''):>7} | "
+                  f"{b.get('name', '').strip(chr(34))[:50]:<50} {b.get('ms', ''):>8} {b.get('calls', ''):>7}")
 print("")
 print("parts (exit status, seconds, limit):")
 print(times.rstrip())

@@ -3,7 +3,7 @@
 -- for a few AdamW steps, fully, with LoRA or with QLoRA, and prints tokens per
 -- second (steps after the first) and peak memory.
 --   wick run bench/lm_finetune.lua mode=full|lora|qlora [steps=6] [micro=4] [seq=256] [device=cpu|cuda]
---     [precision=fp32|bf16-mixed] [hidden=512] [inter=1408] [layers=6] [heads=8] [vocab=257]
+--     [precision=fp32|bf16-mixed] [hidden=512] [inter=1408] [layers=6] [heads=8] [vocab=257] [profile=DIR]
 -- device=cuda: precision bf16-mixed unless given, 12 steps unless given,
 -- every step's numbers read at its end (a synchronisation), and tokens per
 -- second over steps 2 to N-1 from the clock between the steps' launches (step
@@ -11,6 +11,9 @@
 --   RESULT mode=full tps=T peak=B reserved=B device=B rss=B params=N trainable=N
 -- (bytes; reserved and device n/a on the CPU, where peak is the bytes held by
 -- CPU tensors).
+-- profile=DIR: steps 2 to N under wick.train's profile instead, the trace in
+-- DIR/wick-lm_MODE/, and PROFILE lines (bench/profile_lines.lua) in place of
+-- the RESULT line (bench/lm_finetune.py --profile DIR prints the peer's).
 local wick = require "wick"
 local a = wick.args
 local device = tostring(a.device or "cpu")
@@ -30,10 +33,16 @@ if mode ~= "full" then
   wick.optim(mode, { r = 8, alpha = 16, target_modules = { "all-linear" } }):apply(model)
 end
 local total, trainable = model:parameters()
+local profiled = a.profile and (a.profile .. "/wick-lm_" .. mode) or nil
 local run = wick.train { model = model, data = data, optim = wick.optim("adamw", { lr = 1e-4 }),
   micro_batch = micro, max_steps = steps, shuffle = false, quiet = true, device = device, precision = precision,
-  log_every = cuda and 1 or nil, overrides = false }
+  log_every = cuda and 1 or nil, overrides = false,
+  out = profiled, overwrite = profiled and true or nil, profile = profiled and { 2, steps } or nil }
 os.remove(file)
+if profiled then
+  dofile(here .. "/profile_lines.lua")("lm_" .. mode, "depth=layers=" .. (a.layers or 6), run.profile)
+  return
+end
 local h = run.history
 local tokens, seconds = 0, 0
 if cuda and #h >= 3 then

@@ -4,9 +4,10 @@ tokens for a few AdamW steps; prints tokens per second (steps after the first)
 and peak memory.
   python bench/lm_finetune.py MODE [--device cpu|cuda] [--steps N] [--micro 4] [--seq 256]
       [--hidden 512] [--inter 1408] [--layers 6] [--heads 8] [--vocab 257] [--precision fp32|bf16-mixed]
+      [--profile DIR]
 On cuda: torch.autocast bf16 over fp32 weights (wick's bf16-mixed) unless
---precision says otherwise, 12 steps, the first a warm-up, the device
-synchronised before each clock read; peak: torch.cuda.max_memory_allocated,
+--precision says otherwise, 12 steps, the first a warm-up, each step timed
+to the device's end (wick's side reads each step's loss at its end); peak: torch.cuda.max_memory_allocated,
 reserved: max_memory_reserved, device: the process's device memory
 (cudaMemGetInfo's used, less the allocator's reserve now, plus its peak:
 wick's run.memory.device_peak). QLoRA needs bitsandbytes' CUDA kernels: n/a,
@@ -40,6 +41,8 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=257)
     p.add_argument("--precision", default=None, choices=["fp32", "bf16-mixed"])
+    p.add_argument("--profile", metavar="DIR", help="steps 2 to N under torch.profiler instead: the trace in "
+                   "DIR/python-lm_MODE.json, PROFILE lines (bench/profile_lines.py) in place of the RESULT line")
     a = p.parse_args()
     cuda = a.device.startswith("cuda")
     steps = a.steps or (12 if cuda else 6)
@@ -96,16 +99,34 @@ def main():
 
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
-    tokens, seconds = 0, 0.0
-    if cuda:
-        # step 1 warms up; steps 2..N timed as one stretch, synchronised at both ends
+    if a.profile:
+        import os
+        from profile_lines import print_profile
+        os.makedirs(a.profile, exist_ok=True)
+        trace = os.path.join(a.profile, f"python-lm_{mode}.json")
         step(batches[0])
         sync()
-        t0 = time.perf_counter()
-        for ids in batches[1:]:
-            step(ids)
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        with torch.profiler.profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            for ids in batches[1:]:
+                step(ids)
+                sync()
+            seconds = time.perf_counter() - t0
+        prof.export_chrome_trace(trace)
+        print_profile(f"lm_{mode}", f"depth=layers={a.layers}", prof, steps - 1, seconds / max(1, steps - 1), cuda, trace)
+        return
+    tokens, seconds = 0, 0.0
+    if cuda:
+        # step 1 warms up; steps 2..N each timed to the device's end, as wick's side reads each step's loss at its
+        # end (log_every = 1) and as transformers' Trainer waits on each step's loss (its nan/inf filter)
+        step(batches[0])
         sync()
-        seconds = time.perf_counter() - t0
+        for ids in batches[1:]:
+            t0 = time.perf_counter()
+            step(ids)
+            sync()
+            seconds += time.perf_counter() - t0
         tokens = (steps - 1) * micro * (seq - 1)
     else:
         for i, ids in enumerate(batches):

@@ -93,6 +93,7 @@ local runs = 0
 -- wick has it; else a one-step run of a tiny model with empty_cache_every =
 -- 1, whose step ends by emptying the cache.
 local random_tokens = dofile(here .. "/random_tokens.lua")
+local profile_lines = dofile(here .. "/profile_lines.lua")
 local function empty_cache()
   collectgarbage()
   collectgarbage()
@@ -264,17 +265,8 @@ local function profiled(recipe, name)
   for _, k in ipairs(recipe.depth) do base_depth[k] = K end
   local dir = a.profile .. "/wick-" .. name
   local r = measure(recipe, base_depth, nil, { out = dir, overwrite = true, profile = { 2, STEPS } })
-  local p = r.profile
-  if not p then error("seed " .. name .. ": profile=" .. a.profile .. ": the run returned no profile", 0) end
-  local ph = p.phases_ms
-  print(string.format("PROFILE seed=%s side=wick %s steps=%d ms_per_step=%.3f data=%.3f forward=%.3f backward=%.3f " ..
-    "optimizer=%.3f device_busy=%.3f trace=%s", name, depth_tag(recipe, base_depth), p.steps, p.seconds_per_step * 1e3,
-    ph.data, ph.forward, ph.backward, ph.optimizer, p.device_ms_per_step or 0, p.trace))
-  for i, o in ipairs(p.device_ops or p.host_ops) do
-    if i > 15 then break end
-    print(string.format("PROFILE_OP seed=%s side=wick rank=%d ms=%.3f calls=%.1f name=%q", name, i,
-      o.self_ms or o.ms, o.calls / p.steps, o.name))
-  end
+  if not r.profile then error("seed " .. name .. ": profile=" .. a.profile .. ": the run returned no profile", 0) end
+  profile_lines(name, depth_tag(recipe, base_depth), r.profile)
 end
 
 local function quote(s) return '"' .. tostring(s):gsub("[\r\n]+", " "):gsub('"', "'") .. '"' end

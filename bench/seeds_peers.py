@@ -39,6 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from profile_lines import print_profile
+
 warnings.filterwarnings("ignore")
 GiB = 2 ** 30
 LORA_LM = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -454,24 +456,7 @@ def profiled(name, spec, depth, dev, tiny, steps, folder):
     os.makedirs(folder, exist_ok=True)
     trace = os.path.join(folder, f"python-{name}.json")
     r = measure(spec, depth, dev, tiny, steps, profile=trace)
-    n = max(1, steps - 1)
-    cuda = dev.type == "cuda"
-    rows = r["profile"].key_averages()
-    if cuda:
-        busy = sum(e.self_device_time_total for e in rows if e.device_type == torch.autograd.DeviceType.CUDA)
-        key = "self_device_time_total"
-    else:
-        busy, key = 0.0, "self_cpu_time_total"
-    say(f"PROFILE seed={name} side=python {tag(spec['towers'], depth)} steps={n} ms_per_step={r['sps'] * 1e3:.3f} "
-        f"device_busy={busy / 1e3 / n:.3f} trace={trace}")
-    if cuda:  # the kernels and copies, as wick's device table lists them
-        ranked = sorted((e for e in rows if e.device_type == torch.autograd.DeviceType.CUDA),
-                        key=lambda e: -getattr(e, key))
-    else:
-        ranked = sorted(rows, key=lambda e: -getattr(e, key))
-    for i, e in enumerate(ranked[:15]):
-        say(f'PROFILE_OP seed={name} side=python rank={i + 1} ms={getattr(e, key) / 1e3 / n:.3f} '
-            f'calls={e.count / n:.1f} name="{e.key[:200]}"')
+    print_profile(name, tag(spec["towers"], depth), r["profile"], steps - 1, r["sps"], dev.type == "cuda", trace, say)
 
 
 def gib(x):
