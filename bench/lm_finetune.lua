@@ -6,8 +6,8 @@
 --     [precision=fp32|bf16-mixed] [hidden=512] [inter=1408] [layers=6] [heads=8] [vocab=257] [profile=DIR]
 -- device=cuda: precision bf16-mixed unless given, 12 steps unless given,
 -- every step's numbers read at its end (a synchronisation), and tokens per
--- second over steps 2 to N-1 from the clock between the steps' launches (step
--- 1 warms up). One line:
+-- second the median over steps 3 to N, each timed from the end of the step
+-- before's launch to the end of its own (step 1 warms up). One line:
 --   RESULT mode=full tps=T peak=B reserved=B device=B rss=B params=N trainable=N
 -- (bytes; reserved and device n/a on the CPU, where peak is the bytes held by
 -- CPU tensors).
@@ -47,10 +47,14 @@ local h = run.history
 local tokens, seconds = 0, 0
 if cuda and #h >= 3 then
   -- step i's record time: when its launch ended (then it was waited for, and
-  -- step i+1 started); from step 2's to step N's is the time of steps 2..N-1
-  -- (less step 2's launch, plus step N's: alike)
-  for i = 2, #h - 1 do tokens = tokens + h[i].items end
-  seconds = h[#h].time - h[2].time
+  -- step i+1 started): from step i's to step i+1's is one step's time (step
+  -- i's end on the device, step i+1's launch). The median of those from step
+  -- 2 on, as bench/lm_finetune.py takes the median of its steps
+  local rates = {}
+  for i = 2, #h - 1 do rates[#rates + 1] = h[i + 1].items / (h[i + 1].time - h[i].time) end
+  table.sort(rates)
+  local n = #rates
+  tokens, seconds = n % 2 == 1 and rates[(n + 1) / 2] or (rates[n / 2] + rates[n / 2 + 1]) / 2, 1
 else
   for i = 2, #h do
     tokens = tokens + h[i].items

@@ -7,7 +7,8 @@ and peak memory.
       [--profile DIR]
 On cuda: torch.autocast bf16 over fp32 weights (wick's bf16-mixed) unless
 --precision says otherwise, 12 steps, the first a warm-up, each step timed
-to the device's end (wick's side reads each step's loss at its end); peak: torch.cuda.max_memory_allocated,
+to the device's end (wick's side reads each step's loss at its end), tokens
+per second from the median step; peak: torch.cuda.max_memory_allocated,
 reserved: max_memory_reserved, device: the process's device memory
 (cudaMemGetInfo's used, less the allocator's reserve now, plus its peak:
 wick's run.memory.device_peak). QLoRA needs bitsandbytes' CUDA kernels: n/a,
@@ -17,6 +18,7 @@ or RESULT mode=qlora n/a reason="..."."""
 import argparse
 import importlib.util
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -120,14 +122,16 @@ def main():
     if cuda:
         # step 1 warms up; steps 2..N each timed to the device's end, as wick's side reads each step's loss at its
         # end (log_every = 1) and as transformers' Trainer waits on each step's loss (its nan/inf filter)
+        # (the median step, as wick's side takes it)
         step(batches[0])
         sync()
+        times = []
         for ids in batches[1:]:
             t0 = time.perf_counter()
             step(ids)
             sync()
-            seconds += time.perf_counter() - t0
-        tokens = (steps - 1) * micro * (seq - 1)
+            times.append(time.perf_counter() - t0)
+        tokens, seconds = micro * (seq - 1), statistics.median(times)
     else:
         for i, ids in enumerate(batches):
             t0 = time.perf_counter()

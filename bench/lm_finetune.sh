@@ -6,8 +6,8 @@
 #   bench/lm_finetune.sh [path/to/wick] [path/to/python] [device=cpu|cuda] [steps=N] [micro=4] [seq=256]
 #     [hidden=512] [inter=1408] [layers=6] [heads=8] [vocab=257] [peak_flops=989e12]
 # device=cuda: both sides in bf16 autocast over fp32 weights (wick's
-# bf16-mixed, torch.autocast), 12 steps of which the first warms up, clocks
-# read after a synchronisation; peak: the caching allocator's most allocated
+# bf16-mixed, torch.autocast), 12 steps of which the first warms up, each
+# step timed to the device's end and tokens/s from the median step; peak: the caching allocator's most allocated
 # bytes (wick's run.memory.peak, torch.cuda.max_memory_allocated), reserved:
 # its most reserved, device: the process's device memory (context included),
 # and the model FLOPs utilisation against peak_flops (989e12: H100 SXM's dense
