@@ -80,8 +80,10 @@ struct LoraFunction : torch::autograd::Function<LoraFunction> {
       if (p > 0) std::tie(h, mask) = at::native_dropout(x, p, /*train=*/true);
       a = at::linear(h.to(dt), Ac);
     }
-    const at::Tensor u = at::linear(a, B.to(dt));
-    ctx->save_for_backward({x, mask, A, B, a});
+    const at::Tensor Bc = B.to(dt);
+    const at::Tensor u = at::linear(a, Bc);
+    // A and B in the compute dtype (casts of r x features: small) kept, not cast again in backward
+    ctx->save_for_backward({x, mask, A, B, a, Ac, Bc});
     ctx->saved_data["p"] = p;
     return {u};
   }
@@ -89,7 +91,8 @@ struct LoraFunction : torch::autograd::Function<LoraFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &mask = saved[1], &A = saved[2], &B = saved[3], &a = saved[4];
+    const at::Tensor &x = saved[0], &mask = saved[1], &A = saved[2], &B = saved[3], &a = saved[4], &Ac = saved[5],
+                     &Bc = saved[6];
     const double p = ctx->saved_data["p"].toDouble();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const at::ScalarType dt = a.scalar_type();
@@ -99,20 +102,32 @@ struct LoraFunction : torch::autograd::Function<LoraFunction> {
     if (ctx->needs_input_grad(2)) gB = g.t().mm(a.reshape({-1, r})).to(B.scalar_type());
     const bool want_x = ctx->needs_input_grad(0), want_A = ctx->needs_input_grad(1);
     if (want_x || want_A) {
-      const at::Tensor ga = g.mm(B.to(dt)), Ac = A.to(dt);
+      const at::Tensor ga = g.mm(Bc);
       const at::Tensor x2 = x.reshape({-1, in}), m2 = mask.defined() ? mask.reshape({-1, in}) : at::Tensor();
       const std::int64_t n = x2.size(0), rows = slice_rows(in);
-      // A's gradient summed over slices in fp32; x's written a slice at a time
-      if (want_A) gA = at::zeros({r, in}, A.options().dtype(at::kFloat));
-      if (want_x) gx = at::empty({n, in}, x.options());
-      for (std::int64_t s = 0; s < n; s += rows) {
-        const std::int64_t k = std::min(rows, n - s);
-        const at::Tensor gs = ga.narrow(0, s, k), ms = m2.defined() ? m2.narrow(0, s, k) : at::Tensor();
-        if (want_A) gA.add_(gs.t().to(at::kFloat).mm(dropped(x2.narrow(0, s, k), ms, p).to(at::kFloat)));
-        if (want_x) gx.narrow(0, s, k).copy_(dropped(gs.mm(Ac).to(x.scalar_type()), ms, p));
+      auto A_part = [&](std::int64_t s, std::int64_t k, const at::Tensor& ms) {
+        return ga.narrow(0, s, k).t().to(at::kFloat).mm(dropped(x2.narrow(0, s, k), ms, p).to(at::kFloat));
+      };
+      auto x_part = [&](std::int64_t s, std::int64_t k, const at::Tensor& ms) {
+        return dropped(ga.narrow(0, s, k).mm(Ac).to(x.scalar_type()), ms, p);
+      };
+      if (n <= rows) {
+        // one slice (most layers): the products themselves, no buffers to sum or write into
+        if (want_A) gA = A_part(0, n, m2).to(A.scalar_type());
+        if (want_x) gx = x_part(0, n, m2).view(x.sizes());
+      } else {
+        // A's gradient summed over slices in fp32; x's written a slice at a time
+        if (want_A) gA = at::zeros({r, in}, A.options().dtype(at::kFloat));
+        if (want_x) gx = at::empty({n, in}, x.options());
+        for (std::int64_t s = 0; s < n; s += rows) {
+          const std::int64_t k = std::min(rows, n - s);
+          const at::Tensor ms = m2.defined() ? m2.narrow(0, s, k) : at::Tensor();
+          if (want_A) gA.add_(A_part(s, k, ms));
+          if (want_x) gx.narrow(0, s, k).copy_(x_part(s, k, ms));
+        }
+        if (want_A) gA = gA.to(A.scalar_type());
+        if (want_x) gx = gx.view(x.sizes());
       }
-      if (want_A) gA = gA.to(A.scalar_type());
-      if (want_x) gx = gx.view(x.sizes());
     }
     return {gx, gA, gB, at::Tensor()};
   }
