@@ -1,4 +1,6 @@
-// NF4 decoding on a CUDA device in one kernel (the launcher below): each
+// NF4 decoding on a CUDA device in one kernel (the launcher below; eight
+// values a thread where the rectangle's runs of eight are aligned, which the
+// products' slices are, else one value a thread): each
 // value of a rectangle of the [height, width] weight is its level times its
 // block's absmax constant, the constant decoded from its 8-bit index into the
 // dynamic map, times its group's scale, plus the offset, and the result is
@@ -11,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/convert.cuh"
 #include "kernels/nf4_decode.hpp"
@@ -38,11 +41,52 @@ __global__ void nf4_decode_kernel(Nf4DecodeArgs a, T* __restrict__ out) {
   }
 }
 
+// Eight values a thread (nf4_decode8_applies): four packed bytes read as one
+// word, one absmax constant for the eight (one block holds them), the same
+// float operations per value as above, one wide store.
+template <class T>
+__global__ void nf4_decode8_kernel(Nf4DecodeArgs a, int block_shift, int scale_shift, T* __restrict__ out) {
+  __shared__ float map[256], levels[16];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) map[i] = a.map[i];
+  if (threadIdx.x < 16) levels[threadIdx.x] = a.levels[threadIdx.x];
+  __syncthreads();
+  const float offset = *a.offset;
+  const std::uint64_t groups = static_cast<std::uint64_t>(a.rows) * static_cast<std::uint64_t>(a.cols / 8);
+  for (std::uint64_t g = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t p, o;
+    nf4_group_place(g, a, p, o);
+    const std::uint32_t word = *reinterpret_cast<const std::uint32_t*>(a.packed + (p >> 1));
+    const std::int64_t k = p >> block_shift;
+    const float absmax = __fadd_rn(__fmul_rn(map[a.absmax_q[k]], a.scale[k >> scale_shift]), offset);
+    T v[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned byte = (word >> (8 * j)) & 0xffu;  // the bytes in memory order, the high nibble first
+      v[2 * j] = from_float<T>(__fmul_rn(levels[byte >> 4], absmax));
+      v[2 * j + 1] = from_float<T>(__fmul_rn(levels[byte & 15u], absmax));
+    }
+    constexpr int kWide = static_cast<int>(sizeof(T) * 8 / sizeof(uint4));  // 16-byte stores: 1 (16-bit), 2 (float)
+    uint4 w[kWide];
+    memcpy(w, v, sizeof v);
+    uint4* dst = reinterpret_cast<uint4*>(out + o);
+#pragma unroll
+    for (int j = 0; j < kWide; ++j) dst[j] = w[j];
+  }
+}
+
 template <class T>
 int launch(const Nf4DecodeArgs& a, void* out, cudaStream_t stream) {
   const std::int64_t n = a.rows * a.cols;
   if (n == 0) return 0;
   constexpr int threads = 256;
+  if (nf4_decode8_applies(a, out, static_cast<int>(sizeof(T)))) {
+    const std::int64_t want = (n / 8 + threads - 1) / threads;
+    const int blocks = static_cast<int>(want < 4096 ? want : 4096);  // grid-stride beyond
+    nf4_decode8_kernel<T><<<blocks, threads, 0, stream>>>(a, nf4_log2_exact(a.block), nf4_log2_exact(a.scale_block),
+                                                          static_cast<T*>(out));
+    return static_cast<int>(cudaGetLastError());
+  }
   const std::int64_t want = (n + threads - 1) / threads;
   const int blocks = static_cast<int>(want < 65535 * 8 ? want : 65535 * 8);  // grid-stride beyond
   nf4_decode_kernel<T><<<blocks, threads, 0, stream>>>(a, static_cast<T*>(out));

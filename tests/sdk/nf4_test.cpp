@@ -8,9 +8,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <tuple>
 
+#include "kernels/nf4_decode.hpp"
 #include "util/memory.hpp"
 #include "wick/kit/nf4.hpp"
 
@@ -140,6 +142,32 @@ TEST(Nf4Memory, ASliceHoldsAtMostSixteenMiBOfDecodedWeight) {
   EXPECT_LE(fwd, 8 * 768 * 512);
 }
 
+// A forward product's row slices are the product's columns: multiples of 64
+// (tensor-core GEMMs want 8), each under the limit, covering every row once.
+TEST(Nf4Memory, RowSlicesAreWholeMultiplesOf64RowsUnderTheLimit) {
+  auto rows = [](std::int64_t out, std::int64_t in) {
+    Nf4Weight q;
+    q.shape = {out, in};
+    return detail::nf4_row_slices(q);
+  };
+  for (const auto& [out, in] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {4096, 4096}, {11008, 4096}, {4096, 11008}, {14336, 4096}, {1408, 512}, {3, 5}}) {
+    const auto s = rows(out, in);
+    std::int64_t next = 0;
+    for (const auto& [r0, r1] : s) {
+      EXPECT_EQ(r0, next) << out << " x " << in;
+      EXPECT_EQ(r0 % 64, 0) << out << " x " << in;
+      EXPECT_LE((r1 - r0) * in * 4, detail::kNf4SliceBytes) << out << " x " << in;
+      if (s.size() > 1 && r1 < out) EXPECT_EQ((r1 - r0) % 64, 0) << out << " x " << in;
+      next = r1;
+    }
+    EXPECT_EQ(next, out) << out << " x " << in;
+  }
+  EXPECT_EQ(rows(11008, 4096).size(), 11u);  // 10 x 1,024 rows and 768
+  EXPECT_EQ(rows(4096, 11008).size(), 13u);  // 12 x 320 and 256
+  EXPECT_EQ(rows(1408, 512).size(), 1u);
+}
+
 TEST(Nf4Memory, AProductHoldsUnderTwoBytesPerWeight) {
   at::manual_seed(3);
   // the slicing seen on small weights: a limit of 192 KiB cuts 768 x 512 in 8
@@ -177,6 +205,78 @@ TEST(Nf4Kernel, TheEngineRegistersItsCudaDecoderWhenBuiltWithCuda) {
 #endif
   const Nf4Weight q = nf4_quantize(at::randn({8, 64}), 64);
   EXPECT_FALSE(detail::nf4_kernel_applies(q, at::kBFloat16));  // a CPU weight decodes with ATen
+}
+
+// The kernel's eight-at-a-time path (host/kernels/nf4_decode.cu) walked on
+// the CPU: its applicability test, its placement of each group of eight
+// (nf4_group_place), its word read, shifts and nibble order, with the
+// kernel's float operations, against the ATen decode of the same rectangle.
+// A GPU checks the kernel itself (bench/nf4.cpp, scripts/gpu-check).
+at::Tensor walk_decode8(const Nf4Weight& q, const kernels::Nf4DecodeArgs& a) {
+  at::Tensor out = at::empty({a.rows, a.cols}, at::kFloat);
+  EXPECT_TRUE(kernels::nf4_decode8_applies(a, out.data_ptr(), 4));
+  const int bs = kernels::nf4_log2_exact(a.block), ss = kernels::nf4_log2_exact(a.scale_block);
+  float* o_ptr = out.data_ptr<float>();
+  for (std::uint64_t g = 0; g < static_cast<std::uint64_t>(a.rows * a.cols / 8); ++g) {
+    std::int64_t p, o;
+    kernels::nf4_group_place(g, a, p, o);
+    std::uint32_t word;
+    std::memcpy(&word, a.packed + (p >> 1), 4);
+    const std::int64_t k = p >> bs;
+    volatile float m = a.map[a.absmax_q[k]] * a.scale[k >> ss];  // no fused multiply-add, as the kernel
+    const float absmax = m + *a.offset;
+    for (int j = 0; j < 4; ++j) {
+      const unsigned byte = (word >> (8 * j)) & 0xffu;
+      o_ptr[o + 2 * j] = a.levels[byte >> 4] * absmax;
+      o_ptr[o + 2 * j + 1] = a.levels[byte & 15u] * absmax;
+    }
+  }
+  return out;
+}
+
+TEST(Nf4Kernel, ItsEightAtATimeWalkGivesTheATenDecodeOnTheCpu) {
+  at::manual_seed(6);
+  const at::Tensor map = nf4_table(1, at::kCPU).contiguous(), levels = nf4_table(0, at::kCPU).contiguous();
+  for (const auto& [out, in, block] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {300, 256, 64}, {64, 1024, 32}, {520, 136, 8}}) {
+    const Nf4Weight q = nf4_quantize(at::randn({out, in}), block);
+    auto args = [&](std::int64_t width, std::int64_t row0, std::int64_t rows, std::int64_t col0, std::int64_t cols) {
+      return kernels::Nf4DecodeArgs{q.packed.data_ptr<std::uint8_t>(), q.absmax_q.data_ptr<std::uint8_t>(),
+                                    q.absmax_scale.data_ptr<float>(),   q.absmax_offset.data_ptr<float>(),
+                                    map.data_ptr<float>(),              levels.data_ptr<float>(),
+                                    width, row0, rows, col0, cols, q.block, q.scale_block};
+    };
+    const std::string where = std::to_string(out) + " x " + std::to_string(in) + ", block " + std::to_string(block);
+    // the whole weight, and a forward product's slice of rows, as flat ranges
+    for (const auto& [p0, p1] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, out * in}, {out / 4 * in, out / 2 * in}}) {
+      const at::Tensor walked = walk_decode8(q, args(q.numel(), 0, 1, p0, p1 - p0));
+      EXPECT_TRUE(same_bits(walked.view({-1}), detail::nf4_decode_range(q, p0, p1))) << where << ", range " << p0;
+    }
+    // an input gradient's slices of columns: block-aligned, and only 8-aligned
+    for (const auto& [c0, c1] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, in}, {block, 2 * block}, {8, 24}}) {
+      const at::Tensor walked = walk_decode8(q, args(in, 0, out, c0, c1 - c0));
+      EXPECT_TRUE(same_bits(walked, detail::nf4_decode_columns(q, c0, c1, at::Tensor()))) << where << ", columns " << c0;
+    }
+  }
+  // what falls back to one value a thread: runs of eight that start off a multiple of 8, a block that is not
+  // a power of two or not a multiple of 8, a misaligned output
+  const Nf4Weight q = nf4_quantize(at::randn({16, 64}), 64);
+  kernels::Nf4DecodeArgs a{q.packed.data_ptr<std::uint8_t>(), q.absmax_q.data_ptr<std::uint8_t>(), nullptr, nullptr,
+                           nullptr, nullptr, 64, 0, 16, 0, 64, 64, 256};
+  alignas(16) static float buf[8];
+  EXPECT_TRUE(kernels::nf4_decode8_applies(a, buf, 4));
+  auto with = [&](auto change) {
+    kernels::Nf4DecodeArgs b = a;
+    change(b);
+    return kernels::nf4_decode8_applies(b, buf, 4);
+  };
+  EXPECT_FALSE(with([](auto& b) { b.col0 = 4; }));
+  EXPECT_FALSE(with([](auto& b) { b.cols = 12; }));
+  EXPECT_FALSE(with([](auto& b) { b.width = 60; }));
+  EXPECT_FALSE(with([](auto& b) { b.block = 48; }));
+  EXPECT_FALSE(with([](auto& b) { b.block = 4; }));
+  EXPECT_FALSE(with([](auto& b) { b.scale_block = 100; }));
+  EXPECT_FALSE(kernels::nf4_decode8_applies(a, reinterpret_cast<char*>(buf) + 4, 4));
 }
 
 TEST(Nf4Kernel, OnAGpuItGivesTheBitsOfTheATenDecode) {
