@@ -10,6 +10,7 @@
 // ATen decode it replaced, for the products and the whole dequantization:
 // time (median, synchronised) and whether both give the same bits.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -111,6 +112,43 @@ int cuda_main(std::int64_t tokens, at::ScalarType dtype, int reps) {
     }
   }
   std::printf("speedup: ATen's time over the kernel's\n");
+  // The slices' products (each written into its columns of the result) against one product over the whole decoded
+  // weight, and under bf16 autocast with a float32 input (the slices' GEMMs cast as autocast casts at::mm's): the
+  // same dtype, and the difference of GEMMs that sum in another order
+  std::printf("the sliced products against one GEMM over the whole decoded weight (%s)\n", at::toString(dtype));
+  std::printf("%-22s %-16s %7s %12s %s\n", "layer", "work", "slices", "max |diff|", "within");
+  for (const auto& l : layers) {
+    const wick::Nf4Weight q = wick::nf4_quantize(at::randn({l.out, l.in}, opts) * 0.02);
+    const at::Tensor x = at::randn({tokens, l.in}, opts).to(dtype), g = at::randn({tokens, l.out}, opts).to(dtype);
+    const at::Tensor w = wick::nf4_dequantize(q, dtype);
+    for (int work = 0; work < 3; ++work) {
+      at::Tensor got, want;
+      std::size_t slices;
+      if (work == 2) {  // float32 x under bf16 autocast
+        const at::Tensor xf = x.to(at::kFloat);
+        at::autocast::set_autocast_enabled(at::kCUDA, true);
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        got = wick::detail::nf4_matmul_t(xf, q);
+        want = at::mm(xf, wick::nf4_dequantize(q, at::kFloat).t());
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();
+        slices = wick::detail::nf4_row_slices(q).size();
+      } else {
+        got = work == 0 ? wick::detail::nf4_matmul_t(x, q) : wick::detail::nf4_matmul(g, q);
+        want = work == 0 ? at::mm(x, w.t()) : at::mm(g, w);
+        slices = work == 0 ? wick::detail::nf4_row_slices(q).size() : wick::detail::nf4_column_slices(q).size();
+      }
+      const double d = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+      const double scale = want.to(at::kFloat).abs().max().item<double>();
+      const double tol = (want.scalar_type() == at::kFloat ? 1e-4 : 1e-2) * scale;
+      const bool ok = got.scalar_type() == want.scalar_type() && got.sizes() == want.sizes() && d <= tol;
+      failures += !ok;
+      std::printf("%-22s %-16s %7zu %12.3g %s\n", l.name,
+                  work == 0 ? "x W^T" : work == 1 ? "g W" : "x W^T autocast", slices, d,
+                  ok ? "yes" : ("NO (" + std::string(at::toString(got.scalar_type())) + ")").c_str());
+    }
+  }
+  std::printf("within: the same dtype and max |diff| <= 1e-4 (float32) or 1e-2 (16-bit) of the largest value\n");
   return failures ? 1 : 0;
 }
 

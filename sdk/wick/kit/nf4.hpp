@@ -14,6 +14,7 @@
 /// compress_statistics=True) gives the same bytes.
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -411,14 +412,23 @@ at::Tensor nf4_sliced_product(const std::vector<std::pair<std::int64_t, std::int
                               std::int64_t width, Rhs rhs) {
   if (slices.size() == 1) return at::mm(lhs, rhs(slices[0].first, slices[0].second));
   at::Tensor y;
+  if (!lhs.is_cuda()) {
+    for (const auto& [a, b] : slices) {
+      const at::Tensor p = at::mm(lhs, rhs(a, b));
+      if (!y.defined()) y = at::empty({lhs.size(0), width}, p.options());
+      y.slice(1, a, b).copy_(p);
+    }
+    return y;
+  }
+  // mm_out is not autocast: its operands are cast as autocast casts at::mm's
+  const bool cast = at::autocast::is_autocast_enabled(at::kCUDA) && at::isFloatingType(lhs.scalar_type()) &&
+                    lhs.scalar_type() != at::kDouble;
+  const at::ScalarType dt = cast ? at::autocast::get_autocast_dtype(at::kCUDA) : lhs.scalar_type();
+  const at::Tensor l = lhs.to(dt);
+  y = at::empty({lhs.size(0), width}, lhs.options().dtype(dt));
   for (const auto& [a, b] : slices) {
-    const at::Tensor r = rhs(a, b);
-    if (!y.defined()) y = at::empty({lhs.size(0), width}, lhs.options().dtype(at::promote_types(lhs.scalar_type(), r.scalar_type())));
     at::Tensor into = y.slice(1, a, b);
-    if (y.is_cuda())
-      at::mm_out(into, lhs, r);
-    else
-      into.copy_(at::mm(lhs, r));
+    at::mm_out(into, l, rhs(a, b).to(dt));
   }
   return y;
 }
