@@ -403,7 +403,8 @@ void check_folder_rules(const std::string& label, const Checked& out) {
       const std::vector<Value> steps = p.is_list() ? p.as_list() : std::vector<Value>{p};
       if (steps.size() != 2 || steps[0].as_int() < 1 || steps[1].as_int() < steps[0].as_int())
         throw Error(label + ": option 'profile': expected true or {first, last}, the optimizer steps to record (1 <= "
-                    "first <= last), got " + p.repr());
+                    "first <= last), got " + (steps.size() == 1 ? steps[0].repr() + " (one step: {" + steps[0].repr() +
+                                              ", " + steps[0].repr() + "})" : p.repr()));
     }
   }
   if (out.at("return_weights").as_string() == "file") {

@@ -40,7 +40,8 @@ CASES = [
                  r"recipe\.lua:2: .*option 'profile': expected true or \{first, last\}, the optimizer steps to record "
                  r"\(1 <= first <= last\), got \{0, 2\}"),
     profile_case("last before first", "profile = { 3, 2 }", r"option 'profile': expected true or \{first, last\}.*got \{3, 2\}"),
-    profile_case("one step number", "profile = 2", r"option 'profile': expected true or \{first, last\}.*got \{2\}"),
+    profile_case("one step number", "profile = 2",
+                 r"option 'profile': expected true or \{first, last\}.*got 2 \(one step: \{2, 2\}\)"),
     profile_case("three step numbers", "profile = { 1, 2, 3 }",
                  r"option 'profile': expected true or \{first, last\}.*got \{1, 2, 3\}"),
     profile_case("a string", "profile = 'yes'", r"recipe\.lua:2: .*option 'profile'.*(boolean|integer)"),
