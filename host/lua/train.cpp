@@ -2,6 +2,8 @@
 
 #include "lua/binding.hpp"
 
+#include <ATen/record_function.h>
+
 #include <set>
 #include <optional>
 
@@ -64,7 +66,11 @@ int loader_start_epoch(lua_State* L) {
 
 int loader_next(lua_State* L) {
   auto& l = check_box<Loader>(L, 1, kLoaderMt, "next");
-  auto w = l->next_window();
+  std::optional<std::vector<Batch>> w;
+  {
+    RECORD_USER_SCOPE("wick::data");  // a profile's data phase (wick.profile), as wick.train's loop marks it
+    w = l->next_window();
+  }
   if (!w) {
     lua_pushnil(L);
     return 1;
@@ -315,7 +321,11 @@ int core_describe_train(lua_State* L) {
 int trainer_step(lua_State* L) {
   auto& t = check_box<Trainer>(L, 1, kTrainerMt, "step");
   auto& w = check_box<std::vector<Batch>>(L, 2, kWindowMt, "step");
-  StepStats s = t->step(*w);
+  StepStats s;
+  {
+    RECORD_USER_SCOPE("wick::step");  // a profile's step phase (wick.profile), as wick.train's loop marks it
+    s = t->step(*w);
+  }
   lua_createtable(L, 0, 10);
   set_number(L, "step", static_cast<double>(s.step));
   set_number(L, "loss", s.loss);

@@ -154,7 +154,7 @@ nlohmann::json StepProfiler::stop(const std::string& trace, std::int64_t steps) 
   // the summary, for the run to print) and the run goes on: a trace is not
   // worth the training.
   std::string trace_error;
-  {
+  if (!trace.empty()) {  // (none asked: the summary alone)
     const fs::path path(trace);
     const fs::path tmp = path.string() + ".partial." + std::to_string(::getpid());
     const fs::path kineto_tmp = tmp.string() + ".tmp";  // Kineto's own, renamed to tmp when whole
@@ -276,7 +276,7 @@ nlohmann::json StepProfiler::stop(const std::string& trace, std::int64_t steps) 
                         {"seconds_per_step", seconds / n},
                         {"phases_ms", ph},
                         {"host_ops", top_rows(host, steps, true, 20)},
-                        {"trace", trace_error.empty() ? nlohmann::json(trace) : nlohmann::json(nullptr)}};
+                        {"trace", trace_error.empty() && !trace.empty() ? nlohmann::json(trace) : nlohmann::json(nullptr)}};
   if (!trace_error.empty()) out["trace_error"] = "cannot write " + trace + ": " + trace_error;
   if (cuda_) {
     out["device_ops"] = top_rows(device, steps, false, 20);

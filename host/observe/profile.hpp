@@ -36,7 +36,8 @@ class StepProfiler {
   bool active() const { return active_; }
   /// Stops (after the device's work has ended), writes the trace to `trace`
   /// whole (a temporary file renamed into place; one that cannot be written
-  /// leaves nothing, trace null and trace_error saying why) and returns the
+  /// leaves nothing, trace null and trace_error saying why; "": no trace,
+  /// trace null) and returns the
   /// summary of `steps` steps: {seconds_per_step, phases_ms, host_ops,
   /// device_ops, device_ms_per_step, cuda_runtime}, times and calls per step.
   nlohmann::json stop(const std::string& trace, std::int64_t steps);

@@ -32,7 +32,27 @@ def profile_case(name, setting, message, out="out = 'run', "):
     return Case(f"profile {name}", ["run", "recipe.lua"], message, setup=profiled(setting, out))
 
 
+# wick.profile's arguments: a function, then {trace = file, steps = whole number >= 1}
+def wick_profile_case(name, call, message):
+    def setup(d):
+        (d / "recipe.lua").write_text("local wick = require 'wick'\n" + call + "\n")
+    return Case(f"wick.profile {name}", ["run", "recipe.lua"], r"recipe\.lua:2: wick\.profile: " + message, setup=setup)
+
+
 CASES = [
+    wick_profile_case("of a number", "wick.profile(42)", r"expected a function to run under the profiler, got number"),
+    wick_profile_case("options not a table", "wick.profile(function() end, 'trace.json')",
+                      r"expected a table of options \(trace, steps\) after the function, got string"),
+    wick_profile_case("unknown option", "wick.profile(function() end, { out = 'x' })",
+                      r"unknown option 'out', expected trace \(a file for the trace\) or steps"),
+    wick_profile_case("trace a number", "wick.profile(function() end, { trace = 5 })",
+                      r"trace is 5, expected the path of a file to write the trace to"),
+    wick_profile_case("empty trace", "wick.profile(function() end, { trace = '' })",
+                      r"trace is , expected the path of a file to write the trace to"),
+    wick_profile_case("zero steps", "wick.profile(function() end, { steps = 0 })",
+                      r"steps is 0, expected a whole number >= 1"),
+    wick_profile_case("a fraction of steps", "wick.profile(function() end, { steps = 1.5 })",
+                      r"steps is 1\.5, expected a whole number >= 1"),
     profile_case("without out", "profile = true",
                  r"recipe\.lua:2: .*option 'profile' needs 'out', the run folder to write the trace \(profile\.json\) in",
                  out=""),

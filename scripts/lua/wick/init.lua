@@ -346,6 +346,47 @@ function wick.preset(name, overrides)
   return t
 end
 
+--- wick.profile(fn [, {trace = "profile.json", steps = N}]) -> summary, fn's results
+-- Runs fn under PyTorch's profiler (a custom loop's steps, or any code; wick.train
+-- has its own `profile` option): the trace written whole to `trace` if given (for
+-- Perfetto or chrome://tracing), and where the time went, per step over `steps`
+-- (default 1: the whole call): {steps, seconds_per_step, phases_ms = {data, forward,
+-- backward, optimizer, step}, host_ops, on a GPU device_ops, device_ms_per_step and
+-- cuda_runtime, trace (nil without one), trace_error (one that could not be
+-- written), text (the lines wick.train prints)}. One profile at a time in a process.
+local profile_keys = { trace = true, steps = true }
+function wick.profile(fn, opts)
+  local where = core.where() .. "wick.profile: "
+  if type(fn) ~= "function" then
+    error(where .. "expected a function to run under the profiler, got " .. type(fn), 0)
+  end
+  if opts ~= nil and type(opts) ~= "table" then
+    error(where .. "expected a table of options (trace, steps) after the function, got " .. type(opts), 0)
+  end
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not profile_keys[k] then
+      error(where .. "unknown option '" .. tostring(k) .. "', expected trace (a file for the trace) or steps (the "
+        .. "steps the call holds)", 0)
+    end
+  end
+  if opts.trace ~= nil and (type(opts.trace) ~= "string" or opts.trace == "") then
+    error(where .. "trace is " .. tostring(opts.trace) .. ", expected the path of a file to write the trace to", 0)
+  end
+  local steps = opts.steps or 1
+  if type(steps) ~= "number" or steps < 1 or steps ~= math.floor(steps) or steps > 2 ^ 53 then
+    error(where .. "steps is " .. tostring(steps) .. ", expected a whole number >= 1 (the steps the call holds: "
+      .. "the summary's figures are per step)", 0)
+  end
+  core.profile_start()
+  local results = { pcall(fn) }
+  if not results[1] then
+    core.profile_abort()
+    error(results[2], 0)
+  end
+  return core.profile_stop(opts.trace, steps), unpack(results, 2, table.maxn(results))
+end
+
 --- wick.train{...}: see `wick describe train`.
 function wick.train(cfg)
   return require("wick.train").train(cfg)

@@ -213,3 +213,104 @@ def test_an_evaluation_among_the_steps_is_its_own_phase(run_wick, tmp_path):
     for name in ("aten::addmm", "aten::mm"):
         if name in calls(run["profile"]):
             assert calls(prof).get(name) == calls(run["profile"])[name], name
+
+
+# wick.profile: a custom loop (wick.trainer, wick.loader) under the profiler
+LOOP = """
+local wick = require "wick"
+local a = wick.args
+local data = wick.data("synthetic", { size = 96, inputs = 16, classes = 3, seed = 2 })
+wick.seed(1)
+local model = wick.model("mlp", { inputs = 16, hidden = { 32 }, outputs = 3 })
+local t = wick.trainer { model = model, optim = wick.optim("adamw", { lr = 0.01 }) }
+local loader = wick.loader(data, { micro_batch = 16, accumulate = 2, shuffle = false })
+loader:start_epoch(0)
+local losses = {}
+local function loop()
+  for i = 1, 3 do losses[i] = t:step(loader:next()).loss end
+  return "done", 3
+end
+local out = { }
+if a.profile then
+  local summary, said, n = wick.profile(loop, { trace = a.trace, steps = 3 })
+  out.summary, out.said, out.n = summary, said, n
+else
+  loop()
+end
+out.losses = losses
+local f = assert(io.open(a.result, "w"))
+f:write(wick.json(out))
+f:close()
+"""
+
+
+def loop(run_wick, tmp_path, name, *args, check=True):
+    recipe = tmp_path / f"{name}.lua"
+    recipe.write_text(LOOP)
+    result = tmp_path / f"{name}.json"
+    p = run_wick("run", recipe, f"result={result}", *args, check=check)
+    return (json.loads(result.read_text()) if result.exists() else None), p
+
+
+def test_wick_profile_records_a_custom_loop_and_changes_nothing_it_computes(run_wick, tmp_path):
+    plain, _ = loop(run_wick, tmp_path, "plain")
+    trace = tmp_path / "loop.json"
+    prof, _ = loop(run_wick, tmp_path, "prof", "profile=1", f"trace={trace}")
+    assert prof["losses"] == plain["losses"]
+    assert (prof["said"], prof["n"]) == ("done", 3)  # the function's results follow the summary
+    s = prof["summary"]
+    assert s["steps"] == 3 and s["trace"] == str(trace) and "trace_error" not in s
+    assert set(s["phases_ms"]) == {"data", "forward", "backward", "optimizer", "step"}
+    assert all(s["phases_ms"][k] > 0 for k in ("data", "forward", "backward", "optimizer", "step"))
+    assert "per step" in s["text"]
+    names = scopes(json.loads(trace.read_text()))
+    # the loop's own scopes: loader:next() and trainer:step() marked as wick.train marks its loop's
+    assert names.count("wick::step") == 3 and names.count("wick::data") == 3
+    assert names.count("wick::optimizer") == 3
+    assert names.count("wick::forward") == 6 and names.count("wick::backward") == 6
+    # the summary's self times are the trace's (per step)
+    self_ms, calls = trace_self_times(json.loads(trace.read_text()))
+    for op in s["host_ops"][:5]:
+        assert op["calls"] == pytest.approx(calls[op["name"]] / 3)
+        assert op["self_ms"] == pytest.approx(self_ms[op["name"]] / 3, rel=0.02, abs=2e-3)
+
+
+def test_wick_profile_without_a_trace_and_with_one_it_cannot_write(run_wick, tmp_path):
+    bare, _ = loop(run_wick, tmp_path, "bare", "profile=1")
+    assert bare["summary"].get("trace") is None and "trace_error" not in bare["summary"]
+    assert bare["summary"]["phases_ms"]["step"] > 0
+    (tmp_path / "a-file").write_text("")
+    bad, _ = loop(run_wick, tmp_path, "bad", "profile=1", f"trace={tmp_path / 'a-file' / 'loop.json'}")
+    assert bad["summary"].get("trace") is None and bad["summary"]["trace_error"]
+    assert bad["losses"] == bare["losses"]
+    assert not [p for p in tmp_path.rglob("*partial*")]
+
+
+def test_wick_profile_passes_an_error_on_and_stops_recording(run_wick, tmp_path):
+    recipe = tmp_path / "err.lua"
+    recipe.write_text("""
+local wick = require "wick"
+local ok, err = pcall(wick.profile, function() error("the loop broke", 0) end)
+print("first: " .. tostring(ok) .. " " .. tostring(err))
+local s = wick.profile(function() end)
+print("second: " .. s.steps)
+local ok2, err2 = pcall(wick.profile, function() wick.profile(function() end) end)
+print("nested: " .. tostring(ok2) .. " " .. tostring(err2))
+local ok3, err3 = pcall(wick.profile, function()
+  wick.train { model = wick.model("mlp", { inputs = 4, hidden = { 4 }, outputs = 2 }),
+    data = wick.data("synthetic", { size = 8, inputs = 4, classes = 2 }), optim = wick.optim("sgd", { lr = 0.1 }),
+    micro_batch = 4, out = "%s", quiet = true, profile = true }
+end)
+print("train inside: " .. tostring(ok3) .. " " .. tostring(err3))
+local s2 = wick.profile(function() end)
+print("after: " .. s2.steps)
+""" % (tmp_path / "run"))
+    p = run_wick("run", recipe)
+    lines = p.stdout.splitlines()
+    assert "first: false the loop broke" in lines
+    assert "second: 1" in lines
+    nested = [l for l in lines if l.startswith("nested: ")][0]
+    assert nested.startswith("nested: false") and "profiler is recording already" in nested
+    inside = [l for l in lines if l.startswith("train inside: ")][0]
+    assert inside.startswith("train inside: false") and "option 'profile'" in inside
+    assert "after: 1" in lines
