@@ -125,11 +125,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     st->rng = RngState::capture(st->inputs);
     st->autocast = AutocastState::now();
+    // the copies to the host queued first: on a GPU they run beside the block
+    // (both only read the inputs), and each input's memory is free once its
+    // copy ends rather than after the whole block
+    if (st->offload) st->moved = std::make_shared<OffloadedInputs>(st->inputs);
     std::vector<at::Tensor> out = st->fn(st->inputs);  // grad mode is off inside a custom forward
-    if (st->offload) {
-      st->moved = std::make_shared<OffloadedInputs>(st->inputs);
-      st->inputs.clear();
-    }
+    if (st->offload) st->inputs.clear();
     ctx->saved_data["state"] = c10::IValue::make_capsule(st);
     return out;
   }

@@ -51,6 +51,7 @@ struct OffloadedInputs::Impl {
   std::int64_t pinned_bytes = 0;  // pinned copies counted as offloaded (a GPU's)
   bool taken = false;
   bool prefetched = false;  // prefetch() came before take()
+  std::mutex mu;  // prefetch() (the block after's backward) against take() (this block's): one at a time
 #ifdef WICK_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> side;
   std::vector<at::Tensor> back;  // the copies back, once prefetch() queued them
@@ -93,6 +94,15 @@ OffloadedInputs::OffloadedInputs(const std::vector<at::Tensor>& inputs) : impl_(
       s.inputs.push_back(t);
       continue;
     }
+    if (t.is_cuda() && !s.inputs.empty()) {
+      // one side stream, one event: inputs on another GPU than the first moved one stay where they are
+      bool other = false;
+      for (std::size_t j = 0; j < i; ++j) other = other || (s.moved[j] && s.moved[j]->is_cuda() && *s.moved[j] != t.device());
+      if (other) {
+        s.inputs.push_back(t);
+        continue;
+      }
+    }
     s.moved[i] = t.device();
     if (!t.is_cuda()) {
       s.inputs.push_back(copy_to_host_offload(t, "offload_activations: no host memory for a block input"));
@@ -131,6 +141,7 @@ bool OffloadedInputs::any() const {
 
 void OffloadedInputs::prefetch() {
   Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
   if (s.taken || s.prefetched || !any()) return;
   s.prefetched = true;
   ++g_prefetches;
@@ -139,6 +150,7 @@ void OffloadedInputs::prefetch() {
 
 std::vector<at::Tensor> OffloadedInputs::take() {
   Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
   if (s.taken) return {};
   std::vector<at::Tensor> out;
   out.reserve(s.inputs.size());

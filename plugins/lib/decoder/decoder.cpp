@@ -745,8 +745,9 @@ wick::ForwardResult Decoder::loss_from_hidden(const at::Tensor& h, const at::Ten
     // (the row numbers reach a GPU from pinned memory, queued: no wait)
     at::Tensor rows = live.nonzero().reshape({-1});
     if (x.is_cuda()) rows = at::empty(rows.sizes(), rows.options().pinned_memory(true)).copy_(rows);
-    x = x.index_select(0, rows.to(x.device(), /*non_blocking=*/true));
-    y = y.index_select(0, rows.to(y.device(), /*non_blocking=*/true));
+    rows = rows.to(x.device(), /*non_blocking=*/true);
+    x = x.index_select(0, rows);
+    y = y.index_select(0, rows.to(y.device()));
   }
   // tied: the embedding's lookup accumulates into the same weight after the head (Decoder::embed)
   auto [sum, right] = chunked_head_loss(x, head_weight(), y, loss_chunk(), /*into_grad=*/c_.tie, c_.final_softcap);

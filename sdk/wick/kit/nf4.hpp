@@ -401,6 +401,16 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(cons
   return s;
 }
 
+/// The dtype of a product with `lhs` on a GPU: autocast's for at::mm where it
+/// is on (floating, not double), else lhs's. The weight is decoded straight
+/// into it (the same bits as decoding into lhs's dtype and casting: one
+/// rounding of the same float value). On the CPU, lhs's.
+inline at::ScalarType nf4_product_dtype(const at::Tensor& lhs) {
+  const bool cast = lhs.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&
+                    at::isFloatingType(lhs.scalar_type()) && lhs.scalar_type() != at::kDouble;
+  return cast ? at::autocast::get_autocast_dtype(at::kCUDA) : lhs.scalar_type();
+}
+
 /// The product lhs x rhs(a, b), [rows of lhs, width], whose columns [a, b)
 /// are lhs times rhs(a, b) for each of `slices`: a single slice's is the
 /// product itself. On a GPU each slice's product is written into its columns
@@ -421,9 +431,7 @@ at::Tensor nf4_sliced_product(const std::vector<std::pair<std::int64_t, std::int
     return y;
   }
   // mm_out is not autocast: its operands are cast as autocast casts at::mm's
-  const bool cast = at::autocast::is_autocast_enabled(at::kCUDA) && at::isFloatingType(lhs.scalar_type()) &&
-                    lhs.scalar_type() != at::kDouble;
-  const at::ScalarType dt = cast ? at::autocast::get_autocast_dtype(at::kCUDA) : lhs.scalar_type();
+  const at::ScalarType dt = nf4_product_dtype(lhs);
   const at::Tensor l = lhs.to(dt);
   y = at::empty({lhs.size(0), width}, lhs.options().dtype(dt));
   for (const auto& [a, b] : slices) {
@@ -440,7 +448,7 @@ inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
   const std::int64_t out = q.shape[0], in = q.shape[1];
   const at::Tensor x2 = x.reshape({-1, in});
   const at::Tensor y = nf4_sliced_product(nf4_row_slices(q), x2, out, [&](std::int64_t r0, std::int64_t r1) {
-    return nf4_decode_range(q, r0 * in, r1 * in, x.scalar_type()).view({r1 - r0, in}).t();
+    return nf4_decode_range(q, r0 * in, r1 * in, nf4_product_dtype(x)).view({r1 - r0, in}).t();
   });
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
@@ -454,9 +462,9 @@ inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
   const std::int64_t out = q.shape[0], in = q.shape[1];
   const at::Tensor g2 = g.reshape({-1, out});
   const at::Tensor absmax =
-      !nf4_kernel_applies(q, g.scalar_type()) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
+      !nf4_kernel_applies(q, nf4_product_dtype(g)) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
   const at::Tensor y = nf4_sliced_product(nf4_column_slices(q), g2, in, [&](std::int64_t c0, std::int64_t c1) {
-    return nf4_decode_columns(q, c0, c1, absmax, g.scalar_type());
+    return nf4_decode_columns(q, c0, c1, absmax, nf4_product_dtype(g));
   });
   std::vector<std::int64_t> sizes = g.sizes().vec();
   sizes.back() = in;
