@@ -229,6 +229,12 @@ class CheckpointRunner : public BlockRunner {
     return checkpoint(fn, inputs, offload_, &last_offloaded_);
   }
   const std::set<std::string>& blocks() const { return blocks_; }
+  /// Starts the copy back of the last block in host memory (its backward
+  /// comes first): called when the forward has ended, it runs beside the
+  /// loss's backward.
+  void prefetch_last() {
+    if (auto p = last_offloaded_.lock()) p->prefetch();
+  }
   /// Whether a checkpointed block ran more than once with gradients since
   /// reset_runs() (frames in chunks, a shared layer): each run backpropagates
   /// on its own, so its parameters' gradients arrive once per run.

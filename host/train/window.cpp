@@ -176,6 +176,7 @@ bool Trainer::pass_micro_batch(WindowPass& w, const Batch& batch, bool stand_in,
     RECORD_USER_SCOPE("wick::backward");
     at::Tensor l = r.loss_sum.reshape({}) * (stand_in ? 0.0 : w.inv_items);
     if (scaling()) l = l * scale_;
+    if (block_runner_) block_runner_->prefetch_last();  // offload_activations: the last block's inputs on their way back
     l.backward();
     fold_grads();
   }
@@ -369,6 +370,7 @@ bool Trainer::run_coupled(const std::vector<Batch>& pieces, std::size_t runs, St
       if (group->sum(0, "the out-of-memory check of " + where) > 0) return false;
     }
     if (group && (last || cfg_.sync_every_micro_batch || zero3)) reducer_->arm(/*early=*/!repeated_blocks());
+    if (block_runner_) block_runner_->prefetch_last();
     torch::autograd::backward(e, g);
     fold_grads();
     check_late_gradients();

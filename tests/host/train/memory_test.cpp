@@ -241,6 +241,16 @@ TEST(Checkpointing, OffloadBackwardPrefetchesTheBlockBefore) {
   EXPECT_THAT(seen, ::testing::ElementsAre(1, 2, 3, 3));
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(w[i].grad(), g[i])) << "block " << i;
   EXPECT_EQ(host_offload_memory().held, 0);
+  // the trainer starts the last block's copy when the forward has ended: b3's
+  // is under way before its backward, and each backward then starts the next
+  seen.clear();
+  start = OffloadedInputs::prefetches();
+  {
+    at::Tensor loss = forward(moved);
+    moved.prefetch_last();
+    loss.backward();
+  }
+  EXPECT_THAT(seen, ::testing::ElementsAre(2, 3, 4, 4));
   // the next micro-batch's b0 does not reach back to the last one's b3, even
   // while that one's graph lives
   at::Tensor first = forward(moved);
