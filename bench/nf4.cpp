@@ -132,11 +132,12 @@ int cuda_main(std::int64_t tokens, at::ScalarType dtype, int reps) {
         want = at::mm(xf, wick::nf4_dequantize(q, at::kFloat).t());
         at::autocast::set_autocast_enabled(at::kCUDA, false);
         at::autocast::clear_cache();
-        slices = wick::detail::nf4_row_slices(q).size();
+        slices = wick::detail::nf4_row_slices(q, wick::detail::nf4_value_bytes(q, at::kBFloat16)).size();
       } else {
         got = work == 0 ? wick::detail::nf4_matmul_t(x, q) : wick::detail::nf4_matmul(g, q);
         want = work == 0 ? at::mm(x, w.t()) : at::mm(g, w);
-        slices = work == 0 ? wick::detail::nf4_row_slices(q).size() : wick::detail::nf4_column_slices(q).size();
+        const std::int64_t vb = wick::detail::nf4_value_bytes(q, dtype);
+        slices = work == 0 ? wick::detail::nf4_row_slices(q, vb).size() : wick::detail::nf4_column_slices(q, vb).size();
       }
       const double d = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
       const double scale = want.to(at::kFloat).abs().max().item<double>();

@@ -166,6 +166,16 @@ TEST(Nf4Memory, RowSlicesAreWholeMultiplesOf64RowsUnderTheLimit) {
   EXPECT_EQ(rows(11008, 4096).size(), 11u);  // 10 x 1,024 rows and 768
   EXPECT_EQ(rows(4096, 11008).size(), 13u);  // 12 x 320 and 256
   EXPECT_EQ(rows(1408, 512).size(), 1u);
+  // the GPU kernel decodes bf16 straight into the slice: twice the rows in the same bytes
+  Nf4Weight q;
+  q.shape = {11008, 4096};
+  const auto bf16 = detail::nf4_row_slices(q, 2);
+  ASSERT_EQ(bf16.size(), 6u);  // 5 x 2,048 rows and 768
+  EXPECT_EQ(bf16[0].second, 2048);
+  EXPECT_LE(2048 * 4096 * 2, detail::kNf4SliceBytes);
+  EXPECT_EQ(detail::nf4_slices(q, 2), 6);
+  // a CPU weight (no kernel) decodes through float whatever the product's dtype
+  EXPECT_EQ(detail::nf4_value_bytes(nf4_quantize(at::randn({8, 64})), at::kBFloat16), 4);
 }
 
 TEST(Nf4Memory, AProductHoldsUnderTwoBytesPerWeight) {

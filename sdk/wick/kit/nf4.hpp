@@ -219,8 +219,9 @@ namespace detail {
 
 /// A product decodes its weight a slice at a time: the decoded weight of one
 /// slice is all of it that exists at a time. A slice holds at most this many
-/// bytes of decoded float weight (16 MiB: LLaMA-2-7B's 4096 x 4096 products
-/// in 4 slices, its 11008 x 4096 ones in 11); a smaller weight is one slice.
+/// bytes of decoded weight (16 MiB: LLaMA-2-7B's 4096 x 4096 products in 4
+/// slices of float, the ATen decode's, or 2 of bf16, the GPU kernel's; its
+/// 11008 x 4096 ones in 11 or 6); a smaller weight is one slice.
 /// Each slice cost a dozen kernel launches on a GPU, so a fixed count of 8
 /// made a small model's QLoRA step launch-bound (an H200 ran a 6-layer,
 /// 512-wide model at 0.27x the tokens per second of bitsandbytes' one fused
@@ -235,10 +236,12 @@ inline std::int64_t& nf4_slice_bytes() {
   return bytes;
 }
 
-/// How many slices the weight `q` is decoded in (at least 1).
-inline std::int64_t nf4_slices(const Nf4Weight& q) {
+/// How many slices the weight `q` is decoded in (at least 1), a decoded
+/// value taking `value_bytes` (4: the ATen decode's float; the kernel's
+/// product dtype where it decodes, nf4_value_bytes).
+inline std::int64_t nf4_slices(const Nf4Weight& q, std::int64_t value_bytes = 4) {
   const std::int64_t limit = std::max<std::int64_t>(1, nf4_slice_bytes());
-  return std::max<std::int64_t>(1, (q.numel() * 4 + limit - 1) / limit);
+  return std::max<std::int64_t>(1, (q.numel() * value_bytes + limit - 1) / limit);
 }
 
 /// Whether a CUDA weight decodes with the engine's kernel (the operator
@@ -370,12 +373,14 @@ inline void nf4_check_matrix(const Nf4Weight& q) {
 /// GEMM whose column count or start is not a multiple of 8 misses the
 /// tensor cores' fast kernels (LLaMA-2-7B's 11008 x 4096 in 11 even slices
 /// of 1,001 rows ran 2.3x slower on an H200 than its input gradient did).
-inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_row_slices(const Nf4Weight& q) {
+inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_row_slices(const Nf4Weight& q,
+                                                                        std::int64_t value_bytes = 4) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
   std::int64_t rows = out;
-  if (nf4_slices(q) > 1) {
-    rows = std::max<std::int64_t>(1, std::max<std::int64_t>(1, nf4_slice_bytes()) / (std::max<std::int64_t>(in, 1) * 4));
+  if (nf4_slices(q, value_bytes) > 1) {
+    rows = std::max<std::int64_t>(
+        1, std::max<std::int64_t>(1, nf4_slice_bytes()) / (std::max<std::int64_t>(in, 1) * value_bytes));
     const std::int64_t unit = rows >= 64 ? 64 : rows >= 8 ? 8 : 1;
     rows = rows / unit * unit;
   }
@@ -390,10 +395,11 @@ inline bool nf4_column_views(const Nf4Weight& q) { return q.shape[1] % q.block =
 
 /// The slices of input columns an input gradient decodes, [begin, end) each
 /// (whole blocks when nf4_column_views).
-inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(const Nf4Weight& q) {
+inline std::vector<std::pair<std::int64_t, std::int64_t>> nf4_column_slices(const Nf4Weight& q,
+                                                                           std::int64_t value_bytes = 4) {
   nf4_check_matrix(q);
   const std::int64_t in = q.shape[1];
-  const std::int64_t slices = nf4_slices(q);
+  const std::int64_t slices = nf4_slices(q, value_bytes);
   std::int64_t width = (in + slices - 1) / slices;
   if (nf4_column_views(q)) width = (width + q.block - 1) / q.block * q.block;
   std::vector<std::pair<std::int64_t, std::int64_t>> s;
@@ -409,6 +415,14 @@ inline at::ScalarType nf4_product_dtype(const at::Tensor& lhs) {
   const bool cast = lhs.is_cuda() && at::autocast::is_autocast_enabled(at::kCUDA) &&
                     at::isFloatingType(lhs.scalar_type()) && lhs.scalar_type() != at::kDouble;
   return cast ? at::autocast::get_autocast_dtype(at::kCUDA) : lhs.scalar_type();
+}
+
+/// The bytes a decoded value of `q` takes in a product's slice, decoded for
+/// a product in `dtype`: the kernel writes `dtype` itself (a bf16 slice holds
+/// twice the rows of a float one in the same bytes: fewer, wider GEMMs), the
+/// ATen decode a float first.
+inline std::int64_t nf4_value_bytes(const Nf4Weight& q, at::ScalarType dtype) {
+  return nf4_kernel_applies(q, dtype) ? static_cast<std::int64_t>(c10::elementSize(dtype)) : 4;
 }
 
 /// The product lhs x rhs(a, b), [rows of lhs, width], whose columns [a, b)
@@ -447,9 +461,11 @@ inline at::Tensor nf4_matmul_t(const at::Tensor& x, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
   const at::Tensor x2 = x.reshape({-1, in});
-  const at::Tensor y = nf4_sliced_product(nf4_row_slices(q), x2, out, [&](std::int64_t r0, std::int64_t r1) {
-    return nf4_decode_range(q, r0 * in, r1 * in, nf4_product_dtype(x)).view({r1 - r0, in}).t();
-  });
+  const at::ScalarType dt = nf4_product_dtype(x);
+  const at::Tensor y = nf4_sliced_product(nf4_row_slices(q, nf4_value_bytes(q, dt)), x2, out,
+                                          [&](std::int64_t r0, std::int64_t r1) {
+                                            return nf4_decode_range(q, r0 * in, r1 * in, dt).view({r1 - r0, in}).t();
+                                          });
   std::vector<std::int64_t> sizes = x.sizes().vec();
   sizes.back() = out;
   return y.view(sizes);
@@ -461,11 +477,12 @@ inline at::Tensor nf4_matmul(const at::Tensor& g, const Nf4Weight& q) {
   nf4_check_matrix(q);
   const std::int64_t out = q.shape[0], in = q.shape[1];
   const at::Tensor g2 = g.reshape({-1, out});
-  const at::Tensor absmax =
-      !nf4_kernel_applies(q, nf4_product_dtype(g)) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
-  const at::Tensor y = nf4_sliced_product(nf4_column_slices(q), g2, in, [&](std::int64_t c0, std::int64_t c1) {
-    return nf4_decode_columns(q, c0, c1, absmax, nf4_product_dtype(g));
-  });
+  const at::ScalarType dt = nf4_product_dtype(g);
+  const at::Tensor absmax = !nf4_kernel_applies(q, dt) && nf4_column_views(q) ? nf4_absmax_all(q) : at::Tensor();
+  const at::Tensor y = nf4_sliced_product(nf4_column_slices(q, nf4_value_bytes(q, dt)), g2, in,
+                                          [&](std::int64_t c0, std::int64_t c1) {
+                                            return nf4_decode_columns(q, c0, c1, absmax, dt);
+                                          });
   std::vector<std::int64_t> sizes = g.sizes().vec();
   sizes.back() = in;
   return y.view(sizes);
