@@ -4,7 +4,8 @@
 // weight, then the float weight), against the decode a slice at a time
 // (wick/kit/nf4.hpp), on LLaMA-2-7B's layer shapes (the seed 003 QLoRA model).
 // Bytes come from the counting CPU allocator (what CUDA's allocated bytes
-// would show); both decodes give the same bits.
+// would show); both decodes give the same bits. Then quantizing on the host:
+// the codes by ATen (bucketize) against the kit's pass, the same bytes.
 //   build/bin/wick-bench-nf4 [tokens=64] [bf16|fp32] [reps=3] [cpu|cuda]
 // cuda: on the GPU, the engine's one-kernel decode (host/kernels/) against the
 // ATen decode it replaced, for the products and the whole dequantization:
@@ -200,5 +201,29 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("ratio: whole / sliced for bytes, sliced / whole for time (2 bytes per weight is the goal)\n");
+  // Quantizing on the host (a model built or loaded with quantize = "nf4"):
+  // the codes by ATen (each value over its constant, bucketize over the
+  // midpoints, two codes to a byte) against the kit's pass, from bf16 weights
+  std::printf("\nquantizing a bf16 weight on the host, median of %d, %d thread(s): the codes by ATen against the kit's "
+              "pass\n", reps, at::get_num_threads());
+  std::printf("%-22s %10s %10s %7s %s\n", "layer", "ATen ms", "kit ms", "speedup", "same bytes");
+  for (const auto& l : layers) {
+    const at::Tensor w = (at::randn({l.out, l.in}) * 0.02).to(at::kBFloat16);
+    const Measure aten = measure(
+        [&] {
+          const at::Tensor blocks = w.to(at::kFloat).reshape({-1, 64});
+          const at::Tensor normed = blocks / blocks.abs().amax(1).clamp_min(1e-12).unsqueeze(1);
+          const at::Tensor idx =
+              wick::nearest(normed.reshape({-1}), wick::nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
+          return idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1));
+        },
+        w.numel(), reps);
+    const Measure kit = measure([&] { return wick::nf4_quantize_chunked(w).packed; }, w.numel(), reps);
+    const bool same = at::equal(aten.result, kit.result);
+    failures += !same;
+    std::printf("%-22s %10.1f %10.1f %6.2fx %s\n", l.name, aten.seconds * 1e3, kit.seconds * 1e3,
+                aten.seconds / kit.seconds, same ? "yes" : "NO");
+  }
+  std::printf("kit: nf4_quantize_chunked (the constants too); speedup: ATen's time over the kit's\n");
   return failures ? 1 : 0;
 }

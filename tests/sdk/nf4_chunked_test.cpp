@@ -4,6 +4,10 @@
 // multiple of the chunk or of the 256 constants of a double-quantization block.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "wick/kit/nf4.hpp"
 
 namespace wick {
@@ -51,6 +55,59 @@ TEST(Nf4, PackedCodesOfAnyRangeEqualTheWholeWeightsThere) {
   const at::Tensor v = at::randn({2, 9});
   const Nf4Weight odd = nf4_quantize(v, 3);
   EXPECT_TRUE(at::equal(nf4_pack(v, nf4_absmax(v, 3, 0, 6), 3, 0, 18, 1), odd.packed));
+}
+
+// The codes as ATen computes them (what nf4_pack did before its CPU pass):
+// each value over its block's constant, the nearest level by bucketize over
+// the midpoints, two codes to a byte.
+at::Tensor aten_codes(const at::Tensor& w, std::int64_t block) {
+  const at::Tensor blocks = w.to(at::kFloat).reshape({-1, block});
+  const at::Tensor normed = blocks / blocks.abs().amax(1).clamp_min(1e-12).unsqueeze(1);
+  const at::Tensor idx = nearest(normed.reshape({-1}), nf4_table(0, w.device())).to(at::kByte).reshape({-1, 2});
+  return idx.select(1, 0).bitwise_left_shift(4).bitwise_or(idx.select(1, 1));
+}
+
+// The CPU pass (15 comparisons a value, in runs) gives the bytes of the ATen
+// route: random weights in every dtype and block size, values exactly on a
+// midpoint (the lower level, as bucketize), on a level, zeros, a block of
+// zeros, infinities and NaN, and ranges cut anywhere on a byte.
+TEST(Nf4, CpuPackingGivesTheBytesOfTheAtenRoute) {
+  at::manual_seed(9);
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf})
+    for (std::int64_t block : {64, 32, 6, 2}) {
+      const at::Tensor w = (at::randn({64, 192}) * at::rand({64, 1}) * 3).to(dtype);
+      const std::string what = std::string(c10::toString(dtype)) + " block " + std::to_string(block);
+      EXPECT_TRUE(at::equal(nf4_quantize(w, block).packed, aten_codes(w, block))) << what;
+      EXPECT_TRUE(at::equal(nf4_quantize_chunked(w, block, 256, 5).packed, aten_codes(w, block))) << what;
+    }
+  // a block whose largest magnitude is 1: each value is its own normed value
+  const float* mids = detail::nf4_mids();
+  const float* levels = nf4_levels();
+  std::vector<float> v = {1.0f, 0.0f, -0.0f};
+  for (int k = 0; k < 15; ++k) {
+    v.push_back(mids[k]);
+    v.push_back(std::nextafter(mids[k], 2.0f));
+    v.push_back(std::nextafter(mids[k], -2.0f));
+    v.push_back(levels[k]);
+  }
+  while (v.size() % 64 != 0) v.push_back(-1.0f);
+  std::vector<float> specials = {std::numeric_limits<float>::infinity(), 0.5f, -std::numeric_limits<float>::infinity(),
+                                 std::nanf(""), 0.25f, -0.3f};
+  specials.resize(64, 0.1f);
+  v.insert(v.end(), specials.begin(), specials.end());
+  v.resize(v.size() + 64, 0.0f);  // a block of zeros
+  const at::Tensor t = at::from_blob(v.data(), {static_cast<std::int64_t>(v.size())}, at::kFloat).clone();
+  EXPECT_TRUE(at::equal(nf4_quantize(t, 64).packed, aten_codes(t, 64)));
+  const at::Tensor codes = nf4_quantize(t, 64).packed;
+  // a midpoint takes the lower level: value 3 is mids[0] (byte 1's low nibble),
+  // value 7 mids[1] (byte 3's low nibble); NaN (value 67) the highest
+  EXPECT_EQ(codes[1].item<std::uint8_t>() & 15, 0);
+  EXPECT_EQ(codes[3].item<std::uint8_t>() & 15, 1);
+  EXPECT_EQ(codes[33].item<std::uint8_t>() & 15, 15);
+  const at::Tensor absmax = nf4_absmax(t, 64, 0, t.numel() / 64);
+  for (auto [first, last] : {std::pair<std::int64_t, std::int64_t>{0, t.numel()}, {2, 66}, {62, 130}, {128, 192}})
+    EXPECT_TRUE(at::equal(nf4_pack(t, absmax, 64, first, last), aten_codes(t, 64).slice(0, first / 2, last / 2)))
+        << first << ".." << last;
 }
 
 TEST(Nf4, ChunkedQuantizationRefusesWhatItCannotBlock) {
