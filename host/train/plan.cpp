@@ -50,6 +50,10 @@ struct Row {
   double edge_peak = 0;
   double run_peak() const { return std::max(peak, edge_peak); }
   std::map<std::string, std::int64_t> breakdown;
+  // a row whose settings an earlier row has (the "all of these" row of a
+  // recipe that sets them all already): that row's figures, not measured
+  // again (a second measurement only showed two timings of one setting)
+  std::string same_as;
 };
 
 // Runs `fn` for `row`; an error marks the row failed with the error's text.
@@ -162,6 +166,14 @@ void Planner::make_deferred_again() {
 }
 
 Row& Planner::add_row(const std::string& name, Setting o) {
+  if (const auto it = std::find_if(rows_.begin(), rows_.end(), [&](const Row& x) { return x.o.same(o); });
+      it != rows_.end()) {
+    Row copy = *it;
+    copy.name = name;
+    copy.same_as = it->same_as.empty() ? it->name : it->same_as;
+    rows_.push_back(std::move(copy));
+    return rows_.back();
+  }
   rows_.push_back(Row{name, std::move(o)});
   Row& row = rows_.back();
   attempt(row, [&] { measure(row); });
@@ -331,9 +343,10 @@ void Planner::print_rows() const {
               "start/end");
   for (const auto& row : rows_) {
     if (row.ok)
-      std::printf("  %-44s %12s %7.0f%% %13.2fx %12s %12s\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
+      std::printf("  %-44s %12s %7.0f%% %13.2fx %12s %12s%s\n", row.name.c_str(), fmt_bytes(row.peak).c_str(),
                   100 * (1 - row.peak / base.peak), row.seconds / base.seconds, fmt_bytes(state_of(row)).c_str(),
-                  fmt_bytes(row.edge_peak).c_str());
+                  fmt_bytes(row.edge_peak).c_str(),
+                  row.same_as.empty() ? "" : ("  (the settings of \"" + row.same_as + "\")").c_str());
     else
       std::printf("  %-44s failed: %s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str());
   }

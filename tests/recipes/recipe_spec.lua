@@ -410,6 +410,16 @@ wick.train { model = wick.model("mlp", { inputs = 256, hidden = { 1024, 1024 }, 
     local json = H.read(dir .. "/plan_true/run.json")
     local measured = tonumber(json:match('"peak":(%d+)')) - tonumber(json:match('"other":(%d+)'))
     assert.truthy(math.abs(estimate - measured) < 0.15 * measured, estimate .. " vs " .. measured)
+    -- checkpointing too: "all of these" changes only the micro-batch, as the
+    -- row before it does, whose figures it repeats (not measured twice)
+    local code2, out2, err2 = H.run("plan " .. path .. " precision=bf16-true checkpointing=true --device-memory 1MiB")
+    assert.are.equal(0, code2, err2)
+    local half = out2:match("\n  micro_batch = 128, accumulate x 2%s+([^\n]-)%s*\n")
+    local all, same = out2:match("\n  all of these%s+([^\n]-)%s+%(the settings of \"([^\"]+)\"%)\n")
+    assert.truthy(half and all, out2)
+    assert.are.equal("micro_batch = 128, accumulate x 2", same)
+    assert.are.equal(half, all)
+    assert.falsy(out2:find("checkpointing = true  ", 1, true), out2)  -- (given: no row of its own)
   end)
 
   it("presets merge into a recipe and train with their knobs", function()
