@@ -26,7 +26,8 @@
 # profiled likewise: lora; GPU_SHARE_PROFILE_LM, 30 s each side),
 # GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40; GPU_SHARE_003ws
 # for 003 with a pre-Hopper card's cuBLAS workspaces, GPU_SHARE_LM for the
-# fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS),
+# fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS;
+# GPU_SHARE_PLAN_NNN, 30 s each, 75 for 003),
 # PEAK_FLOPS (989e12, H100 SXM dense bf16), GPU_SKIP (parts to leave out:
 # seeds,peers,lm,plan,profile); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
 # (--tiny), GPU_LM_ARGS (layers=2 steps=3).
@@ -164,7 +165,12 @@ if wants plan; then
     i=$((i + 1))
     card=12GiB
     [ "$s" = 003 ] && card=8GiB
-    part "plan $s" 30 $(( (n - i) * 5 + 3 )) "$out/plan_$s.txt" "$WICK" plan "configs/seeds/${file[$s]}" \
+    # 003 builds a 7 B model on the host first (its random draw is serial:
+    # about 1 s a layer) before one step of 1.3 s and five more
+    ps=30
+    [ "$s" = 003 ] && ps=75
+    ps_var=GPU_SHARE_PLAN_$s
+    part "plan $s" "${!ps_var:-$ps}" $(( (n - i) * 5 + 3 )) "$out/plan_$s.txt" "$WICK" plan "configs/seeds/${file[$s]}" \
       --device-memory $card clips="$media/clips" shape=real out="$media/plan-$s" device="$device"
   done
 fi
