@@ -348,7 +348,8 @@ void Planner::print_rows() const {
                   fmt_bytes(row.edge_peak).c_str(),
                   row.same_as.empty() ? "" : ("  (the settings of \"" + row.same_as + "\")").c_str());
     else
-      std::printf("  %-44s failed: %s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str());
+      std::printf("  %-44s failed: %s%s\n", row.name.c_str(), row.err.substr(0, row.err.find('\n')).c_str(),
+                  row.same_as.empty() ? "" : ("  (the settings of \"" + row.same_as + "\")").c_str());
   }
 }
 

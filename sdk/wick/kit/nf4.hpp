@@ -263,13 +263,22 @@ inline at::Tensor nf4_absmax(const at::Tensor& w, std::int64_t block, std::int64
 /// The 4-bit codes of values [first, last) of `w` (both even), as packed
 /// bytes (uint8 [(last - first) / 2]), given `absmax`, the constants of
 /// every block (nf4_absmax over the whole weight). Only those values are
-/// read, `chunk_blocks` blocks' worth at a time; each value's code is the
-/// one nf4_quantize gives it.
+/// read (on a GPU `chunk_blocks` blocks' worth at a time; on the CPU in one
+/// pass, detail::nf4_pack_cpu); each value's code is the one nf4_quantize
+/// gives it.
 inline at::Tensor nf4_pack(const at::Tensor& w, const at::Tensor& absmax, std::int64_t block, std::int64_t first,
                            std::int64_t last, std::int64_t chunk_blocks = 16384) {
   if (first % 2 != 0 || last % 2 != 0)
     throw std::invalid_argument("nf4_pack: the values [" + std::to_string(first) + ", " + std::to_string(last) +
                                 ") cut a byte (two values share one), expected even ends");
+  if (block < 1 || first < 0 || first > last || last > w.numel())
+    throw std::invalid_argument("nf4_pack: the values [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") in blocks of " + std::to_string(block) + " of a weight of " +
+                                std::to_string(w.numel()) + " values, expected a range inside it and a block >= 1");
+  if (absmax.numel() < (last + block - 1) / block)
+    throw std::invalid_argument("nf4_pack: " + std::to_string(absmax.numel()) + " block constants for values up to " +
+                                std::to_string(last) + " in blocks of " + std::to_string(block) +
+                                ", expected the constants of every block of the weight (nf4_absmax over all of it)");
   at::NoGradGuard no_grad;
   const at::Tensor flat = w.detach().reshape({-1});
   const at::Tensor scale = absmax.to(w.device()).clamp_min(1e-12);
