@@ -23,10 +23,12 @@
 # (the same for the Python peers; GPU_FULL), GPU_K (2), GPU_PROFILE (seeds
 # profiled at k layers in wick and in Python, side by side: 003; empty: none;
 # GPU_SHARE_PROFILE, 45 s each side), GPU_PROFILE_LM (lm_finetune's modes
-# profiled likewise: lora; GPU_SHARE_PROFILE_LM, 30 s each side),
+# profiled likewise: lora; GPU_SHARE_PROFILE_LM, 45 s each side: the Python
+# side imports transformers first, and ran past 25 s on an H100's host),
 # GPU_SHARE_NNN (seconds seed NNN may take in wick: 25 to 40; GPU_SHARE_003ws
 # for 003 with a pre-Hopper card's cuBLAS workspaces, GPU_SHARE_LM for the
-# fine-tuning, 50), GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS;
+# fine-tuning, 90: its three modes ran past 70 s on an H100's host),
+# GPU_PLAN_SEEDS (the seeds `wick plan` runs on; GPU_SEEDS;
 # GPU_SHARE_PLAN_NNN, 30 s each, 75 for 003),
 # PEAK_FLOPS (989e12, H100 SXM dense bf16), GPU_SKIP (parts to leave out:
 # seeds,peers,lm,plan,profile); for a rehearsal on a CPU: GPU_DEVICE=cpu, GPU_PEERS_ARGS
@@ -151,7 +153,7 @@ wants peers && part peers 90 55 "$out/peers.txt" "$PYTHON" -u bench/seeds_peers.
   --k "$k" --full "${GPU_PEERS_FULL-$full}" "${peers_args[@]}"
 
 # 3. fine-tuning a decoder LM: full, LoRA, QLoRA, bf16 (wick against transformers + PEFT)
-wants lm && part lm_finetune "${GPU_SHARE_LM:-50}" 25 "$out/lm_finetune.txt" bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" \
+wants lm && part lm_finetune "${GPU_SHARE_LM:-90}" 25 "$out/lm_finetune.txt" bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" \
   peak_flops="$peak_flops" "${lm_args[@]}"
 
 # 4. wick plan on each seed at its real shape, against its card
@@ -193,9 +195,9 @@ if wants profile; then
   for kv in "${lm_args[@]}"; do py_lm+=("--${kv%%=*}" "${kv#*=}"); done
   for m in "${prof_lm[@]}"; do
     [ -n "$m" ] || continue
-    part "profile lm_$m" "${GPU_SHARE_PROFILE_LM:-30}" 0 "$out/profile_wick_lm_$m.txt" "$WICK" run bench/lm_finetune.lua \
+    part "profile lm_$m" "${GPU_SHARE_PROFILE_LM:-45}" 0 "$out/profile_wick_lm_$m.txt" "$WICK" run bench/lm_finetune.lua \
       mode="$m" device="$device" profile="$out/profile" "${lm_args[@]}"
-    part "profile lm_$m (python)" "${GPU_SHARE_PROFILE_LM:-30}" 0 "$out/profile_py_lm_$m.txt" "$PYTHON" -u \
+    part "profile lm_$m (python)" "${GPU_SHARE_PROFILE_LM:-45}" 0 "$out/profile_py_lm_$m.txt" "$PYTHON" -u \
       bench/lm_finetune.py "$m" --device "$device" --profile "$out/profile" "${py_lm[@]}"
   done
   # the traces, not the profiled runs' checkpoints; a trace too large to bring back is left out, said
@@ -215,7 +217,7 @@ fi
 
 # 7. the same fine-tuning at a width where products, not launches, take the
 # time (1,024 wide, 8 layers, 4 x 512 tokens), if the budget has room
-[ "$device" = cuda ] && wants lm && part lm_finetune_wide "${GPU_SHARE_LM:-50}" 0 "$out/lm_finetune_wide.txt" \
+[ "$device" = cuda ] && wants lm && part lm_finetune_wide "${GPU_SHARE_LM:-90}" 0 "$out/lm_finetune_wide.txt" \
   bench/lm_finetune.sh "$WICK" "$PYTHON" device="$device" peak_flops="$peak_flops" hidden=1024 inter=2816 layers=8 \
   heads=16 seq=512
 
