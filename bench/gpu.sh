@@ -208,10 +208,13 @@ if wants profile; then
 fi
 
 # 6. seed 003 measured at full depth (the 7 B model built and quantized on the
-# host first: minutes), its rows named 003full, if the budget has room
+# host first: minutes), its rows named 003full, if the budget has room; at
+# full depth alone (full_only=1), its k-layer rows being part 1's (an
+# extrapolation from 1 and 2 layers counted the block input fetched back
+# ahead, which 2 layers and more hold once, as a cost per layer)
 if wants seeds && [ "$device" = cuda ] && [[ ",$seeds," == *",003,"* ]] && [[ ",$full," != *",003,"* ]]; then
   part "seeds 003full" "${GPU_SHARE_003full:-180}" 0 "$out/seeds_003full.txt" bench/seeds.sh device=$device seeds=003 \
-    full=003 k=1
+    full=003 full_only=1
   sed -i 's/^\(RESULT\|MEASURE\) seed=003 /\1 seed=003full /' "$out/seeds_003full.txt"
 fi
 

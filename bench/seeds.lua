@@ -10,10 +10,11 @@
 -- layers, the vision tower's, CLIP's text layers) at k layers (k= , default
 -- 2), then each tower at 2k, and the figures are extrapolated per layer of each tower
 -- (weights, gradients, state and kept block inputs grow by layer; the rest
--- does not). full= also measures those seeds at full depth; check= runs one
+-- does not). full= also measures those seeds at full depth (full_only=1: at
+-- full depth alone, without the k and 2k layer runs); check= runs one
 -- in fp32 with micro-batch 1 (fast kernels on any CPU) at k, 2k and all
 -- layers: the check that the extrapolation holds.
---   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [check=000] [k=2] [device=cpu|cuda]
+--   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [full_only=1] [check=000] [k=2] [device=cpu|cuda]
 -- DIR: media made by bench/seeds.sh (images resized to 224 and 336 px,
 -- 100-frame clips). Each optimizer step is a window of 2 micro-batches (the
 -- peak does not grow with the window: later micro-batches add into gradients
@@ -72,6 +73,12 @@ end
 local wanted = names(a.seeds or "000,001,002,003,004")
 local full = {}
 for _, s in ipairs(names(a.full or "")) do full[s] = true end
+local full_only = a.full_only
+if full_only ~= nil and full_only ~= 0 and full_only ~= 1 and full_only ~= true and full_only ~= false then
+  error("full_only=" .. tostring(full_only) .. ": expected 1 or 0", 0)
+end
+full_only = full_only == 1 or full_only == true
+if full_only and not next(full) then error("full_only=1 needs full=, the seeds to measure at full depth alone", 0) end
 
 local function recipe_of(name)
   local got
@@ -285,14 +292,18 @@ for _, name in ipairs(wanted) do
       return profiled(recipe, name)
     end
     header()
-    local est = extrapolated(recipe)
+    -- full_only=1: a seed of full= at full depth alone (its k-layer figures
+    -- measured elsewhere; a 7 B model's small builds cost a lease's time)
+    local est = not (full[name] and full_only) and extrapolated(recipe) or nil
     local measured
     if full[name] then
       measured = measure(recipe, nil)
       show("full depth, measured", measured, recipe.goal)
       raw(name, depth_tag(recipe, nil), measured)
-      print(string.format("  extrapolated / measured peak: %.4f (%d parameters, %.3f s per step)",
-        est.peak / measured.peak, measured.params, measured.sps))
+      if est then
+        print(string.format("  extrapolated / measured peak: %.4f (%d parameters, %.3f s per step)",
+          est.peak / measured.peak, measured.params, measured.sps))
+      end
     end
     if recipe.forward_backward then
       -- the seed's own measurement: forward and backward alone; plain SGD keeps no state

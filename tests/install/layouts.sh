@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # wick configured as distributions configure it: CMAKE_INSTALL_LIBDIR
-# lib/x86_64-linux-gnu (Debian's multiarch) and lib64 (RPM distributions).
-# Each is built beside the test's build folder (the same compiler flags, so
-# ccache serves the objects), installed, moved to another folder and checked
-# by check_prefix.sh. A libdir outside the prefix is refused at configure time.
+# lib/x86_64-linux-gnu (Debian's multiarch) by default, lib64 (RPM
+# distributions) or any other when named. Each is built beside the test's
+# build folder (the same compiler flags, so ccache serves the objects),
+# installed, moved to another folder and checked by check_prefix.sh. A libdir
+# outside the prefix is refused at configure time.
+# The suite builds multiarch alone: its libdir is two folders deep and not
+# named lib, so a path that assumes either fails there; lib64, one folder
+# deep, adds a build of about 2 minutes and no case (layouts.sh BUILD SRC
+# multiarch=lib/x86_64-linux-gnu lib64=lib64 runs both).
 #   layouts.sh BUILD_DIR SOURCE_DIR [NAME=LIBDIR ...]
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 shift 2
 layouts=("$@")
-((${#layouts[@]})) || layouts=(multiarch=lib/x86_64-linux-gnu lib64=lib64)
+((${#layouts[@]})) || layouts=(multiarch=lib/x86_64-linux-gnu)
 for l in "${layouts[@]}"; do
   [[ "${l%%=*}" =~ ^[A-Za-z0-9_]+$ && "$l" == *=* ]] || { echo "layouts.sh: '$l' is not NAME=LIBDIR (NAME: letters, digits, _)"; exit 2; }
 done
