@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -637,13 +638,23 @@ int run_cli(std::vector<std::string> args) {
 
 int main(int argc, char** argv) {
   wick::quiet_torch_logs();
+  int rc = 1;
   try {
-    return run_cli(std::vector<std::string>(argv + 1, argv + argc));
+    rc = run_cli(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "wick: error: %s\n", e.what_without_backtrace());
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "wick: error: %s\n", e.what());
-    return 1;
   }
+  // What the command made lived in run_cli and is closed by now: the recipe's
+  // Lua state (its files with it), run folders, checkpoints, the ranks' end
+  // said (announce_end). What exit() would add is the libraries' teardown:
+  // LibTorch unregistering its thousands of operators, CUDA's, the plugins'
+  // unloading, about 0.2 s of a 0.5 s `wick version` on a 2-core machine,
+  // paid by every command (a test suite runs thousands). The streams are
+  // flushed, and the process ends without it.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(rc);
 }
