@@ -111,6 +111,12 @@ void quiet_torch_logs() {
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 3;
 }
 
+bool exit_collectors_attached() {
+  for (const char* name : {"CUDA_INJECTION64_PATH", "LD_PRELOAD"})
+    if (const char* v = std::getenv(name); v && *v) return true;
+  return false;
+}
+
 void install_signal_handlers() {
   struct sigaction sa{};
   sa.sa_handler = on_signal;

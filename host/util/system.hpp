@@ -79,6 +79,13 @@ void set_interrupt_hook(void (*hook)(int sig));
 /// Silences LibTorch's internal log lines unless TORCH_CPP_LOG_LEVEL is set.
 void quiet_torch_logs();
 
+/// Whether a tool attached to this process may collect what it measured as
+/// the process exits, in its exit handlers or destructors: Nsight Systems,
+/// Nsight Compute and other CUPTI tools inject through CUDA_INJECTION64_PATH,
+/// others preload (LD_PRELOAD). wick then ends through exit(), not
+/// std::_Exit (host/cli/main.cpp), so that their data is written.
+bool exit_collectors_attached();
+
 /// The device a run computes on: "auto" is this rank's CUDA device (LOCAL_RANK
 /// modulo the devices it sees; "cuda" on one rank) or "cpu"; a CUDA device
 /// asked for that this process cannot use is an error saying why (built

@@ -218,4 +218,39 @@ wick.train { model = model, data = data, optim = wick.optim('adamw', { lr = 1e-3
     assert.are.equal(0, code2, err2)
     assert.falsy(err2:find("memory peak trace", 1, true))
   end)
+  it("a tool attached to the process still collects at its exit (LD_PRELOAD, CUDA_INJECTION64_PATH)", function()
+    -- wick ends with std::_Exit, skipping the libraries' teardown (0.2 s a
+    -- command), unless a profiler may write its data in its exit handlers:
+    -- a preloaded library's destructor, as such a tool's, runs at exit() and
+    -- not at _Exit. Without a tool (the fast end) the recipe's own unclosed
+    -- file and printed lines are all there, and a failure's exit code kept.
+    local dir = H.tmpdir()
+    H.write(dir .. "/tool.c", [[
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((destructor)) static void collect(void) {
+  const char* p = getenv("TOOL_OUT");
+  FILE* f = p ? fopen(p, "w") : NULL;
+  if (f) { fputs("collected\n", f); fclose(f); }
+}
+]])
+    local cc = H.sh("cc -shared -fPIC -o " .. dir .. "/tool.so " .. dir .. "/tool.c")
+    assert.are.equal(0, cc)
+    local text = "local wick = require 'wick'\n" ..
+      "local f = assert(io.open(wick.args.out, 'w')); f:write('written by the recipe'); print('done')\n"
+    local code, out, err = H.recipe(dir, "r.lua", text, "out=" .. dir .. "/mine.txt",
+      "LD_PRELOAD=" .. dir .. "/tool.so TOOL_OUT=" .. dir .. "/collected.txt")
+    assert.are.equal(0, code, err)
+    assert.truthy(out:find("done", 1, true), out)
+    assert.are.equal("collected\n", H.read(dir .. "/collected.txt"))
+    -- an unclosed file of the recipe's is complete either way, and the exit code kept
+    assert.are.equal("written by the recipe", H.read(dir .. "/mine.txt"))
+    os.remove(dir .. "/mine.txt")
+    code, out, err = H.recipe(dir, "r.lua", text .. "error('failed on purpose')\n", "out=" .. dir .. "/mine.txt")
+    assert.are.equal(1, code, err)
+    assert.truthy(out:find("done", 1, true), out)
+    assert.truthy(err:find("failed on purpose", 1, true), err)
+    assert.are.equal("written by the recipe", H.read(dir .. "/mine.txt"))
+    os.execute("rm -rf " .. dir)
+  end)
 end)
