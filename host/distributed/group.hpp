@@ -155,6 +155,7 @@ class Group {
   void wait_keys(const std::vector<std::string>& keys, const std::string& what);
   DistEnv env_;
   std::string backend_;
+  std::atomic<bool> await_release_{true};  // see wait()
   at::Device device_{at::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> pg_;
