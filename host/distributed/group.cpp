@@ -434,6 +434,35 @@ class DoneWork : public c10d::Work {
   bool isSuccess() const override { return true; }
   bool wait(std::chrono::milliseconds) override { return true; }
 };
+
+// gloo's reduce-scatter clones its whole input and all-reduces the clone: a
+// whole bucket more than NCCL, which writes each rank's part in place, holds.
+// wick's input is a buffer it drops once reduced, so on gloo it is summed in
+// place by an all-reduce (the same sums, in the same order: gloo's own
+// reduce-scatter is that all-reduce), and this rank's chunk is copied out at
+// the wait.
+class ChunkOfAllReduce : public c10d::Work {
+ public:
+  ChunkOfAllReduce(c10::intrusive_ptr<c10d::Work> all_reduce, at::Tensor out, at::Tensor chunk)
+      : inner_(std::move(all_reduce)), out_(std::move(out)), chunk_(std::move(chunk)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!copied_) {
+      inner_->wait(timeout);
+      out_.copy_(chunk_);
+      copied_ = true;
+    }
+    return true;
+  }
+  const c10::intrusive_ptr<c10d::Work>& inner() const { return inner_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  at::Tensor out_, chunk_;
+  bool copied_ = false;
+};
 }  // namespace
 
 bool Group::staged(const at::Tensor& t) const { return backend_ == "gloo" && t.is_cuda(); }
@@ -448,6 +477,11 @@ void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& 
     fail(what, e.what());
   }
   if (backend_ != "gloo" || !await_release_) return;
+  if (const auto* chunked = dynamic_cast<const ChunkOfAllReduce*>(work.get())) await_release(chunked->inner(), 1);
+  await_release(work, 1);
+}
+
+void Group::await_release(const c10::intrusive_ptr<c10d::Work>& work, std::size_t ours) {
   // gloo's worker thread wakes the waiter before it lets go of the Work,
   // which holds the collective's tensors (a bucket, gloo's temporaries).
   // Freed whenever that thread next runs, they would overlap what this
@@ -458,7 +492,7 @@ void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& 
   // them) ends the waiting for the rest of the run. (NCCL's watchdog holds
   // its Works until its next poll: not waited for.)
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (work.use_count() > 1) {
+  while (await_release_ && work.use_count() > ours) {
     if (std::chrono::steady_clock::now() >= until) {
       await_release_ = false;
       return;
@@ -521,12 +555,20 @@ c10::intrusive_ptr<c10d::Work> Group::reduce_scatter_async(at::Tensor& out, at::
   count(b, static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
   if (staged(in) || staged(out)) {
     at::Tensor hin = in.cpu(), hout = at::empty(out.sizes(), out.options().device(at::kCPU));
-    wait(start("a gradient reduce-scatter", [&] { return pg_->_reduce_scatter_base(hout, hin); }),
+    wait(start("a gradient reduce-scatter", [&] { return gloo_reduce_scatter(hout, hin); }),
          "a gradient reduce-scatter");
     out.copy_(hout);
     return c10::make_intrusive<DoneWork>();
   }
-  return start("a gradient reduce-scatter", [&] { return pg_->_reduce_scatter_base(out, in); });
+  return start("a gradient reduce-scatter", [&] {
+    return backend_ == "gloo" ? gloo_reduce_scatter(out, in) : pg_->_reduce_scatter_base(out, in);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Group::gloo_reduce_scatter(at::Tensor& out, at::Tensor& in) {
+  std::vector<at::Tensor> v{in};
+  auto work = pg_->allreduce(v);
+  return c10::make_intrusive<ChunkOfAllReduce>(std::move(work), out, in.chunk(env_.world_size)[env_.rank]);
 }
 
 void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {

@@ -102,6 +102,7 @@ class Group {
   c10::intrusive_ptr<c10d::Work> all_reduce_async(at::Tensor& t);
   /// Starts a reduce-scatter: `in` ([size() * n]) summed over the ranks, this
   /// rank's n elements (chunk rank()) written to `out`; wait() on the result.
+  /// `in` is the caller's to drop afterwards: on gloo it holds the whole sums.
   c10::intrusive_ptr<c10d::Work> reduce_scatter_async(at::Tensor& out, at::Tensor& in);
   /// Every rank's `in` (n elements) concatenated in rank order into `out`
   /// ([size() * n]), on every rank (blocking).
@@ -153,6 +154,10 @@ class Group {
   /// The store's wait for `keys` (one per rank), within WICK_DIST_TIMEOUT;
   /// under wick launch a rank that ended without its key ends it at once.
   void wait_keys(const std::vector<std::string>& keys, const std::string& what);
+  /// gloo: `in` summed in place by an all-reduce, the chunk copied at the wait.
+  c10::intrusive_ptr<c10d::Work> gloo_reduce_scatter(at::Tensor& out, at::Tensor& in);
+  /// gloo: until its worker thread lets go of `work` (held `ours` times here).
+  void await_release(const c10::intrusive_ptr<c10d::Work>& work, std::size_t ours);
   DistEnv env_;
   std::string backend_;
   std::atomic<bool> await_release_{true};  // see wait()

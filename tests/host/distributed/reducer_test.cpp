@@ -14,6 +14,7 @@
 #include "distributed/group.hpp"
 #include "distributed/reducer.hpp"
 #include "distributed/zero3.hpp"
+#include "util/memory.hpp"
 #include "wick/kit/nf4.hpp"
 #include "wick/optim.hpp"
 
@@ -77,6 +78,29 @@ TEST(Group, AfterAWaitTheCollectivesTensorsAreTheCallersAlone) {
     }
     EXPECT_EQ(shared_after, 0);
   });
+}
+
+// c10d's gloo reduce-scatter clones its whole input and all-reduces the
+// clone: while a bucket is in flight a rank would hold it twice, which NCCL
+// never does, and every sharded peak measured on the CPU carried the copy.
+// wick's sums its input in place (the caller drops it) and copies the chunk
+// out: both ranks' 4 MiB inputs and 2 MiB outputs, and nothing of their size more.
+TEST(Group, AGlooReduceScatterMakesNoCopyOfItsInput) {
+  install_memory_tracking();
+  const std::int64_t base = cpu_tensor_memory().allocated;
+  reset_cpu_tensor_peak();
+  two_ranks([](std::shared_ptr<Group> g) {
+    at::Tensor in = at::arange(1 << 20, at::kFloat).mul_(g->rank() + 1), out = at::empty({1 << 19});
+    auto work = g->reduce_scatter_async(out, in);
+    g->wait(work, "a reduce-scatter");
+    const float* o = out.const_data_ptr<float>();  // (read in place: a check allocating would count)
+    int wrong = 0;
+    for (std::int64_t i = 0; i < (1 << 19); ++i) wrong += o[i] != 3.0f * static_cast<float>(i + (1 << 19) * g->rank());
+    EXPECT_EQ(wrong, 0);
+  });
+  const std::int64_t grew = cpu_tensor_memory().peak - base, inputs_and_outputs = 2 * (4 << 20) + 2 * (2 << 20);
+  EXPECT_GE(grew, inputs_and_outputs);
+  EXPECT_LT(grew, inputs_and_outputs + (1 << 20)) << "a reduce-scatter held more than its input and output";
 }
 
 // Sharded, each bucket's whole-length buffer goes once its reduce-scatter is
