@@ -571,6 +571,23 @@ c10::intrusive_ptr<c10d::Work> Group::gloo_reduce_scatter(at::Tensor& out, at::T
   return c10::make_intrusive<ChunkOfAllReduce>(std::move(work), out, in.chunk(env_.world_size)[env_.rank]);
 }
 
+// gloo's all-gather gathers into a flat temporary of the whole size on its
+// worker thread and copies it out: a gathered unit more than NCCL, which
+// writes into the output, holds. On gloo the gather is an all-reduce of the
+// output's bytes, zero but for this rank's part, by bitwise or: every bit as
+// each rank sent it (a sum would turn -0.0 into +0.0), nothing beside the
+// output, twice a ring all-gather's bytes on the wire (gloo: one host, tests).
+c10::intrusive_ptr<c10d::Work> Group::gloo_all_gather(at::Tensor& out, at::Tensor& in) {
+  if (!out.is_contiguous()) return pg_->_allgather_base(out, in);
+  at::Tensor flat = out.view({-1});
+  flat.zero_();
+  flat.narrow(0, in.numel() * env_.rank, in.numel()).copy_(in.reshape({-1}));
+  std::vector<at::Tensor> bytes{flat.view(at::kByte)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::BOR;
+  return pg_->allreduce(bytes, opts);
+}
+
 void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {
   TORCH_CHECK(out.numel() == in.numel() * env_.world_size, "all_gather: ", in.numel(), " elements in, ",
               out.numel(), " out on ", env_.world_size, " ranks");
@@ -578,11 +595,12 @@ void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what)
   count(in.numel() * in.element_size(), static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
   if (staged(in) || staged(out)) {
     at::Tensor hin = in.cpu(), hout = at::empty(out.sizes(), out.options().device(at::kCPU));
-    wait(start(what, [&] { return pg_->_allgather_base(hout, hin); }), what);
+    wait(start(what, [&] { return gloo_all_gather(hout, hin); }), what);
     out.copy_(hout);
     return;
   }
-  wait(start(what, [&] { return pg_->_allgather_base(out, in); }), what);
+  wait(start(what, [&] { return backend_ == "gloo" ? gloo_all_gather(out, in) : pg_->_allgather_base(out, in); }),
+       what);
 }
 
 std::vector<std::int64_t> Group::all_gather_ints(const std::vector<std::int64_t>& mine, const std::string& what) {

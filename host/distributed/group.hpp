@@ -156,6 +156,8 @@ class Group {
   void wait_keys(const std::vector<std::string>& keys, const std::string& what);
   /// gloo: `in` summed in place by an all-reduce, the chunk copied at the wait.
   c10::intrusive_ptr<c10d::Work> gloo_reduce_scatter(at::Tensor& out, at::Tensor& in);
+  /// gloo: `out` zeroed but for this rank's part, its bytes or-ed over the ranks.
+  c10::intrusive_ptr<c10d::Work> gloo_all_gather(at::Tensor& out, at::Tensor& in);
   /// gloo: until its worker thread lets go of `work` (held `ours` times here).
   void await_release(const c10::intrusive_ptr<c10d::Work>& work, std::size_t ours);
   DistEnv env_;

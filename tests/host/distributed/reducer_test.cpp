@@ -103,6 +103,50 @@ TEST(Group, AGlooReduceScatterMakesNoCopyOfItsInput) {
   EXPECT_LT(grew, inputs_and_outputs + (1 << 20)) << "a reduce-scatter held more than its input and output";
 }
 
+// c10d's gloo all-gather gathers into a temporary of the whole size and
+// copies it out, a gathered unit more than NCCL holds; wick's or-s the bytes
+// of the output, zero but for each rank's part, together: the bits each rank
+// sent (-0.0, a NaN's payload, bf16 and 4-bit bytes), nothing of the
+// output's size beside it.
+TEST(Group, AGlooAllGatherKeepsEveryBitAndMakesNoTemporary) {
+  install_memory_tracking();
+  two_ranks([](std::shared_ptr<Group> g) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kByte, at::kLong}) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(g->rank() + 1);
+      at::Tensor mine = dtype == at::kByte || dtype == at::kLong ? at::randint(0, 250, {4099}, gen, at::kLong).to(dtype)
+                                                                 : at::randn({4099}, gen).to(dtype);
+      if (dtype == at::kFloat) {
+        mine[0] = -0.0f;
+        mine.view(at::kInt)[1] = 0x7fc01234;  // a NaN with a payload
+      }
+      at::Tensor all = at::full({2 * 4099}, 7, at::TensorOptions().dtype(dtype));
+      g->all_gather(all, mine, "an all-gather");
+      // each rank's part, as its own bytes: compared with what that rank made
+      for (int r = 0; r < 2; ++r) {
+        auto rgen = at::make_generator<at::CPUGeneratorImpl>(r + 1);
+        at::Tensor theirs = dtype == at::kByte || dtype == at::kLong
+                                ? at::randint(0, 250, {4099}, rgen, at::kLong).to(dtype)
+                                : at::randn({4099}, rgen).to(dtype);
+        if (dtype == at::kFloat) {
+          theirs[0] = -0.0f;
+          theirs.view(at::kInt)[1] = 0x7fc01234;
+        }
+        EXPECT_TRUE(at::equal(all.narrow(0, r * 4099, 4099).view(at::kByte), theirs.view(at::kByte)))
+            << "rank " << r << "'s part in " << dtype;
+      }
+    }
+  });
+  const std::int64_t base = cpu_tensor_memory().allocated;
+  reset_cpu_tensor_peak();
+  two_ranks([](std::shared_ptr<Group> g) {
+    at::Tensor mine = at::ones({1 << 19}), all = at::empty({1 << 20});
+    g->all_gather(all, mine, "an all-gather");
+  });
+  const std::int64_t grew = cpu_tensor_memory().peak - base, inputs_and_outputs = 2 * (2 << 20) + 2 * (4 << 20);
+  EXPECT_GE(grew, inputs_and_outputs);
+  EXPECT_LT(grew, inputs_and_outputs + (1 << 20)) << "an all-gather held more than its input and output";
+}
+
 // Sharded, each bucket's whole-length buffer goes once its reduce-scatter is
 // done: with eight buckets launched during the backward, no more than
 // kInFlight exist at once (before, every one lived to finish(): the whole
