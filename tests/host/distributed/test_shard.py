@@ -956,10 +956,10 @@ def test_a_checkpoint_under_parameters_gathers_one_block_at_a_time(tmp_path, run
     grew = {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").splitlines()
             if l.startswith("SAVE ")}
     block, whole = (512 * 512 + 512) * 4, (512 * 512 * 3 + 512 * 3 + 512 * 3 + 3) * 4
-    # one block's weights, and gloo's temporary of the same size (its
-    # all-gather copies through one; NCCL's does not): before, the whole model
+    # one block's weights (c10d's gloo all-gather added a temporary of the
+    # same size, which wick's makes no more, as NCCL's): before, the whole model
     for r in range(2):  # rank 0 too: it writes each unit as it comes (it held the whole model before)
-        assert grew[r] <= 2 * block * 1.05 and grew[r] < whole, (grew, block, whole)
+        assert grew[r] <= block * 1.05 and grew[r] < whole, (grew, block, whole)
     assert_same_weights(tmp_path / "checkpoints" / "step-00000001" / "model.safetensors",
                         tmp_path / "final.safetensors", rtol=1e-30)
     loaded = {int(l.split()[1]): int(l.split()[2]) for l in p.stdout.replace("[rank 1] ", "").splitlines()
