@@ -110,30 +110,25 @@ TEST(Group, AGlooReduceScatterMakesNoCopyOfItsInput) {
 // output's size beside it.
 TEST(Group, AGlooAllGatherKeepsEveryBitAndMakesNoTemporary) {
   install_memory_tracking();
-  two_ranks([](std::shared_ptr<Group> g) {
+  // what rank r sends, made the same way on every rank to check the gather
+  const auto made = [](int r, at::ScalarType dtype) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(r + 1);
+    at::Tensor t = dtype == at::kByte || dtype == at::kLong ? at::randint(0, 250, {4099}, gen, at::kLong).to(dtype)
+                                                            : at::randn({4099}, gen).to(dtype);
+    if (dtype == at::kFloat) {
+      t[0] = -0.0f;
+      t.view(at::kInt)[1] = 0x7fc01234;  // a NaN with a payload
+    }
+    return t;
+  };
+  two_ranks([&](std::shared_ptr<Group> g) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kByte, at::kLong}) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(g->rank() + 1);
-      at::Tensor mine = dtype == at::kByte || dtype == at::kLong ? at::randint(0, 250, {4099}, gen, at::kLong).to(dtype)
-                                                                 : at::randn({4099}, gen).to(dtype);
-      if (dtype == at::kFloat) {
-        mine[0] = -0.0f;
-        mine.view(at::kInt)[1] = 0x7fc01234;  // a NaN with a payload
-      }
+      at::Tensor mine = made(g->rank(), dtype);
       at::Tensor all = at::full({2 * 4099}, 7, at::TensorOptions().dtype(dtype));
       g->all_gather(all, mine, "an all-gather");
-      // each rank's part, as its own bytes: compared with what that rank made
-      for (int r = 0; r < 2; ++r) {
-        auto rgen = at::make_generator<at::CPUGeneratorImpl>(r + 1);
-        at::Tensor theirs = dtype == at::kByte || dtype == at::kLong
-                                ? at::randint(0, 250, {4099}, rgen, at::kLong).to(dtype)
-                                : at::randn({4099}, rgen).to(dtype);
-        if (dtype == at::kFloat) {
-          theirs[0] = -0.0f;
-          theirs.view(at::kInt)[1] = 0x7fc01234;
-        }
-        EXPECT_TRUE(at::equal(all.narrow(0, r * 4099, 4099).view(at::kByte), theirs.view(at::kByte)))
+      for (int r = 0; r < 2; ++r)  // each rank's part, as its own bytes
+        EXPECT_TRUE(at::equal(all.narrow(0, r * 4099, 4099).view(at::kByte), made(r, dtype).view(at::kByte)))
             << "rank " << r << "'s part in " << dtype;
-      }
     }
   });
   const std::int64_t base = cpu_tensor_memory().allocated;
