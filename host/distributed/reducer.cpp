@@ -485,19 +485,18 @@ void GradReducer::launch(Bucket& b) {
   if (partitioned()) record(false, index);
   in_flight_.push_back(index);
   most_in_flight_ = std::max(most_in_flight_, in_flight_.size());
-  settle(kInFlight);
 }
 
 void GradReducer::settle(std::size_t keep) {
-  while (!in_flight_.empty()) {
+  // The oldest are waited for until `keep` remain, finished or not: a bucket
+  // whose reduce-scatter happens to be done already is not dropped sooner,
+  // so the buffers held at each point of the backward, and the step's peak,
+  // are the same whatever the collectives' timing (on a GPU the host mostly
+  // runs ahead of them anyway; on gloo they finish while the backward
+  // computes, early or late by the machine's load, and wick plan measured
+  // one peak one run and another the next).
+  while (in_flight_.size() > keep) {
     Bucket& b = buckets_[in_flight_.front()];
-    bool done = !b.work;
-    try {
-      done = done || b.work->isCompleted();
-    } catch (const std::exception&) {
-      done = true;  // (failed: the wait below says which collective, and why)
-    }
-    if (!done && in_flight_.size() <= keep) break;
     // (a failed one throws here, naming it, as finish() would)
     if (b.work) group_->wait(b.work, "the gradient reduce-scatter of a unit during the backward");
     b.work.reset();

@@ -110,8 +110,9 @@ class GradReducer {
   /// own .grad are released: as each bucket is copied out during the
   /// backward (gradients), or here, once every bucket is reduced (optimizer).
   /// A sharded bucket's whole-length buffer (its local sums, the
-  /// reduce-scatter's input) goes as soon as its reduce-scatter is done,
-  /// during the backward: at most kInFlight of them exist at once, so a rank
+  /// reduce-scatter's input) goes during the backward, waited for before the
+  /// kInFlight-th bucket after it makes its own: at most kInFlight of them
+  /// exist at once, so a rank
   /// never holds the whole model's gradient, only its chunks (FSDP frees
   /// its unsharded gradient after each reduce-scatter too).
   void finish(std::int64_t step);
@@ -250,9 +251,9 @@ class GradReducer {
   static constexpr std::int64_t kFrozenAlign = 64;
   void ready(std::size_t param);
   void launch(Bucket& b);
-  /// Sharded, mu_ held: the launched buckets whose reduce-scatters are done
-  /// drop their whole-length buffers, oldest first, and the oldest are waited
-  /// for until at most `keep` remain.
+  /// Sharded, mu_ held: the oldest launched buckets are waited for and drop
+  /// their whole-length buffers until at most `keep` remain (done or not:
+  /// the buffers held, and so the peak, do not depend on the collectives' timing).
   void settle(std::size_t keep);
   std::deque<std::size_t> in_flight_;  // launched sharded buckets still holding their buffers, oldest first
   std::size_t most_in_flight_ = 0;

@@ -4,7 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -142,8 +144,8 @@ TEST(Group, AGlooAllGatherKeepsEveryBitAndMakesNoTemporary) {
   EXPECT_LT(grew, inputs_and_outputs + (1 << 20)) << "an all-gather held more than its input and output";
 }
 
-// Sharded, each bucket's whole-length buffer goes once its reduce-scatter is
-// done: with eight buckets launched during the backward, no more than
+// Sharded, each bucket's whole-length buffer goes during the backward, once
+// its reduce-scatter is waited for: with eight buckets launched, no more than
 // kInFlight exist at once (before, every one lived to finish(): the whole
 // gradient on every rank), and the sums are still the two ranks' own.
 TEST(GradReducer, ShardedBucketsHoldAtMostAFewWholeBuffersDuringTheBackward) {
@@ -173,6 +175,38 @@ TEST(GradReducer, ShardedBucketsHoldAtMostAFewWholeBuffersDuringTheBackward) {
         EXPECT_TRUE(at::allclose(red.piece_grad(piece), want, 1e-5, 1e-6));
       }
     });
+  }
+}
+
+// The oldest buffer goes when a bucket beyond kInFlight needs room, not as
+// soon as its reduce-scatter happens to be done: a backward that leaves
+// every reduce-scatter time to finish before the next bucket (a pause in a
+// gradient hook) holds as many buffers at once as one that leaves none, so
+// a step's peak does not move with the collectives' timing. (Freed as soon
+// as they were done, the paused backward held one at a time where the other
+// held two, and `wick plan`'s peaks moved with the machine's load.)
+TEST(GradReducer, TheBuffersHeldDuringTheBackwardDoNotDependOnWhenTheReduceScattersFinish) {
+  for (auto mode : {ShardMode::Optimizer, ShardMode::Gradients}) {
+    for (bool pause : {false, true}) {
+      two_ranks([&](std::shared_ptr<Group> g) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+        std::vector<at::Tensor> w;
+        for (int k = 0; k < 6; ++k) w.push_back((at::randn({64, 64}, gen) * 0.2).requires_grad_());
+        GradReducer red(g, w, /*bucket_mb=*/0.01, mode);
+        ASSERT_EQ(red.buckets(), 6u);
+        at::Tensor x = at::full({4, 64}, static_cast<double>(g->rank() + 1));
+        for (auto& p : w) {
+          x = at::tanh(x.mm(p));
+          // the gradient of this layer's output: the previous bucket's reduce-scatter has 50 ms to finish
+          if (pause) x.register_hook([](const at::Tensor&) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+        }
+        red.arm();
+        x.sum().backward();
+        red.finish(1);
+        EXPECT_EQ(red.launched_during_backward(), 6u);
+        EXPECT_EQ(red.most_in_flight(), GradReducer::kInFlight) << (pause ? "with" : "without") << " pauses";
+      });
+    }
   }
 }
 
