@@ -494,7 +494,10 @@ void Group::await_release(const c10::intrusive_ptr<c10d::Work>& work, std::size_
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (await_release_ && work.use_count() > ours) {
     if (std::chrono::steady_clock::now() >= until) {
-      await_release_ = false;
+      if (await_release_.exchange(false))
+        notice("wick: rank " + std::to_string(env_.rank) + ": gloo kept a finished collective's tensors for over a " +
+               "second; no longer waiting for it to let go of them, so this rank's peaks may now move with the " +
+               "machine's load");
       return;
     }
     std::this_thread::yield();
@@ -551,6 +554,12 @@ c10::intrusive_ptr<c10d::Work> Group::all_reduce_async(at::Tensor& t) {
 c10::intrusive_ptr<c10d::Work> Group::reduce_scatter_async(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(in.numel() == out.numel() * env_.world_size, "reduce_scatter: ", in.numel(), " elements in, ",
               out.numel(), " out on ", env_.world_size, " ranks");
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "reduce_scatter: ", in.scalar_type(), " in, ",
+              out.scalar_type(), " out");
+  // gloo sums `in` in place over its memory from data_ptr: a strided view
+  // would be summed over the wrong elements
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "reduce_scatter: non-contiguous ",
+              in.is_contiguous() ? "output" : "input");
   const std::int64_t b = in.numel() * in.element_size();
   count(b, static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
   if (staged(in) || staged(out)) {
@@ -568,7 +577,9 @@ c10::intrusive_ptr<c10d::Work> Group::reduce_scatter_async(at::Tensor& out, at::
 c10::intrusive_ptr<c10d::Work> Group::gloo_reduce_scatter(at::Tensor& out, at::Tensor& in) {
   std::vector<at::Tensor> v{in};
   auto work = pg_->allreduce(v);
-  return c10::make_intrusive<ChunkOfAllReduce>(std::move(work), out, in.chunk(env_.world_size)[env_.rank]);
+  // this rank's part of the flat elements (not of dim 0: `in` may be of any shape)
+  return c10::make_intrusive<ChunkOfAllReduce>(std::move(work), out.view({-1}),
+                                               in.view({-1}).narrow(0, env_.rank * out.numel(), out.numel()));
 }
 
 // gloo's all-gather gathers into a flat temporary of the whole size on its
@@ -580,8 +591,12 @@ c10::intrusive_ptr<c10d::Work> Group::gloo_reduce_scatter(at::Tensor& out, at::T
 c10::intrusive_ptr<c10d::Work> Group::gloo_all_gather(at::Tensor& out, at::Tensor& in) {
   if (!out.is_contiguous()) return pg_->_allgather_base(out, in);
   at::Tensor flat = out.view({-1});
-  flat.zero_();
-  flat.narrow(0, in.numel() * env_.rank, in.numel()).copy_(in.reshape({-1}));
+  const std::int64_t lo = in.numel() * env_.rank, hi = lo + in.numel();
+  // zero around this rank's part, which `in` may already be (gathered in place)
+  flat.narrow(0, 0, lo).zero_();
+  flat.narrow(0, hi, flat.numel() - hi).zero_();
+  at::Tensor mine = flat.narrow(0, lo, in.numel());
+  if (!(in.is_contiguous() && in.data_ptr() == mine.data_ptr())) mine.copy_(in.reshape({-1}));
   std::vector<at::Tensor> bytes{flat.view(at::kByte)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::BOR;
@@ -591,6 +606,8 @@ c10::intrusive_ptr<c10d::Work> Group::gloo_all_gather(at::Tensor& out, at::Tenso
 void Group::all_gather(at::Tensor& out, at::Tensor& in, const std::string& what) {
   TORCH_CHECK(out.numel() == in.numel() * env_.world_size, "all_gather: ", in.numel(), " elements in, ",
               out.numel(), " out on ", env_.world_size, " ranks");
+  TORCH_CHECK(in.scalar_type() == out.scalar_type(), "all_gather: ", in.scalar_type(), " in, ", out.scalar_type(),
+              " out");
   const std::int64_t b = out.numel() * out.element_size();
   count(in.numel() * in.element_size(), static_cast<double>(env_.world_size - 1) / env_.world_size * static_cast<double>(b));
   if (staged(in) || staged(out)) {

@@ -134,10 +134,12 @@ class Group {
   /// Collectives started and bytes given to them by this rank so far.
   std::int64_t collectives() const { return collectives_; }
   std::int64_t bytes() const { return bytes_; }
-  /// Bytes this rank sends over the wire so far, as ring algorithms (NCCL's,
-  /// gloo's) send them: an all-reduce of S bytes 2(N-1)/N S, a reduce-scatter
+  /// Bytes this rank sends over the wire so far, as NCCL's ring algorithms
+  /// send them: an all-reduce of S bytes 2(N-1)/N S, a reduce-scatter
   /// of S bytes in and an all-gather of S bytes out (N-1)/N S each (so the
   /// two together send what one all-reduce sends), a broadcast or a send S.
+  /// (On gloo wick makes its reduce-scatters and all-gathers of all-reduces,
+  /// which send twice their figure: counted as NCCL would send them.)
   std::int64_t sent() const { return sent_; }
 
  private:

@@ -149,6 +149,40 @@ TEST(Group, ReduceScatterAndAllGatherSendWhatOneAllReduceSends) {
   });
 }
 
+// The shapes and places a caller may hand the gloo collectives: an input
+// of any shape is cut over its flat elements, as NCCL cuts it; an all-gather
+// into the output whose part is the input itself keeps that part; inputs
+// gloo would read wrongly (strided, or another dtype than the output) are
+// refused by name rather than summed over the wrong memory or converted.
+TEST(Group, GlooCollectivesCutFlatElementsGatherInPlaceAndRefuseStridedOrMixedInputs) {
+  two_ranks([](std::shared_ptr<Group> g) {
+    const int r = g->rank();
+    // a [4, 6] input on 2 ranks: each rank's 12 elements are 2 rows, not a
+    // chunk of dim 0's 4 rows laid out as [2, 6] (the same here) nor of a [3, 8]
+    at::Tensor in = (at::arange(24, at::kFloat) * (r + 1)).view({3, 8});
+    at::Tensor out = at::empty({2, 6});
+    g->wait(g->reduce_scatter_async(out, in), "test");
+    EXPECT_TRUE(at::equal(out.reshape({-1}), (at::arange(24, at::kFloat) * 3).narrow(0, 12 * r, 12)));
+    // gathered in place: the input is this rank's slice of the output
+    at::Tensor all = at::full({8}, -1.0);
+    at::Tensor mine = all.narrow(0, 4 * r, 4);
+    mine.copy_(at::arange(4, at::kFloat) + 10 * r);
+    g->all_gather(all, mine, "test");
+    EXPECT_TRUE(at::equal(all, at::cat({at::arange(4, at::kFloat), at::arange(4, at::kFloat) + 10})));
+    // refused: a strided input, mixed dtypes
+    at::Tensor base = at::arange(16, at::kFloat), half = at::empty({4});
+    at::Tensor strided = base.slice(0, 0, 16, 2);
+    EXPECT_THAT(test::error_of([&] { g->reduce_scatter_async(half, strided); }),
+                HasSubstr("reduce_scatter: non-contiguous input"));
+    at::Tensor doubles = at::zeros({8}, at::kDouble);
+    EXPECT_THAT(test::error_of([&] { g->reduce_scatter_async(half, doubles); }),
+                HasSubstr("reduce_scatter: Double in, Float out"));
+    at::Tensor gathered = at::empty({8}, at::kDouble), part = at::zeros({4});
+    EXPECT_THAT(test::error_of([&] { g->all_gather(gathered, part, "test"); }),
+                HasSubstr("all_gather: Float in, Double out"));
+  });
+}
+
 }  // namespace
 }  // namespace wick
 
