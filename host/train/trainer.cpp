@@ -420,7 +420,7 @@ void Trainer::probe(const Batch& batch, int times) {
       at::Tensor l = r.loss_sum.reshape({}) * (1.0 / static_cast<double>(std::max<std::int64_t>(r.items, 1)));
       if (scaling()) l = l * scale_;
       l.backward();
-      if (cfg_.master_weights) fold_grads();  // as a window does after each backward
+      fold_grads();  // as a window does after each backward
     }
   } catch (...) {
     clear_grads();
@@ -441,6 +441,7 @@ void Trainer::clear_grads() {
 }
 
 void Trainer::fold_grads() {
+  unalias_grads();
   // ZeRO-3 sums each micro-batch's half-precision gradients in fp32 itself
   if (!cfg_.master_weights || partitioned()) return;
   at::NoGradGuard no_grad;
@@ -451,6 +452,26 @@ void Trainer::fold_grads() {
     if (acc.defined()) acc.add_(g);
     else acc = g.to(at::kFloat);
     g = at::Tensor();
+  }
+}
+
+// PyTorch's AccumulateGrad keeps an arriving gradient as the parameter's
+// grad, without a copy, when no other tensor object holds it, even a view
+// whose memory another parameter's gradient shares: a class token and a
+// position table added to one frame's patches (a batch of one) got two views
+// of one buffer. The next micro-batch's accumulation in place, clipping's
+// scale or a reduction would then write both (a ViT's cls token trained
+// apart at micro-batch 1 and 4). A gradient that shares memory with an
+// earlier parameter's gets its own copy: a look per parameter, a copy only
+// where they share.
+void Trainer::unalias_grads() {
+  at::NoGradGuard no_grad;
+  std::set<const c10::StorageImpl*> seen;
+  for (auto& p : model_params_) {
+    if (!p.defined()) continue;
+    at::Tensor& g = p.mutable_grad();
+    if (!g.defined() || !g.has_storage()) continue;
+    if (!seen.insert(g.storage().unsafeGetStorageImpl()).second) g = at::empty_like(p).copy_(g);
   }
 }
 

@@ -321,9 +321,12 @@ class Trainer {
   /// Clears the gradients of the model's trainable tensors and, with master
   /// weights, of their fp32 copies.
   void clear_grads();
-  /// master_weights: adds each half-precision gradient to its fp32 copy's and
-  /// frees it (after every backward of a window).
+  /// After every backward of a window: gives a gradient that shares memory
+  /// with another parameter's its own copy (unalias_grads), then with
+  /// master_weights adds each half-precision gradient to its fp32 copy's and
+  /// frees it.
   void fold_grads();
+  void unalias_grads();
   std::shared_ptr<Model> model_;
   std::shared_ptr<Optimizer> optim_;
   std::shared_ptr<Schedule> schedule_;

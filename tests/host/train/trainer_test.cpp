@@ -105,6 +105,50 @@ TEST(Trainer, AccumulationEqualsTheFullBatchWithSgdMomentumAndNesterov) {
   EXPECT_LT(max_rel_diff(trained(split), trained(full)), 1e-5);
 }
 
+// A class token and a position table, as a ViT joins them to one image's
+// patches: at a micro-batch of 1, PyTorch hands both parameters gradients that
+// are views of one buffer, which the next micro-batch's in-place accumulation
+// would write twice.
+class Joined : public Model {
+ public:
+  Joined() {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    cls_ = register_parameter("cls", at::randn({1, 1, 8}, gen));
+    pos_ = register_parameter("pos", at::randn({2, 8}, gen));
+    w_ = register_parameter("w", at::randn({8, 3}, gen));
+  }
+  ForwardResult forward(const Batch& b) override {
+    const at::Tensor x = b.at("x");
+    const auto n = x.size(0);
+    at::Tensor h = at::cat({cls_.expand({n, 1, 8}), x.view({n, 1, 8})}, 1) + pos_.view({1, 2, 8});
+    at::Tensor out = h.tanh().sum(1).mm(w_);
+    return {at::cross_entropy_loss(out, b.at("y"), {}, at::Reduction::Sum), n, {}};
+  }
+  at::Tensor cls_, pos_, w_;
+};
+
+TEST(Trainer, ParametersWhoseGradientsArriveAsViewsOfOneBufferAccumulateApart) {
+  auto data = test::make<Dataset>("synthetic", PluginKind::Data,
+                                  {{"size", Value(16)}, {"inputs", Value(8)}, {"classes", Value(3)}, {"seed", Value(1)}});
+  auto run = [&](std::int64_t micro, std::int64_t accumulate, double clip) {
+    auto m = std::make_shared<Joined>();
+    auto opt = test::make<Optimizer>("sgd", PluginKind::Optim, {{"lr", Value(0.1)}});
+    Trainer t(m, opt, nullptr, TrainerConfig{.clip_grad_norm = clip, .total_steps = 3});
+    Loader loader(data, LoaderConfig{.micro_batch = micro, .accumulate = accumulate, .seed = 4});
+    while (t.steps() < 3) t.step(*loader.next_window());
+    return std::vector<at::Tensor>{m->cls_.detach().clone(), m->pos_.detach().clone(), m->w_.detach().clone()};
+  };
+  for (const double clip : {0.0, 0.5}) {  // clipping scales each gradient in place
+    const auto whole = run(4, 1, clip), split = run(1, 4, clip);
+    EXPECT_LT(max_rel_diff(split, whole), 1e-5) << "clip " << clip;
+  }
+  // the steps moved the class token and the table: the comparison is not of two starts
+  Joined start;
+  const auto moved = run(4, 1, 0.0);
+  EXPECT_GT(((moved[0] - start.cls_).abs().max() / start.cls_.abs().max()).item<double>(), 1e-3);
+  EXPECT_GT(((moved[1] - start.pos_).abs().max() / start.pos_.abs().max()).item<double>(), 1e-3);
+}
+
 // The loss is divided by the window's item count, not averaged per micro-batch:
 // one SGD step with lr 1 moves the weights by exactly the full batch's gradient.
 TEST(Trainer, OneStepMovesWeightsByTheFullBatchGradient) {
