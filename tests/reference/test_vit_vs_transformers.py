@@ -199,3 +199,34 @@ def test_interpolated_positions_match_transformers(tmp_path, run_wick, kind, siz
         want = ref(pixel_values=pixels(images, mean, std), interpolate_pos_encoding=True).last_hidden_state
     assert got.shape == want.shape == (2, 1 + (size[0] // 4) * (size[1] // 4), 32)
     assert (got - want).abs().max().item() < 1e-4
+
+
+PROFILED = """
+local wick = require "wick"
+local a = wick.args
+local m = wick.model("vit", { path = a.path, output = "hidden", interpolate_pos_encoding = true })
+wick.profile(function() wick.core.predict(m, a.batch, a.hidden) end, { trace = a.trace })
+"""
+
+
+@pytest.mark.parametrize("size", [(16, 16), (24, 20)])
+def test_positions_are_resized_only_for_images_of_another_size(tmp_path, run_wick, size):
+    """At the tower's own size the position table is used as it is: no
+    bicubic pass in the forward (every forward resized it to its own size, a
+    float copy and a kernel a chunk of frames on a GPU); at another size it
+    is resized, as transformers does."""
+    torch.manual_seed(3)
+    ref = spread(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**SIZES)).eval())
+    ref.save_pretrained(tmp_path / "hf")
+    images = torch.randint(0, 256, (2, 3, *size), dtype=torch.uint8)
+    save_file({"image": images}, tmp_path / "batch.safetensors")
+    (tmp_path / "r.lua").write_text(PROFILED)
+    run_wick("run", tmp_path / "r.lua", f"path={tmp_path / 'hf'}", f"batch={tmp_path / 'batch.safetensors'}",
+             f"hidden={tmp_path / 'h.safetensors'}", f"trace={tmp_path / 'trace.json'}")
+    ops = {e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e.get("ph") == "X"}
+    assert "aten::conv2d" in ops  # the trace holds the forward's operators
+    assert ("aten::upsample_bicubic2d" in ops) == (size != (16, 16)), sorted(ops)
+    mean, std = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    with torch.no_grad():
+        want = ref(pixel_values=pixels(images, mean, std), interpolate_pos_encoding=True).last_hidden_state
+    assert (load_file(tmp_path / "h.safetensors")["output"] - want).abs().max().item() < 1e-4
