@@ -21,7 +21,8 @@
 # Knobs (environment): GPU_BUDGET (230), GPU_SEEDS (004,002,000,001,003),
 # GPU_FULL (seeds measured at full depth too; 004,002,000), GPU_PEERS_FULL
 # (the same for the Python peers; GPU_FULL), GPU_K (2), GPU_PROFILE (seeds
-# profiled at k layers in wick and in Python, side by side: 003; empty: none;
+# profiled at k layers in wick and in Python, side by side, NNNfull at full
+# depth: 003; empty: none;
 # GPU_SHARE_PROFILE, 45 s each side), GPU_PROFILE_LM (lm_finetune's modes
 # profiled likewise: lora; GPU_SHARE_PROFILE_LM, 45 s each side: the Python
 # side imports transformers first, and ran past 25 s on an H100's host),
@@ -180,14 +181,17 @@ fi
 # 5. where a step's time goes, wick and its Python peer side by side, each
 # seed of GPU_PROFILE at k layers under PyTorch's profiler (PROFILE lines in
 # OUT/profile_{wick,py}_NNN.txt, the traces under OUT/profile/)
+# (a seed named NNNfull: at full depth)
 IFS=, read -ra prof_list <<< "${GPU_PROFILE-003}"
 if wants profile; then
   for s in "${prof_list[@]}"; do
     [ -n "$s" ] || continue
-    part "profile $s" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_wick_$s.txt" bench/seeds.sh device=$device seeds=$s \
-      k=$k profile="$out/profile" profile_only=1
+    seed=${s%full} pw=() pp=()
+    [ "$seed" != "$s" ] && pw=(profile_full=1) && pp=(--profile-full)
+    part "profile $s" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_wick_$s.txt" bench/seeds.sh device=$device seeds=$seed \
+      k=$k profile="$out/profile" profile_only=1 "${pw[@]}"
     part "profile $s (python)" "${GPU_SHARE_PROFILE:-45}" 0 "$out/profile_py_$s.txt" "$PYTHON" -u bench/seeds_peers.py \
-      --device "$device" --seeds "$s" --k "$k" --profile "$out/profile" --profile-only "${peers_args[@]}"
+      --device "$device" --seeds "$seed" --k "$k" --profile "$out/profile" --profile-only "${pp[@]}" "${peers_args[@]}"
   done
   # and bench/lm_finetune's modes of GPU_PROFILE_LM (its steps 2-12, wick and transformers + PEFT)
   IFS=, read -ra prof_lm <<< "${GPU_PROFILE_LM-lora}"

@@ -15,6 +15,7 @@
 -- in fp32 with micro-batch 1 (fast kernels on any CPU) at k, 2k and all
 -- layers: the check that the extrapolation holds.
 --   wick run bench/seeds.lua clips=DIR [seeds=000,001,...] [full=004] [full_only=1] [check=000] [k=2] [device=cpu|cuda]
+--     [profile=DIR [profile_only=1] [profile_full=1]]
 -- DIR: media made by bench/seeds.sh (images resized to 224 and 336 px,
 -- 100-frame clips). Each optimizer step is a window of 2 micro-batches (the
 -- peak does not grow with the window: later micro-batches add into gradients
@@ -263,17 +264,26 @@ if a.check then
   return
 end
 
--- profile=DIR: one more run at k layers, its steps after the first under
--- PyTorch's profiler (wick.train's profile), the trace in DIR/wick-NNN/ and
--- where a step's time went printed (PROFILE lines); profile_only=1: that run
--- alone
+-- profile=DIR: one more run at k layers (profile_full=1: at full depth), its
+-- steps after the first under PyTorch's profiler (wick.train's profile), the
+-- trace in DIR/wick-NNN/ (wick-NNNfull/) and where a step's time went printed
+-- (PROFILE lines); profile_only=1: that run alone
+local profile_full = a.profile_full
+if profile_full ~= nil and profile_full ~= 0 and profile_full ~= 1 and profile_full ~= true and profile_full ~= false then
+  error("profile_full=" .. tostring(profile_full) .. ": expected 1 or 0", 0)
+end
+profile_full = profile_full == 1 or profile_full == true
+if profile_full and not a.profile then error("profile_full=1 needs profile=DIR, the folder for the traces", 0) end
 local function profiled(recipe, name)
-  local base_depth = {}
-  for _, k in ipairs(recipe.depth) do base_depth[k] = K end
-  local dir = a.profile .. "/wick-" .. name
-  local r = measure(recipe, base_depth, nil, { out = dir, overwrite = true, profile = { 2, STEPS } })
+  local depth = nil
+  if not profile_full then
+    depth = {}
+    for _, k in ipairs(recipe.depth) do depth[k] = K end
+  end
+  local dir = a.profile .. "/wick-" .. name .. (profile_full and "full" or "")
+  local r = measure(recipe, depth, nil, { out = dir, overwrite = true, profile = { 2, STEPS } })
   if not r.profile then error("seed " .. name .. ": profile=" .. a.profile .. ": the run returned no profile", 0) end
-  profile_lines(name, depth_tag(recipe, base_depth), r.profile)
+  profile_lines(name .. (profile_full and "full" or ""), depth_tag(recipe, depth), r.profile)
 end
 
 local function quote(s) return '"' .. tostring(s):gsub("[\r\n]+", " "):gsub('"', "'") .. '"' end

@@ -448,15 +448,15 @@ def measure(spec, depth, dev, tiny, steps, optim="adamw", profile=None):
     return row
 
 
-def profiled(name, spec, depth, dev, tiny, steps, folder):
+def profiled(name, spec, depth, dev, tiny, steps, folder, suffix=""):
     """PROFILE lines: a run at `depth` with its steps after the first under torch.profiler, the time per
     step of the 15 costliest operators (device time on CUDA, host self time on the CPU), as bench/seeds.lua
     prints wick's."""
     import os
     os.makedirs(folder, exist_ok=True)
-    trace = os.path.join(folder, f"python-{name}.json")
+    trace = os.path.join(folder, f"python-{name}{suffix}.json")
     r = measure(spec, depth, dev, tiny, steps, profile=trace)
-    print_profile(name, tag(spec["towers"], depth), r["profile"], steps - 1, r["sps"], dev.type == "cuda", trace, say)
+    print_profile(name + suffix, tag(spec["towers"], depth), r["profile"], steps - 1, r["sps"], dev.type == "cuda", trace, say)
 
 
 def gib(x):
@@ -487,9 +487,11 @@ def main():
     p.add_argument("--profile", metavar="DIR", help="one more run of each seed at k layers, its steps after the "
                    "first under torch.profiler: the trace in DIR/python-NNN.json, where a step's time went printed")
     p.add_argument("--profile-only", action="store_true", help="the profiled run alone (needs --profile)")
+    p.add_argument("--profile-full", action="store_true", help="the profiled run at full depth, not at k layers (its "
+                   "trace DIR/python-NNNfull.json; needs --profile)")
     a = p.parse_args()
-    if a.profile_only and not a.profile:
-        p.error("--profile-only needs --profile DIR, the folder for the traces")
+    if (a.profile_only or a.profile_full) and not a.profile:
+        p.error(f"--profile-{'only' if a.profile_only else 'full'} needs --profile DIR, the folder for the traces")
     global NO_BNB
     NO_BNB = a.no_bnb
     names = [f"{int(s):03d}" if s.strip().isdigit() else s.strip() for s in a.seeds.split(",") if s.strip()]
@@ -522,8 +524,9 @@ def main():
             say(f"seed {name}: {spec['title']}")
             say(f"  {'bytes in GiB':<34} {'peak':>9} {'reserved':>9} {'device':>9} {'s/step':>9}")
             base_depth = {k: K for k in towers}
+            prof_depth, prof_suffix = (dict(towers), "full") if a.profile_full else (base_depth, "")
             if a.profile_only:
-                profiled(name, spec, base_depth, dev, a.tiny, steps, a.profile)
+                profiled(name, spec, prof_depth, dev, a.tiny, steps, a.profile, prof_suffix)
                 continue
             base = measure(spec, base_depth, dev, a.tiny, steps)
             show(tag(towers, base_depth), base)
@@ -549,7 +552,7 @@ def main():
                 how, final = "measured", {k: m[k] for k in KEYS}
             say(f"  optimizer: {base['optim']}" + (f"; note: {base['note']}" if base["note"] else ""))
             if a.profile:
-                profiled(name, spec, base_depth, dev, a.tiny, steps, a.profile)
+                profiled(name, spec, prof_depth, dev, a.tiny, steps, a.profile, prof_suffix)
             results.append((name, spec, how, final, base))
             emit(*results[-1], dev)
             if base.get("variant") == "bf16-lora":
