@@ -118,6 +118,16 @@ print(f"allocator bytes the first products keep (cuBLAS workspaces): fp32 mm {(m
       f"then bf16 mm {(m2 - m1) / 2**20:.1f} MiB, then bf16 linear with bias {(m3 - m2) / 2**20:.1f} MiB")
 PY
   done
+  # the device memory of a CUDA context with nothing allocated, each side's
+  # at its start (wick's process held about 70 MiB more outside its
+  # allocator than Python's in bench/lm_finetune on the H200 of 2026-11-28)
+  if [ "$device" = cuda ]; then
+    echo "device memory in use with a bare CUDA context (nothing allocated; CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-unset}):"
+    timeout 60 "$PYTHON" -c "import torch; f, t = torch.cuda.mem_get_info(); print(f'  python: {(t - f) / 2**20:.0f} MiB')" 2>&1
+    printf '%s\n' 'local wick = require "wick"' 'local m = wick.memory(true)' \
+      'print(string.format("  wick: %.0f MiB", (m.cuda_device_used or 0) / 2^20))' > "$media/context.lua"
+    timeout 60 "$WICK" run "$media/context.lua" 2>&1
+  fi
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt" >&2
 
