@@ -152,6 +152,7 @@ class Text : public wick::Dataset {
  public:
   explicit Text(const wick::Options& o)
       : max_length_(o.get_int("max_length")),
+        pad_multiple_(o.get_int("pad_to_multiple_of")),
         assistant_only_loss_(o.get_bool("assistant_only_loss")),
         completion_only_loss_(o.get_bool("completion_only_loss")) {
     const std::string tok = tokenizer_file(o.get_string("tokenizer"));
@@ -405,10 +406,15 @@ class Text : public wick::Dataset {
     return s;
   }
 
-  // Pads to the longest sequence of the batch.
+  // Pads to the longest sequence of the batch, rounded up to a multiple of
+  // pad_to_multiple_of where max_length leaves room: fewer distinct shapes
+  // (cuDNN's attention plans one per sequence length on a GPU). The padding
+  // follows every real token, so a causal model's outputs at real positions,
+  // and the loss, are those of the unpadded batch.
   wick::Batch collate(const std::vector<wick::Sample>& samples) const override {
     std::int64_t T = 0;
     for (const auto& s : samples) T = std::max(T, s.at("input_ids").size(0));
+    T = std::max(T, std::min((T + pad_multiple_ - 1) / pad_multiple_ * pad_multiple_, max_length_));
     const auto B = static_cast<std::int64_t>(samples.size());
     at::Tensor ids = at::full({B, T}, eos_, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
     // position_ids: the padding continues the row's last document (after
@@ -676,6 +682,7 @@ class Text : public wick::Dataset {
   std::int64_t skipped_ = 0;
   std::string cache_path_;
   std::int64_t max_length_;
+  std::int64_t pad_multiple_ = 1;  // a batch's length rounded up to a multiple of this, within max_length
   bool assistant_only_loss_, completion_only_loss_;
   std::string folder_;  // the tokenizer's folder: its chat template ("" for bytes)
   mutable std::mutex chat_mu_;
@@ -697,6 +704,10 @@ WICK_PLUGIN(wick::plugin<Text>(
      wick::opt_string("file", wick::Value(), "JSONL: {\"text\"}, {\"input_ids\"[, \"labels\"]}, {\"prompt\", \"completion\"} (strings or lists of messages) or {\"messages\"}").optional(),
      wick::opt_int("max_length", 256, "tokens per sample (truncation, or the packed chunk length)").at_least(2),
      wick::opt_bool("pack", false, "concatenate documents and cut them into max_length chunks"),
+     wick::opt_int("pad_to_multiple_of", 1,
+                   "a batch padded to its longest sample rounded up to a multiple of this (at most max_length): "
+                   "fewer distinct sequence lengths, each of which cuDNN's attention plans anew on a GPU")
+         .range(1, 65536),
      wick::opt_string("pack_attention", wick::Value(),
                       "with pack: 'row' (default: a packed chunk's documents see those before them) or 'document' "
                       "(samples carry position_ids restarting at each document, and the model attends within each "

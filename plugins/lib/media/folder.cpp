@@ -226,7 +226,9 @@ class MediaFolder : public wick::Dataset {
 
   wick::Batch collate_tokens(const std::vector<wick::Sample>& samples) const {
     if (!tokenizer_) return Dataset::collate(samples);
-    // the token columns: padded to the longest of the batch
+    // the token columns: padded to the longest of the batch, rounded up to
+    // a multiple of pad_to_multiple_of within text_length (fewer distinct
+    // sequence lengths; the padding follows every real token)
     std::vector<wick::Sample> rest;
     std::int64_t T = 0;
     for (const auto& s : samples) {
@@ -235,6 +237,7 @@ class MediaFolder : public wick::Dataset {
       r.erase("input_ids"), r.erase("labels"), r.erase("attention_mask");
       rest.push_back(std::move(r));
     }
+    T = std::max(T, std::min((T + pad_multiple_ - 1) / pad_multiple_ * pad_multiple_, text_length_));
     wick::Batch out = Dataset::collate(rest);
     const auto B = static_cast<std::int64_t>(samples.size());
     at::Tensor ids = at::full({B, T}, eos_, at::kLong), labels = at::full({B, T}, kIgnore, at::kLong);
@@ -297,6 +300,7 @@ class MediaFolder : public wick::Dataset {
     if (eos_ < 0) throw wick::Error(where + " has no end-of-text token '" + eos + "' (set eos_token)");
     image_token_id_ = image_token.empty() ? -1 : tokenizer_->token_id(image_token);
     text_length_ = o.get_int("text_length");
+    pad_multiple_ = o.get_int("pad_to_multiple_of");
     const std::string prompt = o.get_string("prompt");
     const auto prompt_ids = tokenizer_->encode(prompt);
     for (auto& it : items_) {
@@ -462,6 +466,7 @@ class MediaFolder : public wick::Dataset {
   std::uint64_t seed_;
   std::unique_ptr<wick::text::Tokenizer> tokenizer_;
   std::int64_t eos_ = -1, image_token_id_ = -1, text_length_ = 0;
+  std::int64_t pad_multiple_ = 1;  // the token columns' length rounded up to a multiple of this, within text_length
   wick::media::Request req_;
   bool flip_ = false, fail_ = false, variable_size_ = false;
   std::vector<Item> items_;
@@ -509,6 +514,10 @@ wick::OptionSchema folder_options(Kind kind) {
                        "text column as tokens: 'bytes' (UTF-8 bytes, end of text 256, image_token 257) or a Hugging "
                        "Face tokenizer.json (unset: no text)").optional(),
       wick::opt_int("text_length", 64, "tokens per sample at most (prompt + text + end of text; longer is cut)").at_least(2),
+      wick::opt_int("pad_to_multiple_of", 1,
+                    "a batch's tokens padded to its longest rounded up to a multiple of this (at most text_length): "
+                    "fewer distinct sequence lengths, each of which cuDNN's attention plans anew on a GPU")
+          .range(1, 65536),
       wick::opt_string("prompt", "", "text put before each sample's text, excluded from the labels (may hold image_token)"),
       wick::opt_string("image_token", "<image>", "the token standing for the picture's visual tokens ('' : none)"),
       wick::opt_string("eos_token", wick::Value(), "end-of-text token (default: <eos> for bytes; for a tokenizer.json the first of <|endoftext|>, </s>, <|end_of_text|> it holds)").optional(),

@@ -87,6 +87,29 @@ def test_text_length_truncates(tmp_path, images):
     assert list(w["0.input_ids"][0]) == (byte_ids(PROMPT) + byte_ids(rows[0]["text"]) + [256])[:24]
 
 
+def test_pad_to_multiple_of_rounds_the_batch_up_within_text_length(tmp_path, images):
+    manifest, rows = images
+    n = 4
+    want = [byte_ids(PROMPT) + byte_ids(r["text"]) + [256] for r in rows[:n]]
+    T = max(map(len, want))
+    w = window(tmp_path, manifest, f'tokenizer = "bytes", prompt = "{PROMPT}", pad_to_multiple_of = 16', 0, n)
+    ids, labels, mask = w["0.input_ids"], w["0.labels"], w["0.attention_mask"]
+    R = (T + 15) // 16 * 16
+    assert R > T and ids.shape == labels.shape == mask.shape == (n, R)
+    for b, seq in enumerate(want):
+        k = len(seq)
+        assert list(ids[b, :k]) == seq and all(ids[b, k:] == 256)
+        assert list(mask[b]) == [1] * k + [0] * (R - k) and all(labels[b, k:] == -100)
+    # text_length caps it: the rounded length stops there
+    w = window(tmp_path, manifest, f'tokenizer = "bytes", prompt = "{PROMPT}", pad_to_multiple_of = 64, '
+               f'text_length = {T + 1}', 0, n)
+    assert w["0.input_ids"].shape == (n, T + 1)
+    for bad in ["0", "2.5", '"8"']:
+        p = run_lua(tmp_path, f'wick.data("image_folder", {{ manifest = "{manifest}", image_size = 32, '
+                              f'tokenizer = "bytes", pad_to_multiple_of = {bad} }})', check=False)
+        assert p.returncode != 0 and "pad_to_multiple_of" in p.stderr, p.stderr
+
+
 def test_no_tokenizer_no_text(tmp_path, images):
     manifest, _ = images
     out = tmp_path / "w.safetensors"

@@ -32,6 +32,34 @@ TEST(TextData, PromptsAreMaskedAndBatchesPaddedWithIgnoredLabels) {
   EXPECT_EQ(d->decode(d->encode("grüße")), "grüße");
 }
 
+TEST(TextData, PadToMultipleOfRoundsABatchsLengthUpWithinMaxLength) {
+  test::TempDir dir;
+  std::ofstream(dir.path / "d.jsonl") << R"({"input_ids": [1, 2, 3, 4, 5]})" "\n"
+                                      << R"({"input_ids": [6, 7]})" "\n";
+  const auto file = Value((dir.path / "d.jsonl").string());
+  auto d = test::make<Dataset>("text", PluginKind::Data, {{"file", file}, {"pad_to_multiple_of", Value(4)}});
+  auto b = d->get_batch({0, 1});
+  EXPECT_EQ(b.at("input_ids").sizes(), (std::vector<std::int64_t>{2, 8}));  // the longest, 5, rounded up to 8
+  EXPECT_EQ(row(b.at("input_ids")[0]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 256, 256, 256}));
+  EXPECT_EQ(row(b.at("labels")[0]), (std::vector<std::int64_t>{1, 2, 3, 4, 5, -100, -100, -100}));
+  EXPECT_EQ(row(b.at("labels")[1]), (std::vector<std::int64_t>{6, 7, -100, -100, -100, -100, -100, -100}));
+  EXPECT_EQ(d->get_batch({1}).at("input_ids").size(1), 4);  // 2 -> 4
+  // never past max_length (a multiple beyond it stops there), never below the longest
+  auto capped = test::make<Dataset>("text", PluginKind::Data,
+                                    {{"file", file}, {"pad_to_multiple_of", Value(4)}, {"max_length", Value(6)}});
+  EXPECT_EQ(capped->get_batch({0, 1}).at("input_ids").size(1), 6);
+  auto plain = test::make<Dataset>("text", PluginKind::Data, {{"file", file}});
+  EXPECT_EQ(plain->get_batch({0, 1}).at("input_ids").size(1), 5);
+  for (const auto& bad : {Value(0), Value(-8), Value(2.5), Value("8")}) {
+    try {
+      test::make<Dataset>("text", PluginKind::Data, {{"file", file}, {"pad_to_multiple_of", bad}});
+      ADD_FAILURE() << "pad_to_multiple_of accepted";
+    } catch (const std::exception& e) {
+      EXPECT_THAT(e.what(), HasSubstr("pad_to_multiple_of"));
+    }
+  }
+}
+
 TEST(TextData, TokenizedDocumentsAreCachedOnDiskUntilTheSourceChanges) {
   test::TempDir dir;
   const auto file = dir.path / "d.jsonl";
