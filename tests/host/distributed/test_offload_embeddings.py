@@ -32,10 +32,13 @@ if kind == "vlm" then
     image_token_id = data.image_token_id,
     freeze_vision = true, deferred = a.deferred == true })
 else
-  local f = assert(io.open(a.text, "w"))
+  -- a file per rank: ranks writing one file raced (one read it while another
+  -- had just truncated it: "the sources hold no text")
+  local path = a.text .. "." .. wick.rank
+  local f = assert(io.open(path, "w"))
   for i = 1, 60 do f:write(string.format("line %d of a small text that a decoder learns. ", i % 9)) end
   f:close()
-  data = wick.data("text", { files = { a.text }, max_length = 32, pack = true })
+  data = wick.data("text", { files = { path }, max_length = 32, pack = true })
   wick.seed(3)
   m = wick.model("decoder_lm", { vocab_size = tonumber(a.vocab) or 512, hidden_size = 64, intermediate_size = 128, layers = 2,
     heads = 4, kv_heads = 2, tie_embeddings = a.tie == true, dtype = a.dtype or "fp32",
