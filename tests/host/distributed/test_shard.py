@@ -145,10 +145,18 @@ def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp
         # against one rank, the codes part now and then: 2.2e-3 on an AVX-512
         # CPU (whose products round otherwise), under 2e-3 on AVX2 ones; over
         # the seeds shifted by k = 0, 1, 2: 2.24e-3, 7.2e-4, 2.85e-3 (the old
-        # bound 3e-3; avx2 gave 2.24e-3 at k = 0 too)
-        assert_same_weights(many, one, rtol=6e-3)
+        # bound 3e-3; avx2 gave 2.24e-3 at k = 0 too) on a Xeon; on an AMD
+        # EPYC (Zen 4), wick.seed and seed + 100 k, k = 1..5, default kernels
+        # and avx2, up to
+        # 7.9e-3 on 2 ranks (k = 1; the bound was 6e-3) and 1.7e-3 on 3
+        assert_same_weights(many, one, rtol=2e-2)
     else:
-        assert_same_weights(many, one)
+        # one rank sums its batch in another order, which AdamW carries on:
+        # on an AMD EPYC (Zen 4), wick.seed and seed + 100 k, k = 1..5,
+        # default kernels and avx2, up to
+        # 9.2e-6 of a tensor's largest value (2 ranks, k = 1; the bound was
+        # 1e-5), 7.7e-6 with groups and on 3 ranks
+        assert_same_weights(many, one, rtol=5e-5)
 
 
 def test_each_rank_holds_its_part_of_the_optimizer_state_and_gradients(tmp_path, recipe, run_wick):
@@ -343,16 +351,23 @@ def test_parameters_with_adapters_divide_the_adapters_and_equal_one_rank(tmp_pat
             d = (wa[k].float() - wb[k].float()).abs().max().item()
             assert d <= rtol * wb[k].float().abs().max().item() + 1e-9, (k, d)
     close(many, tmp_path / "plain.safetensors", 1e-6)  # the same ranks unsharded: the same sums
-    # one rank's batch of 8: one product where the ranks sum two, which AdamW
-    # enlarges (QLoRA: 1.08x the bound of 2e-4 once the adapter's A gradient
-    # summed its slices of rows in fp32). Measured over the recipe's seeds
-    # (wick.seed and seed shifted by 100 k), OMP_NUM_THREADS=1, Sapphire Rapids:
-    # worst |d| / max |w| of 18 runs (lora, qlora; k = 0..5; avx512 and
-    # ATEN_CPU_CAPABILITY=avx2) fell in two groups, 1.2e-5 to 2.2e-4 and
-    # 3.0e-4 to 4.7e-4 (lora k = 2 both, k = 4; qlora k = 1 avx2, k = 2), so
-    # 5 of 18 failed the old bound 3e-4. Training on half of each batch (one rank's
-    # micro-batch lost) moves every adapter by 0.47-1.75 of its largest value
-    close(many, one, 1.5e-3)
+    # One rank's batch of 8: one product where the ranks sum two. AdamW's
+    # step is lr * m / sqrt(v): a gradient element that sums to nearly zero
+    # takes a whole step of either sign on its last bits, and the steps after
+    # carry it on, so the largest element apart is no measure here. Measured
+    # over the recipe's seeds (wick.seed and seed shifted by 100 k, k = 0..11;
+    # lora and qlora; default kernels and ATEN_CPU_CAPABILITY=avx2;
+    # OMP_NUM_THREADS=1) on an AMD EPYC (Zen 4), 48 runs: the largest element
+    # apart reached 0.030 of the tensor's largest (lora k = 11; 7 runs over
+    # the old bound 1.5e-3, set from 18 runs on a Xeon, worst 4.7e-4), while
+    # the difference's 2-norm against the tensor's stayed at or under 6.4e-3
+    # (median 3.4e-5; 8.9e-5 at most for the shipped seed). One rank's
+    # micro-batches alone (batches of 4 instead of 8) put every adapter 0.365
+    # or more apart by that norm (24 runs).
+    wa, wb = load_file(str(many)), load_file(str(one))
+    for k in wb:
+        apart = ((wa[k].float() - wb[k].float()).norm() / wb[k].float().norm().clamp_min(1e-12)).item()
+        assert apart <= 2e-2, (k, apart)
 
 
 @pytest.mark.parametrize("kind", ["lora", "qlora"])
