@@ -147,15 +147,15 @@ def test_sharded_ranks_end_where_one_rank_with_the_same_effective_batch_ends(tmp
         # the seeds shifted by k = 0, 1, 2: 2.24e-3, 7.2e-4, 2.85e-3 (the old
         # bound 3e-3; avx2 gave 2.24e-3 at k = 0 too) on a Xeon; on an AMD
         # EPYC (Zen 4), wick.seed and seed + 100 k, k = 1..5, default kernels
-        # and avx2, up to
-        # 7.9e-3 on 2 ranks (k = 1; the bound was 6e-3) and 1.7e-3 on 3
+        # and avx2, up to 7.9e-3 on 2 ranks (k = 1; the bound was 6e-3) and
+        # 1.7e-3 on 3
         assert_same_weights(many, one, rtol=2e-2)
     else:
         # one rank sums its batch in another order, which AdamW carries on:
         # on an AMD EPYC (Zen 4), wick.seed and seed + 100 k, k = 1..5,
-        # default kernels and avx2, up to
-        # 9.2e-6 of a tensor's largest value (2 ranks, k = 1; the bound was
-        # 1e-5), 7.7e-6 with groups and on 3 ranks
+        # default kernels and avx2, up to 9.2e-6 of a tensor's largest value
+        # (2 ranks, k = 1; the bound was 1e-5), 7.7e-6 with groups and on 3
+        # ranks
         assert_same_weights(many, one, rtol=5e-5)
 
 
